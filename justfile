@@ -1,0 +1,13 @@
+# Tasks for planned-stop. `just --list` shows them.
+
+# Everything CI runs.
+ci:
+    bash .ci/run
+
+# The README's main job.
+demo:
+    cargo run --release -- demo
+
+# The tests, as CI runs them.
+test:
+    cargo test

@@ -1,0 +1,180 @@
+//! Who a process is: its pid plus a start fingerprint that survives pid reuse.
+//!
+//! A pid alone names a process only while it lives: once it exits the OS hands the number to the next
+//! process, and a marker meant for the dead one must not stop the newcomer (hazard 2 of the design
+//! brief). The fingerprint is the finest start time the OS gives cheaply, and both sides — the stopper
+//! writing a marker and the target judging it — read it through the one function in this module, so
+//! the two values are comparable by construction.
+//!
+//! - Linux: field 22 (`starttime`, clock ticks since boot) of `/proc/<pid>/stat`, found by counting
+//!   fields after the *last* `)`, because the command name before it may itself contain spaces and
+//!   parentheses (hazard 9).
+//! - Elsewhere: [`sysinfo`]'s process start time (seconds since the Unix epoch).
+//!
+//! The fingerprint is opaque and only compared for equality. [`ProcessIdentity::started_at`] is the
+//! same instant on the wall clock, used for the "written after our start" guard when a marker carries
+//! no fingerprint.
+
+use chrono::{DateTime, Utc};
+
+/// A process as the planned-stop protocol names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessIdentity {
+    /// The OS process id.
+    pub pid: u32,
+    /// The start fingerprint (OS-specific units; see the module docs).
+    pub start: u64,
+    /// When the process started, by the wall clock (to about a second).
+    pub started_at: DateTime<Utc>,
+}
+
+/// Why the current process could not read its own identity.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot read the start time of this process (pid {pid}); on Linux check that /proc is mounted \
+     and readable"
+)]
+pub struct IdentityError {
+    /// Our own pid.
+    pub pid: u32,
+}
+
+impl ProcessIdentity {
+    /// The identity of the calling process. Read it once at start-up and keep it: the answer never
+    /// changes, and reading it per tick would put a `/proc` read on the watcher's hot path.
+    ///
+    /// ```
+    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// assert_eq!(me.pid, std::process::id());
+    /// ```
+    pub fn current() -> Result<ProcessIdentity, IdentityError> {
+        let pid = std::process::id();
+        ProcessIdentity::of(pid).ok_or(IdentityError { pid })
+    }
+
+    /// The identity of the process `pid`, or `None` when no such process is running (a zombie counts
+    /// as gone: it will never act on a marker).
+    pub fn of(pid: u32) -> Option<ProcessIdentity> {
+        if pid == 0 {
+            return None;
+        }
+        os::identity_of(pid)
+    }
+}
+
+/// The `starttime` field of a `/proc/<pid>/stat` line, and whether the process is still alive (not a
+/// zombie or dead). Pure, so it can be tested (and fuzzed) on any input.
+///
+/// The command name in parentheses is free text chosen by the process, so the fields are counted from
+/// the *last* `)`. Returns `None` for anything malformed.
+///
+/// ```
+/// use planned_stop::identity::parse_proc_stat;
+/// let line = b"42 (my ) (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 0 0";
+/// assert_eq!(parse_proc_stat(line), Some(ProcStat { start: 123456, alive: true }));
+/// # use planned_stop::identity::ProcStat;
+/// ```
+pub fn parse_proc_stat(line: &[u8]) -> Option<ProcStat> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&line[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    // `rest` starts at field 3 (state); starttime is field 22.
+    let state = fields.next()?;
+    let start = fields.nth(22 - 4)?.parse::<u64>().ok()?;
+    let alive = !matches!(state, "Z" | "X" | "x");
+    Some(ProcStat { start, alive })
+}
+
+/// What [`parse_proc_stat`] reads from a stat line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Field 22, `starttime`, in clock ticks since boot.
+    pub start: u64,
+    /// `false` for a zombie (`Z`) or dead (`X`) process.
+    pub alive: bool,
+}
+
+/// The start time of `pid` as [`sysinfo`] reports it, in seconds since the Unix epoch, or `None` when
+/// the process is gone or a zombie. The fingerprint on every OS but Linux.
+pub fn sysinfo_start_time(pid: u32) -> Option<u64> {
+    use sysinfo::{Pid, ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
+    let pid = Pid::from_u32(pid);
+    let mut system = System::new().ok()?;
+    system.refresh_processes_specifics(
+        ProcessesToUpdate::Some(&[pid]),
+        true,
+        ProcessRefreshKind::nothing(),
+    );
+    let process = system.process(pid)?;
+    if matches!(
+        process.status(),
+        ProcessStatus::Zombie | ProcessStatus::Dead
+    ) {
+        return None;
+    }
+    Some(process.start_time())
+}
+
+#[cfg(target_os = "linux")]
+mod os {
+    use super::{ProcessIdentity, parse_proc_stat};
+    use chrono::{DateTime, TimeDelta, Utc};
+    use std::sync::OnceLock;
+
+    /// Reads `/proc/<pid>/stat` (see `proc_pid_stat(5)`).
+    pub(super) fn identity_of(pid: u32) -> Option<ProcessIdentity> {
+        let line = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+        let stat = parse_proc_stat(&line)?;
+        if !stat.alive {
+            return None;
+        }
+        Some(ProcessIdentity {
+            pid,
+            start: stat.start,
+            started_at: wall_clock_of(stat.start),
+        })
+    }
+
+    /// Boot time (`btime` in `/proc/stat`, see `proc_stat(5)`) plus `ticks / CLK_TCK`.
+    fn wall_clock_of(ticks: u64) -> DateTime<Utc> {
+        static BOOT: OnceLock<(i64, u64)> = OnceLock::new();
+        let &(btime, hz) = BOOT.get_or_init(|| {
+            let btime = std::fs::read_to_string("/proc/stat")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<i64>().ok())
+                })
+                .unwrap_or(0);
+            // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+            (
+                btime,
+                u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100),
+            )
+        });
+        let secs = i64::try_from(ticks / hz).unwrap_or(i64::MAX / 2);
+        let nanos = i64::try_from((ticks % hz) * 1_000_000_000 / hz).unwrap_or(0);
+        DateTime::from_timestamp(btime.saturating_add(secs), 0)
+            .and_then(|t| t.checked_add_signed(TimeDelta::nanoseconds(nanos)))
+            .unwrap_or(DateTime::UNIX_EPOCH)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod os {
+    use super::{ProcessIdentity, sysinfo_start_time};
+    use chrono::DateTime;
+
+    pub(super) fn identity_of(pid: u32) -> Option<ProcessIdentity> {
+        let start = sysinfo_start_time(pid)?;
+        Some(ProcessIdentity {
+            pid,
+            start,
+            started_at: DateTime::from_timestamp(i64::try_from(start).ok()?, 0)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

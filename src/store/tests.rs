@@ -1,0 +1,69 @@
+use super::*;
+
+#[test]
+fn slot_names_round_trip_and_reject_look_alikes() {
+    assert_eq!(slot_file_name(42), "planned-stop-42.json");
+    assert_eq!(parse_slot_file_name("planned-stop-42.json"), Some(42));
+    for name in [
+        "planned-stop-.json",
+        "planned-stop-0.json",
+        "planned-stop--1.json",
+        "planned-stop-+1.json",
+        "planned-stop-1.json.tmp-3-0",
+        "planned-stop-99999999999.json",
+        "planned-stop-42.outcome.json",
+        ".planned-stop-42.json",
+    ] {
+        assert_eq!(parse_slot_file_name(name), None, "{name}");
+    }
+}
+
+#[test]
+fn reads_are_bounded_to_one_byte_past_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big");
+    fs::write(&path, vec![b'x'; 1 << 20]).unwrap();
+    match read_slot(&path) {
+        Found::Bytes(b) => assert_eq!(b.len(), MAX_MARKER_BYTES + 1),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Root reads any file regardless of its mode, so a real read *error* comes from `/proc/self/mem`: a
+/// regular file whose offset 0 is unmapped memory (EIO).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failing_read_is_unreadable_not_absent() {
+    match read_slot(Path::new("/proc/self/mem")) {
+        Found::Unreadable(_) => {}
+        other => panic!("expected Unreadable, got {other:?}"),
+    }
+}
+
+#[test]
+fn private_names_are_hidden_unique_and_recognised_as_leftovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MarkerStore::open(Layout::Slots(dir.path().to_path_buf())).unwrap();
+    let slot = store.slot_path(7);
+    let a = store.private_name(&slot, TEMP_TAG);
+    let b = store.private_name(&slot, TEMP_TAG);
+    let c = store.private_name(&slot, TAKEN_TAG);
+    assert_ne!(a, b);
+    for p in [&a, &b, &c] {
+        fs::write(p, b"x").unwrap();
+        assert!(
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(".planned-stop-7.json.")
+        );
+    }
+    fs::write(dir.path().join(".unrelated.tmp-1-1"), b"x").unwrap();
+    let mut found = store.leftover_files().unwrap();
+    found.sort();
+    let mut expected = vec![a, b, c];
+    expected.sort();
+    assert_eq!(found, expected);
+    assert!(store.slot_files().unwrap().is_empty());
+}

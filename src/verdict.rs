@@ -1,0 +1,279 @@
+//! The one decision: what a process does with what it found at its marker slot.
+//!
+//! The watcher's probe, the runner's claim, the sweep and `planned-stop inspect` all ask the same
+//! question, so all of them call [`decide`], and none of them re-implements a rule. The function is
+//! pure: what was read, who we are, the time and the policy go in; a [`Verdict`] comes out. Tests move
+//! `now` instead of sleeping, and the fuzzer can call it a million times a second.
+//!
+//! The rules, in the order they are applied:
+//!
+//! | found | verdict | the store then |
+//! |---|---|---|
+//! | no file | [`Verdict::Absent`] | — |
+//! | a read error (permission, sharing violation) | no decision ([`Undecided`]) | retries next tick |
+//! | not a regular file, or bytes [`Marker::parse`] refuses | [`Verdict::Malformed`] | removes it |
+//! | written more than the TTL ago, or more than the skew in the future | [`Verdict::Stale`] | removes it |
+//! | names another pid | [`Verdict::Foreign`] | leaves it |
+//! | names our pid with another fingerprint, or written before we started (less the slack) | [`Verdict::Stale`] | removes it |
+//! | names our pid and fingerprint (or no fingerprint, written after we started) | [`Verdict::ForSelf`] | fires |
+//!
+//! There is no pid-only match: a marker without a fingerprint fires only when it was written after
+//! this process started, so a dead predecessor's marker never stops its pid's next owner.
+
+use crate::identity::ProcessIdentity;
+use crate::marker::{Marker, MarkerError};
+use chrono::{DateTime, TimeDelta, Utc};
+use std::time::Duration;
+
+/// The thresholds of the decision. The defaults are safe for a local stopper; raise the TTL for a
+/// slow one, and the skew where the stopper's clock may be ahead of ours (another host on a shared
+/// volume).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// A marker older than this is stale. Default 60 s.
+    pub ttl: Duration,
+    /// A marker dated further in the future than this is stale. Default 5 s.
+    pub future_skew: Duration,
+    /// A marker without a fingerprint must be written no earlier than this before our start.
+    /// Default 2 s (the wall-clock start time is known to about a second).
+    pub start_slack: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            ttl: Duration::from_secs(60),
+            future_skew: Duration::from_secs(5),
+            start_slack: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What was found at a slot, as the store read it (at most one byte more than
+/// [`crate::marker::MAX_MARKER_BYTES`]).
+#[derive(Debug, Clone, Copy)]
+pub enum SlotContent<'a> {
+    /// Nothing at the slot path.
+    Absent,
+    /// A regular file with these contents (possibly truncated to the limit plus one byte).
+    Bytes(&'a [u8]),
+    /// Something that is not a regular file; it is never opened, let alone followed.
+    NotAFile(FileKind),
+    /// The slot exists but could not be read this time.
+    Unreadable(std::io::ErrorKind),
+}
+
+/// The kind of a non-regular file found at a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A directory.
+    Directory,
+    /// A FIFO, socket or device (never opened for reading: a FIFO would block).
+    Special,
+}
+
+/// The decision for one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No marker: keep running.
+    Absent,
+    /// Not a marker at all; remove it.
+    Malformed(Malformed),
+    /// A marker that can no longer mean what it says; remove it.
+    Stale(Stale),
+    /// A valid marker for another process; leave it alone.
+    Foreign(Marker),
+    /// A valid, fresh marker for this very process: stop as planned.
+    ForSelf(Marker),
+}
+
+impl Verdict {
+    /// `true` for the verdicts after which the slot file should be removed.
+    pub fn is_removable(&self) -> bool {
+        matches!(self, Verdict::Malformed(_) | Verdict::Stale(_))
+    }
+
+    /// A short lower-case name, as `inspect --json` prints it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Verdict::Absent => "absent",
+            Verdict::Malformed(_) => "malformed",
+            Verdict::Stale(_) => "stale",
+            Verdict::Foreign(_) => "foreign",
+            Verdict::ForSelf(_) => "for_self",
+        }
+    }
+}
+
+/// Why a slot holds no marker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    /// The slot is not a regular file.
+    #[error("the slot is a {0:?}, not a regular file")]
+    NotAFile(FileKind),
+    /// The contents break the schema.
+    #[error(transparent)]
+    Content(#[from] MarkerError),
+}
+
+/// Why a well-formed marker no longer applies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stale {
+    /// Written more than the TTL ago.
+    #[error("written {age_secs} s ago, past the {ttl_secs} s time-to-live")]
+    Expired {
+        /// Age in whole seconds.
+        age_secs: i64,
+        /// The policy's TTL in seconds.
+        ttl_secs: u64,
+    },
+    /// Dated too far in the future (a wrong clock, or a forgery that would never expire).
+    #[error("dated {ahead_secs} s in the future, past the {skew_secs} s allowed skew")]
+    FromTheFuture {
+        /// How far ahead, in whole seconds.
+        ahead_secs: i64,
+        /// The policy's skew in seconds.
+        skew_secs: u64,
+    },
+    /// Names our pid but another start fingerprint: meant for an earlier process with this pid.
+    #[error("meant for an earlier process with pid {pid} (start {theirs}, ours {ours})")]
+    OtherIncarnation {
+        /// The pid, ours.
+        pid: u32,
+        /// The fingerprint in the marker.
+        theirs: u64,
+        /// Our fingerprint.
+        ours: u64,
+    },
+    /// The process that owns the slot is no longer running (only [`decide_as_owner`] says this).
+    #[error("process {pid}, which the marker is for, is no longer running")]
+    OwnerGone {
+        /// The owner's pid.
+        pid: u32,
+    },
+    /// Names our pid but was written before this process started.
+    #[error("written at {written_at}, before this process started at {started_at}")]
+    BeforeOurStart {
+        /// The marker's time.
+        written_at: DateTime<Utc>,
+        /// Our start time.
+        started_at: DateTime<Utc>,
+    },
+}
+
+/// No decision this time: the slot exists but could not be read (retry on the next tick; never take
+/// it as absent, never as a stop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the marker slot could not be read ({0}); will retry")]
+pub struct Undecided(pub std::io::ErrorKind);
+
+/// Decides what `own` does with `found` at time `now` under `policy`. See the module docs for the
+/// rules; this is the only place they live.
+///
+/// ```
+/// use chrono::Utc;
+/// use planned_stop::{Marker, Policy, ProcessIdentity, Verdict};
+/// use planned_stop::verdict::{decide, SlotContent};
+///
+/// let me = ProcessIdentity::current().unwrap();
+/// let now = Utc::now();
+/// let bytes = Marker::new(me.pid, Some(me.start), now).to_json().unwrap();
+/// let verdict = decide(SlotContent::Bytes(&bytes), &me, now, &Policy::default()).unwrap();
+/// assert!(matches!(verdict, Verdict::ForSelf(_)));
+/// ```
+pub fn decide(
+    found: SlotContent<'_>,
+    own: &ProcessIdentity,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Result<Verdict, Undecided> {
+    match read_marker(found)? {
+        Ok(marker) => Ok(judge(marker, own, now, policy)),
+        Err(verdict) => Ok(verdict),
+    }
+}
+
+/// The verdict the *owner* of a slot would reach, for a process that is not the owner: the sweep,
+/// `planned-stop inspect` and `status`. The owner is `slot_owner` when the layout names it (one slot
+/// per pid), else the pid the marker names (the single shared file). `lookup` reads the owner's
+/// identity ([`ProcessIdentity::of`] in production); an owner that is gone makes the marker
+/// [`Stale::OwnerGone`], since nobody is left to act on it.
+pub fn decide_as_owner(
+    found: SlotContent<'_>,
+    slot_owner: Option<u32>,
+    lookup: impl FnOnce(u32) -> Option<ProcessIdentity>,
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Result<Verdict, Undecided> {
+    let marker = match read_marker(found)? {
+        Ok(marker) => marker,
+        Err(verdict) => return Ok(verdict),
+    };
+    let pid = slot_owner.unwrap_or(marker.target_pid);
+    match lookup(pid) {
+        Some(owner) => Ok(judge(marker, &owner, now, policy)),
+        None => Ok(Verdict::Stale(Stale::OwnerGone { pid })),
+    }
+}
+
+/// The part of the decision that needs no identity: a parsed marker, or the verdict that ends it.
+fn read_marker(found: SlotContent<'_>) -> Result<Result<Marker, Verdict>, Undecided> {
+    let bytes = match found {
+        SlotContent::Absent => return Ok(Err(Verdict::Absent)),
+        SlotContent::Unreadable(kind) => return Err(Undecided(kind)),
+        SlotContent::NotAFile(kind) => {
+            return Ok(Err(Verdict::Malformed(Malformed::NotAFile(kind))));
+        }
+        SlotContent::Bytes(bytes) => bytes,
+    };
+    Ok(Marker::parse(bytes).map_err(|e| Verdict::Malformed(e.into())))
+}
+
+/// The rules for a well-formed marker.
+fn judge(marker: Marker, own: &ProcessIdentity, now: DateTime<Utc>, policy: &Policy) -> Verdict {
+    let age = now.signed_duration_since(marker.written_at);
+    if age > delta(policy.ttl) {
+        return Verdict::Stale(Stale::Expired {
+            age_secs: age.num_seconds(),
+            ttl_secs: policy.ttl.as_secs(),
+        });
+    }
+    if -age > delta(policy.future_skew) {
+        return Verdict::Stale(Stale::FromTheFuture {
+            ahead_secs: (-age).num_seconds(),
+            skew_secs: policy.future_skew.as_secs(),
+        });
+    }
+    if marker.target_pid != own.pid {
+        return Verdict::Foreign(marker);
+    }
+    if let Some(theirs) = marker.target_start_time
+        && theirs != own.start
+    {
+        return Verdict::Stale(Stale::OtherIncarnation {
+            pid: own.pid,
+            theirs,
+            ours: own.start,
+        });
+    }
+    let earliest = own
+        .started_at
+        .checked_sub_signed(delta(policy.start_slack))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    if marker.written_at < earliest {
+        return Verdict::Stale(Stale::BeforeOurStart {
+            written_at: marker.written_at,
+            started_at: own.started_at,
+        });
+    }
+    Verdict::ForSelf(marker)
+}
+
+fn delta(d: Duration) -> TimeDelta {
+    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+use super::*;
+use chrono::TimeZone;
+
+fn me() -> ProcessIdentity {
+    ProcessIdentity {
+        pid: 4242,
+        start: 777,
+        started_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+    }
+}
+
+fn secs(s: i64) -> TimeDelta {
+    TimeDelta::seconds(s)
+}
+
+/// The verdict for `marker` seen at `now`.
+fn verdict_of(marker: &Marker, now: DateTime<Utc>) -> Verdict {
+    let bytes = marker.to_json().unwrap();
+    decide(SlotContent::Bytes(&bytes), &me(), now, &Policy::default()).unwrap()
+}
+
+#[test]
+fn a_fresh_marker_with_our_pid_and_fingerprint_is_for_self() {
+    let written = me().started_at + secs(30);
+    let m = Marker::new(4242, Some(777), written);
+    assert_eq!(
+        verdict_of(&m, written + secs(1)),
+        Verdict::ForSelf(m.clone())
+    );
+    // Still ours at the last second of the TTL.
+    assert_eq!(verdict_of(&m, written + secs(60)), Verdict::ForSelf(m));
+}
+
+#[test]
+fn the_ttl_expires_markers_whoever_they_name() {
+    let written = me().started_at + secs(30);
+    for pid in [4242, 4243] {
+        let m = Marker::new(pid, Some(777), written);
+        assert!(
+            matches!(
+                verdict_of(&m, written + secs(61)),
+                Verdict::Stale(Stale::Expired { age_secs: 61, .. })
+            ),
+            "pid {pid}"
+        );
+    }
+}
+
+#[test]
+fn future_markers_are_stale_beyond_the_skew() {
+    let now = me().started_at + secs(100);
+    let within = Marker::new(4242, Some(777), now + secs(5));
+    assert!(matches!(verdict_of(&within, now), Verdict::ForSelf(_)));
+    let beyond = Marker::new(4242, Some(777), now + secs(6));
+    assert!(matches!(
+        verdict_of(&beyond, now),
+        Verdict::Stale(Stale::FromTheFuture { ahead_secs: 6, .. })
+    ));
+    let far = Marker::new(
+        4243,
+        None,
+        Utc.with_ymd_and_hms(9999, 1, 1, 0, 0, 0).unwrap(),
+    );
+    assert!(matches!(
+        verdict_of(&far, now),
+        Verdict::Stale(Stale::FromTheFuture { .. })
+    ));
+}
+
+#[test]
+fn another_pid_is_foreign() {
+    let now = me().started_at + secs(10);
+    let m = Marker::new(4243, Some(777), now);
+    assert_eq!(verdict_of(&m, now), Verdict::Foreign(m));
+}
+
+#[test]
+fn another_fingerprint_is_an_earlier_incarnation() {
+    let now = me().started_at + secs(10);
+    let m = Marker::new(4242, Some(776), now);
+    assert_eq!(
+        verdict_of(&m, now),
+        Verdict::Stale(Stale::OtherIncarnation {
+            pid: 4242,
+            theirs: 776,
+            ours: 777
+        })
+    );
+}
+
+#[test]
+fn without_a_fingerprint_only_markers_written_after_our_start_fire() {
+    let start = me().started_at;
+    let after = Marker::new(4242, None, start + secs(1));
+    assert!(matches!(
+        verdict_of(&after, start + secs(2)),
+        Verdict::ForSelf(_)
+    ));
+    let within_slack = Marker::new(4242, None, start - secs(2));
+    assert!(matches!(
+        verdict_of(&within_slack, start + secs(2)),
+        Verdict::ForSelf(_)
+    ));
+    let before = Marker::new(4242, None, start - secs(3));
+    assert!(matches!(
+        verdict_of(&before, start + secs(2)),
+        Verdict::Stale(Stale::BeforeOurStart { .. })
+    ));
+}
+
+#[test]
+fn a_matching_fingerprint_written_before_our_start_is_still_stale() {
+    let start = me().started_at;
+    let m = Marker::new(4242, Some(777), start - secs(10));
+    assert!(matches!(
+        verdict_of(&m, start + secs(1)),
+        Verdict::Stale(Stale::BeforeOurStart { .. })
+    ));
+}
+
+#[test]
+fn read_errors_are_no_decision() {
+    let now = me().started_at;
+    for kind in [
+        std::io::ErrorKind::PermissionDenied,
+        std::io::ErrorKind::Other,
+    ] {
+        assert_eq!(
+            decide(
+                SlotContent::Unreadable(kind),
+                &me(),
+                now,
+                &Policy::default()
+            ),
+            Err(Undecided(kind))
+        );
+    }
+}
+
+#[test]
+fn non_files_and_bad_bytes_are_malformed_and_absence_is_absent() {
+    let now = me().started_at;
+    let p = Policy::default();
+    assert_eq!(
+        decide(SlotContent::Absent, &me(), now, &p),
+        Ok(Verdict::Absent)
+    );
+    assert_eq!(
+        decide(SlotContent::NotAFile(FileKind::Symlink), &me(), now, &p),
+        Ok(Verdict::Malformed(Malformed::NotAFile(FileKind::Symlink)))
+    );
+    assert!(matches!(
+        decide(SlotContent::Bytes(b"{}"), &me(), now, &p),
+        Ok(Verdict::Malformed(_))
+    ));
+}
+
+#[test]
+fn as_owner_judges_with_the_owners_identity_and_a_gone_owner_is_stale() {
+    let now = me().started_at + secs(10);
+    let p = Policy::default();
+    let bytes = Marker::new(4242, Some(777), now).to_json().unwrap();
+    let found = SlotContent::Bytes(&bytes);
+    // Single-file layout: the owner is the pid the marker names.
+    let v = decide_as_owner(found, None, |pid| (pid == 4242).then(me), now, &p).unwrap();
+    assert!(matches!(v, Verdict::ForSelf(_)));
+    let v = decide_as_owner(found, None, |_| None, now, &p).unwrap();
+    assert_eq!(v, Verdict::Stale(Stale::OwnerGone { pid: 4242 }));
+    // Slot layout: the slot names its owner; a marker for someone else in it is foreign to it.
+    let other = ProcessIdentity { pid: 5, ..me() };
+    let v = decide_as_owner(found, Some(5), |_| Some(other), now, &p).unwrap();
+    assert!(matches!(v, Verdict::Foreign(_)));
+}
+
+#[test]
+fn policy_thresholds_are_honoured() {
+    let p = Policy {
+        ttl: Duration::from_secs(5),
+        future_skew: Duration::ZERO,
+        start_slack: Duration::ZERO,
+    };
+    let start = me().started_at;
+    let bytes = Marker::new(4242, None, start + secs(1)).to_json().unwrap();
+    let at = |t| decide(SlotContent::Bytes(&bytes), &me(), t, &p).unwrap();
+    assert!(matches!(
+        at(start),
+        Verdict::Stale(Stale::FromTheFuture { .. })
+    ));
+    assert!(matches!(at(start + secs(6)), Verdict::ForSelf(_)));
+    assert!(matches!(
+        at(start + secs(7)),
+        Verdict::Stale(Stale::Expired { .. })
+    ));
+    let early = Marker::new(4242, None, start - TimeDelta::milliseconds(1))
+        .to_json()
+        .unwrap();
+    assert!(matches!(
+        decide(SlotContent::Bytes(&early), &me(), start, &p),
+        Ok(Verdict::Stale(Stale::BeforeOurStart { .. }))
+    ));
+}

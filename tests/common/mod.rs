@@ -1,0 +1,99 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use chrono::{DateTime, TimeDelta, Utc};
+use planned_stop::{Marker, ProcessIdentity};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// The environment variable that turns a test binary into a helper process (see [`spawn_helper`]).
+pub const HELPER_ENV: &str = "PLANNED_STOP_TEST_HELPER";
+
+/// Runs the `#[ignore]`d test `name` of the current test binary as a child process, with
+/// [`HELPER_ENV`] set to `role` and the given extra environment.
+pub fn spawn_helper(name: &str, role: &str, env: &[(&str, &Path)]) -> Helper {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(HELPER_ENV, role)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Helper(cmd.spawn().unwrap())
+}
+
+/// A helper child process that is killed when dropped, so a failing test leaves nothing running.
+pub struct Helper(pub Child);
+
+impl std::ops::Deref for Helper {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Helper {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// How long a helper process may live before it gives up by itself.
+pub const HELPER_LIFETIME: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The role this process was started with by [`spawn_helper`], if any.
+pub fn helper_role() -> Option<String> {
+    std::env::var(HELPER_ENV).ok()
+}
+
+/// A fixed instant a little after `me` started, so verdicts do not depend on how long the tests ran.
+pub fn shortly_after_start(me: &ProcessIdentity) -> DateTime<Utc> {
+    me.started_at + TimeDelta::seconds(5)
+}
+
+/// A marker for `me` written at `at`, as bytes.
+pub fn self_marker(me: &ProcessIdentity, at: DateTime<Utc>) -> Vec<u8> {
+    Marker::new(me.pid, Some(me.start), at).to_json().unwrap()
+}
+
+/// Reads lines from a helper's stdout until one equals `wanted` (libtest prints its own lines
+/// first). Panics if the helper closes its stdout before.
+pub fn wait_for_line(out: &mut impl std::io::BufRead, wanted: &str) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "helper ended before printing {wanted:?}"
+        );
+        // libtest prints "test NAME ... " without a newline before the helper's first line.
+        if line.trim_end().ends_with(wanted) {
+            return;
+        }
+    }
+}
+
+/// A live process that is not us, killed when dropped.
+pub fn other_live_process() -> Helper {
+    let child = Command::new("sleep")
+        .arg("120")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("the `sleep` command is available");
+    Helper(child)
+}

@@ -1,0 +1,855 @@
+//! The marker store against real files: the seed's probe tests, hostile inputs, racing claimers,
+//! killed writers and the sweep.
+
+mod common;
+
+use chrono::{TimeDelta, Utc};
+use common::*;
+use planned_stop::store::SweepReport;
+use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, StoreError, Verdict};
+use std::fs;
+use std::io::{BufRead, BufReader};
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+fn slots_store(dir: &Path) -> MarkerStore {
+    MarkerStore::open(Layout::Slots(dir.to_path_buf())).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store halves of the seed's probe tests, under their seed names (the seed's single shared file).
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join(".gateway-planned-stop.json");
+    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+    fs::write(&marker, self_marker(&me, Utc::now())).unwrap();
+
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+    assert!(marker.exists(), "probe must not consume a matching marker");
+    // Idempotent: still for us on a second call.
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+    assert!(marker.exists());
+}
+
+#[test]
+fn test_planned_stop_marker_targets_self_drops_malformed() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join(".gateway-planned-stop.json");
+    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
+    fs::write(&marker, "{not valid json").unwrap();
+    let me = ProcessIdentity::current().unwrap();
+
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::Malformed(_)
+    ));
+    assert!(!marker.exists(), "a malformed marker is cleaned up");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile inputs.
+// ---------------------------------------------------------------------------------------------
+
+enum Setup {
+    Bytes(Vec<u8>),
+    /// A symlink at the slot pointing at a valid marker for us elsewhere.
+    SymlinkToOwnMarker,
+    DanglingSymlink,
+    Directory,
+    Fifo,
+    /// A valid marker for us, mode 000 (only meaningful when not running as root).
+    Unreadable,
+}
+
+struct Case {
+    name: &'static str,
+    setup: Setup,
+    /// `Verdict::kind()`, or "undecided".
+    expect: &'static str,
+}
+
+fn json(s: String) -> Setup {
+    Setup::Bytes(s.into_bytes())
+}
+
+fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
+    let now = shortly_after_start(me);
+    let ts = now.to_rfc3339();
+    let pid = me.pid;
+    let start = me.start;
+    let valid = String::from_utf8(self_marker(me, now)).unwrap();
+    let with =
+        |fields: &str| format!(r#"{{"target_pid":{pid},"target_start_time":{start},{fields}}}"#);
+    let at = |t: chrono::DateTime<Utc>| with(&format!(r#""written_at":"{}""#, t.to_rfc3339()));
+    let case = |name, setup, expect| Case {
+        name,
+        setup,
+        expect,
+    };
+    vec![
+        case("valid marker for us", json(valid.clone()), "for_self"),
+        case(
+            "garbage bytes",
+            Setup::Bytes(b"\x00\x01\x02garbage\xfe".to_vec()),
+            "malformed",
+        ),
+        case(
+            "BOM then a valid marker",
+            Setup::Bytes([&b"\xEF\xBB\xBF"[..], valid.as_bytes()].concat()),
+            "for_self",
+        ),
+        case(
+            "BOM only",
+            Setup::Bytes(b"\xEF\xBB\xBF".to_vec()),
+            "malformed",
+        ),
+        case("empty file", Setup::Bytes(Vec::new()), "malformed"),
+        case("white space only", json(" \n\t ".into()), "malformed"),
+        case("{}", json("{}".into()), "malformed"),
+        case("JSON array", json("[]".into()), "malformed"),
+        case(
+            "array holding a marker",
+            json(format!("[{valid}]")),
+            "malformed",
+        ),
+        case("JSON string", json("\"stop\"".into()), "malformed"),
+        case("JSON null", json("null".into()), "malformed"),
+        case("1 MiB file", Setup::Bytes(vec![b' '; 1 << 20]), "malformed"),
+        case(
+            "valid marker padded past 4 KiB",
+            json(format!("{valid}{}", " ".repeat(4096))),
+            "malformed",
+        ),
+        case(
+            "deep nesting",
+            json(format!("{}{}", "[".repeat(100_000), "]".repeat(100_000))),
+            "malformed",
+        ),
+        case(
+            "deep nesting in an unknown key",
+            json(with(&format!(
+                r#""written_at":"{ts}","x":{}1{}"#,
+                "[".repeat(64),
+                "]".repeat(64)
+            ))),
+            "malformed",
+        ),
+        case(
+            "NaN pid",
+            json(format!(r#"{{"target_pid":NaN,"written_at":"{ts}"}}"#)),
+            "malformed",
+        ),
+        case(
+            "1e999 pid",
+            json(format!(r#"{{"target_pid":1e999,"written_at":"{ts}"}}"#)),
+            "malformed",
+        ),
+        case(
+            "bool pid",
+            json(format!(r#"{{"target_pid":true,"written_at":"{ts}"}}"#)),
+            "malformed",
+        ),
+        case(
+            "float pid",
+            json(format!(
+                r#"{{"target_pid":{pid}.0,"target_start_time":{start},"written_at":"{ts}"}}"#
+            )),
+            "malformed",
+        ),
+        case(
+            "string pid",
+            json(format!(
+                r#"{{"target_pid":"{pid}","target_start_time":{start},"written_at":"{ts}"}}"#
+            )),
+            "malformed",
+        ),
+        case(
+            "negative pid",
+            json(format!(r#"{{"target_pid":-{pid},"written_at":"{ts}"}}"#)),
+            "malformed",
+        ),
+        case(
+            "zero pid",
+            json(format!(r#"{{"target_pid":0,"written_at":"{ts}"}}"#)),
+            "malformed",
+        ),
+        case(
+            "pid above u32",
+            json(format!(
+                r#"{{"target_pid":{},"written_at":"{ts}"}}"#,
+                u64::from(u32::MAX) + u64::from(pid)
+            )),
+            "malformed",
+        ),
+        case(
+            "duplicate target_pid",
+            json(format!(
+                r#"{{"target_pid":1,"target_pid":{pid},"target_start_time":{start},"written_at":"{ts}"}}"#
+            )),
+            "malformed",
+        ),
+        case(
+            "duplicate written_at",
+            json(with(&format!(
+                r#""written_at":"2000-01-01T00:00:00Z","written_at":"{ts}""#
+            ))),
+            "malformed",
+        ),
+        case(
+            "missing target_pid",
+            json(format!(r#"{{"written_at":"{ts}"}}"#)),
+            "malformed",
+        ),
+        case(
+            "missing written_at",
+            json(with(r#""stopper_pid":1"#)),
+            "malformed",
+        ),
+        case(
+            "naive timestamp",
+            json(with(&format!(r#""written_at":"{}""#, now.naive_utc()))),
+            "malformed",
+        ),
+        case(
+            "unparsable timestamp",
+            json(with(r#""written_at":"soon""#)),
+            "malformed",
+        ),
+        case(
+            "numeric timestamp",
+            json(with(&format!(r#""written_at":{}"#, now.timestamp()))),
+            "malformed",
+        ),
+        case(
+            "future timestamp",
+            json(at(now + TimeDelta::hours(1))),
+            "stale",
+        ),
+        case(
+            "year 9999",
+            json(at("9999-12-31T23:59:59Z".parse().unwrap())),
+            "stale",
+        ),
+        case(
+            "ancient timestamp",
+            json(at("2000-01-01T00:00:00Z".parse().unwrap())),
+            "stale",
+        ),
+        case(
+            "offset timestamp",
+            json(with(&format!(
+                r#""written_at":"{}""#,
+                now.with_timezone(&chrono::FixedOffset::east_opt(19800).unwrap())
+                    .to_rfc3339()
+            ))),
+            "for_self",
+        ),
+        case(
+            "written before our start, no fingerprint",
+            json(format!(
+                r#"{{"target_pid":{pid},"target_start_time":null,"written_at":"{}"}}"#,
+                (me.started_at - TimeDelta::seconds(10)).to_rfc3339()
+            )),
+            "stale",
+        ),
+        case(
+            "written before our start, our fingerprint",
+            json(at(me.started_at - TimeDelta::seconds(10))),
+            "stale",
+        ),
+        case(
+            "another fingerprint",
+            json(format!(
+                r#"{{"target_pid":{pid},"target_start_time":{},"written_at":"{ts}"}}"#,
+                start + 1
+            )),
+            "stale",
+        ),
+        case(
+            "null fingerprint, written after our start",
+            json(format!(
+                r#"{{"target_pid":{pid},"target_start_time":null,"written_at":"{ts}"}}"#
+            )),
+            "for_self",
+        ),
+        case(
+            "negative fingerprint",
+            json(format!(
+                r#"{{"target_pid":{pid},"target_start_time":-1,"written_at":"{ts}"}}"#
+            )),
+            "malformed",
+        ),
+        case(
+            "float fingerprint",
+            json(format!(
+                r#"{{"target_pid":{pid},"target_start_time":{start}.5,"written_at":"{ts}"}}"#
+            )),
+            "malformed",
+        ),
+        case(
+            "unknown version",
+            json(with(&format!(r#""version":2,"written_at":"{ts}""#))),
+            "malformed",
+        ),
+        case(
+            "string version",
+            json(with(&format!(r#""version":"1","written_at":"{ts}""#))),
+            "malformed",
+        ),
+        case(
+            "explicit version 1",
+            json(with(&format!(r#""version":1,"written_at":"{ts}""#))),
+            "for_self",
+        ),
+        case(
+            "unknown keys",
+            json(with(&format!(
+                r#""written_at":"{ts}","colour":"blue","extra":{{"a":[1,2]}}"#
+            ))),
+            "for_self",
+        ),
+        case(
+            "string trigger_watcher",
+            json(with(&format!(
+                r#""written_at":"{ts}","trigger_watcher":"false""#
+            ))),
+            "malformed",
+        ),
+        case(
+            "request id too long",
+            json(with(&format!(
+                r#""written_at":"{ts}","request_id":"{}""#,
+                "r".repeat(65)
+            ))),
+            "malformed",
+        ),
+        case(
+            "control character in reason",
+            json(with(&format!(r#""written_at":"{ts}","reason":"a\u001bb""#))),
+            "malformed",
+        ),
+        case(
+            "trailing garbage",
+            json(format!("{valid} trailing")),
+            "malformed",
+        ),
+        case("two objects", json(format!("{valid}{valid}")), "malformed"),
+        case(
+            "invalid UTF-8 in a string",
+            Setup::Bytes(
+                [
+                    &valid.as_bytes()[..valid.len() - 1],
+                    b",\"reason\":\"\xff\xfe\"}",
+                ]
+                .concat(),
+            ),
+            "malformed",
+        ),
+        case(
+            "UTF-16 marker",
+            Setup::Bytes(valid.encode_utf16().flat_map(u16::to_le_bytes).collect()),
+            "malformed",
+        ),
+        case(
+            "NUL in the middle",
+            Setup::Bytes([valid.as_bytes(), b"\0"].concat()),
+            "malformed",
+        ),
+        case(
+            "foreign pid",
+            json(format!(
+                r#"{{"target_pid":{},"target_start_time":{start},"written_at":"{ts}"}}"#,
+                pid + 1
+            )),
+            "foreign",
+        ),
+        case(
+            "symlink at the slot",
+            Setup::SymlinkToOwnMarker,
+            "malformed",
+        ),
+        case(
+            "dangling symlink at the slot",
+            Setup::DanglingSymlink,
+            "malformed",
+        ),
+        case("directory at the slot", Setup::Directory, "malformed"),
+        case("FIFO at the slot", Setup::Fifo, "malformed"),
+        case("unreadable file", Setup::Unreadable, "undecided"),
+    ]
+}
+
+#[cfg(unix)]
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Puts `setup` at `slot`; returns the path of a file a symlink points at, if any.
+fn plant(setup: &Setup, slot: &Path, outside: &Path, me: &ProcessIdentity) -> Option<PathBuf> {
+    match setup {
+        Setup::Bytes(b) => fs::write(slot, b).unwrap(),
+        Setup::SymlinkToOwnMarker => {
+            let target = outside.join("victim.json");
+            fs::write(&target, self_marker(me, shortly_after_start(me))).unwrap();
+            std::os::unix::fs::symlink(&target, slot).unwrap();
+            return Some(target);
+        }
+        Setup::DanglingSymlink => {
+            std::os::unix::fs::symlink(outside.join("nowhere"), slot).unwrap()
+        }
+        Setup::Directory => fs::create_dir(slot).unwrap(),
+        Setup::Fifo => {
+            let c = std::ffi::CString::new(slot.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        }
+        Setup::Unreadable => {
+            use std::os::unix::fs::PermissionsExt;
+            fs::write(slot, self_marker(me, shortly_after_start(me))).unwrap();
+            fs::set_permissions(slot, fs::Permissions::from_mode(0o000)).unwrap();
+        }
+    }
+    None
+}
+
+#[cfg(unix)]
+#[test]
+fn hostile_slots_reach_the_designed_verdict_without_following_or_blocking() {
+    // Run the table on another thread so a probe that blocks (say, on a FIFO) fails the test
+    // instead of hanging it.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        run_hostile_table();
+        done.send(()).unwrap();
+    });
+    match finished.recv_timeout(Duration::from_secs(120)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("a probe blocked"),
+        Err(e) => panic!("the hostile table panicked: {e}"),
+    }
+}
+
+#[cfg(unix)]
+fn run_hostile_table() {
+    let me = ProcessIdentity::current().unwrap();
+    let cases = hostile_cases(&me);
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    for case in cases {
+        if matches!(case.setup, Setup::Unreadable) && running_as_root() {
+            // Root reads a mode-000 file; the store's unit test covers a real read error.
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let store = slots_store(dir.path());
+        let slot = store.slot_path(me.pid);
+        let victim = plant(&case.setup, &slot, outside.path(), &me);
+        let victim_before = victim.as_ref().map(|v| fs::read(v).unwrap());
+
+        let now = shortly_after_start(&me);
+        let inspected = store.inspect(me.pid, now);
+        let probed = store.probe(&me, now);
+        let got = match &probed {
+            Ok(v) => v.kind(),
+            Err(StoreError::Unreadable { .. }) => "undecided",
+            Err(e) => panic!("{}: unexpected error {e}", case.name),
+        };
+        assert_eq!(got, case.expect, "{}: {probed:?}", case.name);
+        assert_eq!(
+            inspected.as_ref().map(Verdict::kind).unwrap_or("undecided"),
+            case.expect,
+            "{}: inspect and probe must agree",
+            case.name
+        );
+        let still_there = fs::symlink_metadata(&slot).is_ok();
+        let should_remain = matches!(case.expect, "for_self" | "foreign" | "undecided");
+        assert_eq!(
+            still_there, should_remain,
+            "{}: slot present afterwards",
+            case.name
+        );
+        if let (Some(v), Some(before)) = (victim, victim_before) {
+            assert_eq!(
+                fs::read(&v).unwrap(),
+                before,
+                "{}: the symlink target was touched",
+                case.name
+            );
+        }
+        // A claim never takes anything a probe would not fire on.
+        let claimed = store.claim(&me, now);
+        assert_eq!(
+            matches!(claimed, Ok(Some(_))),
+            case.expect == "for_self",
+            "{}: claim {claimed:?}",
+            case.name
+        );
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_foreign_marker_in_the_shared_file_is_left_and_not_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("planned-stop.json");
+    let store = MarkerStore::open(Layout::SingleFile(path.clone())).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+    // A live other process: our child.
+    let mut child = other_live_process();
+    let other = ProcessIdentity::of(child.id()).unwrap();
+    let pending = Marker::new(other.pid, Some(other.start), Utc::now());
+    store.write(&pending).unwrap();
+
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::Foreign(_)
+    ));
+    assert_eq!(store.claim(&me, Utc::now()).unwrap(), None);
+    let ours = Marker::new(me.pid, Some(me.start), Utc::now());
+    let refused = store.write(&ours);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        matches!(refused, Err(StoreError::SlotBusy { pid, .. }) if pid == other.pid),
+        "{refused:?}"
+    );
+    assert_eq!(Marker::parse(&fs::read(&path).unwrap()).unwrap(), pending);
+    // Once that process is gone its marker no longer blocks the file.
+    store.write(&ours).unwrap();
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing.
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(unix)]
+#[test]
+fn write_replaces_a_symlink_at_the_slot_and_never_writes_through_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("passwd");
+    fs::write(&victim, "root:x:0:0\n").unwrap();
+    let store = slots_store(dir.path());
+    let me = ProcessIdentity::current().unwrap();
+    let slot = store.slot_path(me.pid);
+    std::os::unix::fs::symlink(&victim, &slot).unwrap();
+
+    let marker = Marker::new(me.pid, Some(me.start), Utc::now());
+    assert_eq!(store.write(&marker).unwrap(), slot);
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "root:x:0:0\n");
+    let meta = fs::symlink_metadata(&slot).unwrap();
+    assert!(meta.file_type().is_file(), "the slot is now a regular file");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(Marker::parse(&fs::read(&slot).unwrap()).unwrap(), marker);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_missing_directory_is_created_private_and_a_shared_one_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("a/b");
+    slots_store(&dir);
+    assert_eq!(
+        fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+
+    let shared = base.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = MarkerStore::open(Layout::Slots(shared.clone())).unwrap_err();
+    assert!(
+        matches!(err, StoreError::SharedDirectory { mode: 0o777, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("chmod 700"),
+        "the error says what to do: {err}"
+    );
+    let single = MarkerStore::open(Layout::SingleFile(shared.join("m.json")));
+    assert!(matches!(single, Err(StoreError::SharedDirectory { .. })));
+    MarkerStore::builder(Layout::Slots(shared))
+        .allow_shared_dir(true)
+        .open()
+        .unwrap();
+
+    let file = base.path().join("file");
+    fs::write(&file, "").unwrap();
+    assert!(matches!(
+        MarkerStore::open(Layout::Slots(file)),
+        Err(StoreError::Directory { .. } | StoreError::NotADirectory(_))
+    ));
+}
+
+#[test]
+fn an_invalid_marker_is_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    let bad = Marker::new(7, None, Utc::now()).with_request_id("x".repeat(100));
+    assert!(matches!(
+        store.write(&bad),
+        Err(StoreError::InvalidMarker(_))
+    ));
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+}
+
+/// Helper process: writes markers for pid 4242 in a loop until killed, printing "started" once the
+/// first one is in place.
+#[test]
+#[ignore = "helper process for killed_writer_never_leaves_a_partial_slot"]
+fn helper_marker_writer() {
+    if helper_role().as_deref() != Some("writer") {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var_os("DIR").unwrap());
+    let store = slots_store(&dir);
+    let reason = "r".repeat(256);
+    let deadline = std::time::Instant::now() + HELPER_LIFETIME;
+    for i in 0u64.. {
+        if std::time::Instant::now() > deadline {
+            return;
+        }
+        let marker = Marker::new(4242, Some(i), Utc::now()).with_reason(reason.clone());
+        store.write(&marker).unwrap();
+        if i == 0 {
+            println!("started");
+        }
+    }
+}
+
+#[test]
+fn killed_writer_never_leaves_a_partial_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    for round in 0..20u64 {
+        let mut child = spawn_helper("helper_marker_writer", "writer", &[("DIR", dir.path())]);
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        wait_for_line(&mut out, "started");
+        // Vary the moment of the kill across rounds.
+        std::thread::sleep(Duration::from_micros(round * 397 % 5000));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let bytes = fs::read(store.slot_path(4242)).unwrap();
+        let marker = Marker::parse(&bytes).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(marker.target_pid, 4242);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claiming.
+// ---------------------------------------------------------------------------------------------
+
+const ROUNDS: u32 = 1000;
+
+/// A synthetic target per round, so one directory holds a slot per round.
+fn round_identity(round: u32) -> ProcessIdentity {
+    ProcessIdentity {
+        pid: round + 1,
+        start: 7,
+        started_at: chrono::DateTime::UNIX_EPOCH,
+    }
+}
+
+fn write_round_markers(store: &MarkerStore) {
+    for round in 0..ROUNDS {
+        let id = round_identity(round);
+        store
+            .write(&Marker::new(id.pid, Some(id.start), Utc::now()))
+            .unwrap();
+    }
+}
+
+/// Claims every round's marker in order; returns the rounds this claimer won.
+fn claim_all(store: &MarkerStore, before_each: impl Fn()) -> Vec<u32> {
+    let mut won = Vec::new();
+    for round in 0..ROUNDS {
+        before_each();
+        if store
+            .claim(&round_identity(round), Utc::now())
+            .unwrap()
+            .is_some()
+        {
+            won.push(round);
+        }
+    }
+    won
+}
+
+fn assert_exactly_one_winner(a: &[u32], b: &[u32]) {
+    for round in 0..ROUNDS {
+        let wins = a.contains(&round) as u32 + b.contains(&round) as u32;
+        assert_eq!(wins, 1, "round {round} had {wins} winners");
+    }
+}
+
+#[test]
+fn two_threads_claiming_one_marker_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    write_round_markers(&store);
+    let barrier = Arc::new(Barrier::new(2));
+    let claimers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                claim_all(&store, || {
+                    barrier.wait();
+                })
+            })
+        })
+        .collect();
+    let won: Vec<Vec<u32>> = claimers.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_exactly_one_winner(&won[0], &won[1]);
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "every marker consumed, nothing left over"
+    );
+}
+
+/// Helper process: waits for a `go` file, then claims every round's marker and prints the rounds it
+/// won, one per line.
+#[test]
+#[ignore = "helper process for two_processes_claiming_one_marker_exactly_one_wins"]
+fn helper_claimer() {
+    if helper_role().as_deref() != Some("claimer") {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var_os("DIR").unwrap());
+    let store = slots_store(&dir.join("slots"));
+    println!("ready");
+    let deadline = std::time::Instant::now() + HELPER_LIFETIME;
+    while !dir.join("go").exists() {
+        assert!(std::time::Instant::now() < deadline, "never told to go");
+        std::hint::spin_loop();
+    }
+    for round in claim_all(&store, || {}) {
+        println!("won {round}");
+    }
+}
+
+#[test]
+fn two_processes_claiming_one_marker_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(&dir.path().join("slots"));
+    write_round_markers(&store);
+    let mut children: Vec<_> = (0..2)
+        .map(|_| spawn_helper("helper_claimer", "claimer", &[("DIR", dir.path())]))
+        .collect();
+    let mut outputs: Vec<_> = children
+        .iter_mut()
+        .map(|c| BufReader::new(c.stdout.take().unwrap()))
+        .collect();
+    for out in &mut outputs {
+        wait_for_line(out, "ready");
+    }
+    fs::write(dir.path().join("go"), "").unwrap();
+    let won: Vec<Vec<u32>> = outputs
+        .into_iter()
+        .map(|out| {
+            out.lines()
+                .map_while(Result::ok)
+                .filter_map(|l| l.rsplit("won ").next()?.trim().parse().ok())
+                .collect()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert_exactly_one_winner(&won[0], &won[1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sweeping and clearing.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn sweep_removes_old_leftovers_and_dead_slots_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    let me = ProcessIdentity::current().unwrap();
+    let now = Utc::now();
+    let old = std::time::SystemTime::now() - Duration::from_secs(61);
+
+    let old_temp = dir.path().join(".planned-stop-5.json.tmp-99-0");
+    let old_taken = dir.path().join(".planned-stop-6.json.taken-99-1");
+    let fresh_temp = dir.path().join(".planned-stop-7.json.tmp-99-2");
+    let unrelated = dir.path().join("notes.txt");
+    for p in [&old_temp, &old_taken, &fresh_temp, &unrelated] {
+        fs::write(p, "x").unwrap();
+    }
+    for p in [&old_temp, &old_taken, &unrelated] {
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    // Ours and fresh: kept. Expired: removed. Owner long gone (pid u32::MAX never exists): removed.
+    let ours = store
+        .write(&Marker::new(me.pid, Some(me.start), now))
+        .unwrap();
+    let gone = Marker::new(u32::MAX - 1, None, now);
+    let gone_slot = store.write(&gone).unwrap();
+    let garbage = dir.path().join("planned-stop-3.json");
+    fs::write(&garbage, "garbage").unwrap();
+
+    let SweepReport {
+        mut removed_slots,
+        mut removed_leftovers,
+    } = store.sweep(now).unwrap();
+    removed_slots.sort();
+    removed_leftovers.sort();
+    let mut expected_slots = vec![gone_slot, garbage];
+    expected_slots.sort();
+    assert_eq!(removed_slots, expected_slots);
+    assert_eq!(removed_leftovers, vec![old_temp, old_taken]);
+    assert!(ours.exists() && fresh_temp.exists() && unrelated.exists());
+
+    // An expired marker for us goes too.
+    store
+        .write(&Marker::new(
+            me.pid,
+            Some(me.start),
+            now - TimeDelta::seconds(120),
+        ))
+        .unwrap();
+    assert_eq!(store.sweep(now).unwrap().removed_slots, vec![ours.clone()]);
+    assert!(!ours.exists());
+}
+
+#[test]
+fn clear_removes_whatever_is_at_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    assert!(!store.clear(9).unwrap());
+    store.write(&Marker::new(9, None, Utc::now())).unwrap();
+    assert!(store.clear(9).unwrap());
+    fs::create_dir(store.slot_path(9)).unwrap();
+    assert!(store.clear(9).unwrap());
+    assert!(!store.slot_path(9).exists());
+}
