@@ -20,6 +20,10 @@
 //! - [`verdict`]: the **one** decision function every other part calls (pure).
 //! - [`store`]: the files: atomic symlink-safe writes, a probe that never consumes our own marker, a
 //!   claim that exactly one racer wins.
+//! - [`lifecycle`]: the runner's rules — states, causes, the verdict latch (pure).
+//! - [`runner`] and [`watcher`]: the two actors that act on those rules.
+//! - [`record`]: the stop record that lets the next start resume unfinished work.
+//! - [`service`]: the builder that wires it all into an actix application.
 //!
 //! ```
 //! use chrono::Utc;
@@ -41,12 +45,22 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod clock;
 pub mod identity;
+pub mod lifecycle;
 pub mod marker;
+pub mod record;
+pub mod runner;
+pub mod service;
 pub mod store;
 pub mod verdict;
+pub mod watcher;
 
 pub use identity::{IdentityError, ProcessIdentity};
+pub use lifecycle::{RunnerState, SignalKind, StopCause, StopVerdict};
 pub use marker::{Marker, MarkerError};
+pub use record::{StopRecord, Unfinished};
+pub use runner::{Drain, DrainReport, PlannedStop, RunnerActor, RunnerStatus};
+pub use service::{PlannedStopService, ServiceBuilder, ServiceHandle};
 pub use store::{Layout, MarkerStore, MarkerStoreBuilder, StoreError};
 pub use verdict::{Policy, Verdict};

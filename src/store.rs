@@ -258,14 +258,8 @@ impl MarkerStore {
                 });
             }
         }
-        let temp = self.private_name(&slot, TEMP_TAG);
-        let result = write_new_file(&temp, &bytes)
-            .and_then(|()| rename(&temp, &slot))
-            .and_then(|()| sync_dir(&self.dir));
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        result.map(|()| slot)
+        write_atomically(&slot, &self.private_name(&slot, TEMP_TAG), &bytes)?;
+        Ok(slot)
     }
 
     /// Reads and judges `own`'s slot without consuming it: a marker for us is left in place for
@@ -646,6 +640,22 @@ fn is_symlink_loop(e: &io::Error) -> bool {
 #[cfg(not(unix))]
 fn is_symlink_loop(_: &io::Error) -> bool {
     false
+}
+
+/// Writes `bytes` to `path` so that readers see the old file or the new one, never a part: through
+/// `temp` (a new file in the same directory), fsync, rename, fsync of the directory.
+pub(crate) fn write_atomically(path: &Path, temp: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let result = write_new_file(temp, bytes)
+        .and_then(|()| rename(temp, path))
+        .and_then(|()| sync_dir(dir));
+    if result.is_err() {
+        let _ = fs::remove_file(temp);
+    }
+    result
 }
 
 /// Creates `path` (which must not exist, so a symlink planted there is not followed), mode 0600, and

@@ -1,5 +1,5 @@
-//! The marker store against real files: the seed's probe tests, hostile inputs, racing claimers,
-//! killed writers and the sweep.
+//! The marker store against real files: hostile inputs, racing claimers, killed writers and the
+//! sweep. (The seed's two probe tests are in `seed_parity.rs`.)
 
 mod common;
 
@@ -16,46 +16,6 @@ use std::time::Duration;
 
 fn slots_store(dir: &Path) -> MarkerStore {
     MarkerStore::open(Layout::Slots(dir.to_path_buf())).unwrap()
-}
-
-// ---------------------------------------------------------------------------------------------
-// The store halves of the seed's probe tests, under their seed names (the seed's single shared file).
-// ---------------------------------------------------------------------------------------------
-
-#[test]
-fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join(".gateway-planned-stop.json");
-    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
-    let me = ProcessIdentity::current().unwrap();
-    fs::write(&marker, self_marker(&me, Utc::now())).unwrap();
-
-    assert!(matches!(
-        store.probe(&me, Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
-    ));
-    assert!(marker.exists(), "probe must not consume a matching marker");
-    // Idempotent: still for us on a second call.
-    assert!(matches!(
-        store.probe(&me, Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
-    ));
-    assert!(marker.exists());
-}
-
-#[test]
-fn test_planned_stop_marker_targets_self_drops_malformed() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join(".gateway-planned-stop.json");
-    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
-    fs::write(&marker, "{not valid json").unwrap();
-    let me = ProcessIdentity::current().unwrap();
-
-    assert!(matches!(
-        store.probe(&me, Utc::now()).unwrap(),
-        Verdict::Malformed(_)
-    ));
-    assert!(!marker.exists(), "a malformed marker is cleaned up");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests.
+
 #![allow(dead_code)]
+
+pub mod actors;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::{Marker, ProcessIdentity};

@@ -1,0 +1,201 @@
+//! The runner's rules, without actix: states, stop causes, the verdict latch.
+//!
+//! [`crate::runner::RunnerActor`] holds a [`Lifecycle`] and does what it says; every rule lives here
+//! so it can be tested without a running system. The rules, and the hazard of the design brief each
+//! one answers:
+//!
+//! - States only move forward: `Starting → Running → Draining → Stopped` (a signal may skip
+//!   `Running`). There is no way back, so a process never "un-stops".
+//! - **The verdict latch.** The first classification — planned or unexpected — is final for the life
+//!   of the process. A SIGTERM that follows the watcher's planned stop stays planned (hazard 1: the
+//!   watcher consumed the marker and a SIGTERM 20 ms later found nothing and exited 1); a marker that
+//!   follows an unmarked SIGTERM does not make it planned.
+//! - A planned stop that arrives while `Starting` is held and acted on once `Running`: not dropped
+//!   (hazard 7: a marker written during start-up was ignored and the stopper force-killed the
+//!   process), not acted on before the application is ready to drain.
+//! - SIGTERM (and the signals that behave like it) is planned only when this process's own marker is
+//!   there to claim; SIGINT (Ctrl-C) is planned by itself: someone at a terminal meant it.
+//! - Once draining, further stop requests are ignored, except an escalation to "force now" (another
+//!   Ctrl-C, or a forced programmatic request), which cuts the drain short. The verdict stays.
+
+use serde::{Deserialize, Serialize};
+
+/// Where the runner is in its life. Ordered: a later state compares greater.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunnerState {
+    /// Started, not yet ready: stop requests from the watcher are held.
+    Starting,
+    /// Serving.
+    Running,
+    /// Stopping: the drain participants are finishing their work.
+    Draining,
+    /// Done: the stop record is written and the exit code is set.
+    Stopped,
+}
+
+/// Whether a stop was meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopVerdict {
+    /// Someone asked this very process to stop: exit 0 by default.
+    Planned,
+    /// Nobody asked (a bare SIGTERM, a crash): exit 1 by default, so supervisors revive it.
+    Unexpected,
+}
+
+/// An OS signal or console event, as the runner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalKind {
+    /// SIGTERM; on Windows the console's close and shutdown events. Planned only with a marker.
+    Terminate,
+    /// SIGINT or Ctrl-C (Ctrl-Break on Windows): always planned; a second one forces the stop.
+    Interrupt,
+    /// SIGHUP: the terminal went away. Treated like [`SignalKind::Terminate`] (planned only with a
+    /// marker), since nobody asked for a stop by closing a terminal.
+    Hangup,
+}
+
+impl SignalKind {
+    /// Whether this signal alone says the stop was meant.
+    pub fn is_planned_by_itself(self) -> bool {
+        matches!(self, SignalKind::Interrupt)
+    }
+}
+
+/// What started a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "signal")]
+pub enum StopCause {
+    /// The marker watcher delivered a [`crate::runner::PlannedStop`].
+    Marker,
+    /// An OS signal or console event.
+    Signal(SignalKind),
+    /// The application asked ([`crate::runner::RequestStop`]).
+    Request,
+}
+
+/// What the runner must do after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing; the reason is for the log.
+    Ignore(&'static str),
+    /// A planned stop arrived while starting; it is kept until the runner is ready.
+    Hold,
+    /// Begin draining, with this cause and verdict (now latched).
+    Drain(StopCause, StopVerdict),
+    /// Cut the running drain short.
+    Force,
+}
+
+/// The runner's state and latch. Pure: events in, [`Step`]s out.
+#[derive(Debug, Clone, Default)]
+pub struct Lifecycle {
+    state: Option<RunnerState>,
+    verdict: Option<StopVerdict>,
+    held: bool,
+}
+
+impl Lifecycle {
+    /// A lifecycle in `Starting`.
+    pub fn new() -> Self {
+        Lifecycle::default()
+    }
+
+    /// The current state.
+    pub fn state(&self) -> RunnerState {
+        self.state.unwrap_or(RunnerState::Starting)
+    }
+
+    /// The latched verdict, once there is one.
+    pub fn verdict(&self) -> Option<StopVerdict> {
+        self.verdict
+    }
+
+    /// Whether a signal now would be classified (and so whether the marker should be claimed).
+    pub fn awaits_classification(&self) -> bool {
+        self.verdict.is_none() && self.state() <= RunnerState::Running
+    }
+
+    /// The application is ready. Returns the held planned stop, if one was waiting.
+    pub fn ready(&mut self) -> Step {
+        if self.state() != RunnerState::Starting {
+            return Step::Ignore("already past starting");
+        }
+        self.state = Some(RunnerState::Running);
+        if self.held {
+            self.held = false;
+            return self.drain(StopCause::Marker, StopVerdict::Planned);
+        }
+        Step::Ignore("running")
+    }
+
+    /// The watcher found a marker for us.
+    pub fn planned_stop(&mut self) -> Step {
+        match self.state() {
+            RunnerState::Starting if self.verdict.is_none() => {
+                self.held = true;
+                self.verdict = Some(StopVerdict::Planned);
+                Step::Hold
+            }
+            RunnerState::Starting => Step::Ignore("a stop is already decided"),
+            RunnerState::Running => self.drain(StopCause::Marker, StopVerdict::Planned),
+            RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
+        }
+    }
+
+    /// A signal arrived; `marker_claimed` says whether our own marker was there to claim (only
+    /// consulted when [`Lifecycle::awaits_classification`]).
+    pub fn signal(&mut self, kind: SignalKind, marker_claimed: bool) -> Step {
+        match self.state() {
+            RunnerState::Starting | RunnerState::Running => {
+                let verdict = if kind.is_planned_by_itself() || marker_claimed {
+                    StopVerdict::Planned
+                } else {
+                    StopVerdict::Unexpected
+                };
+                self.drain(StopCause::Signal(kind), verdict)
+            }
+            RunnerState::Draining if kind == SignalKind::Interrupt => Step::Force,
+            RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
+        }
+    }
+
+    /// The application asked to stop (`planned` says how to classify it); `force` cuts a running
+    /// drain short.
+    pub fn request(&mut self, planned: bool, force: bool) -> Step {
+        match self.state() {
+            RunnerState::Starting | RunnerState::Running => {
+                let verdict = if planned {
+                    StopVerdict::Planned
+                } else {
+                    StopVerdict::Unexpected
+                };
+                self.drain(StopCause::Request, verdict)
+            }
+            RunnerState::Draining if force => Step::Force,
+            RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
+        }
+    }
+
+    /// The drain is over (finished, timed out or forced). Returns the verdict to exit with.
+    pub fn stopped(&mut self) -> Option<StopVerdict> {
+        if self.state() != RunnerState::Draining {
+            return None;
+        }
+        self.state = Some(RunnerState::Stopped);
+        self.verdict
+    }
+
+    /// Enters `Draining`; the first verdict latched wins over `verdict`.
+    fn drain(&mut self, cause: StopCause, verdict: StopVerdict) -> Step {
+        let verdict = *self.verdict.get_or_insert(verdict);
+        self.held = false;
+        self.state = Some(RunnerState::Draining);
+        Step::Drain(cause, verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests;

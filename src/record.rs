@@ -1,0 +1,183 @@
+//! The stop record: what a stop left behind, for the next start.
+//!
+//! When the runner has drained it writes one [`StopRecord`] into the application's state directory,
+//! atomically: why it stopped, whether that was planned, the request it answered, whether the drain
+//! finished in time, and every item the drain participants left unfinished (the *resume pending*
+//! list). At its next start the application takes the record ([`StopRecord::take`]) and resumes what
+//! is listed. Taking is atomic, so a record is resumed once even if two instances start together.
+
+use crate::lifecycle::{StopCause, StopVerdict};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// The file name of the record inside the state directory.
+pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
+
+/// Largest record read back, in bytes; a larger file is refused rather than loaded.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// Work a drain participant left unfinished.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unfinished {
+    /// The participant's name, as registered.
+    pub participant: String,
+    /// The item, in the participant's own words (an id, a job description, JSON text).
+    pub item: String,
+}
+
+/// What a stop left behind. Written once per process life by the runner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopRecord {
+    /// The process that stopped.
+    pub pid: u32,
+    /// What started the stop.
+    pub cause: StopCause,
+    /// Planned or unexpected (latched at the first classification).
+    pub verdict: StopVerdict,
+    /// The stopper's request id, when a marker was involved.
+    pub request_id: Option<String>,
+    /// The stopper's reason, when given.
+    pub reason: Option<String>,
+    /// The stopper's pid, when known.
+    pub stopper_pid: Option<u32>,
+    /// When the runner accepted the stop and began draining.
+    pub accepted_at: DateTime<Utc>,
+    /// When the drain was due to end.
+    pub drain_deadline: DateTime<Utc>,
+    /// When the drain ended.
+    pub finished_at: DateTime<Utc>,
+    /// `true` when every participant answered before the deadline with nothing left unfinished.
+    pub drained_in_time: bool,
+    /// `true` when the drain was cut short ("force now").
+    pub forced: bool,
+    /// Work to resume at the next start.
+    pub unfinished: Vec<Unfinished>,
+    /// Participants that did not answer at all (their unfinished work is unknown).
+    pub unanswered: Vec<String>,
+    /// The exit code the process ended with.
+    pub exit_code: i32,
+}
+
+/// Why a record could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A file operation failed.
+    #[error("cannot {op} stop record {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The record's path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The file is not a record (hand-edited, truncated by a full disk, another program's file).
+    #[error("stop record {path} is unreadable ({reason}); move it aside and start again")]
+    Invalid {
+        /// The record's path.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Writing failed in the store's atomic write.
+    #[error(transparent)]
+    Write(#[from] crate::store::StoreError),
+}
+
+impl StopRecord {
+    /// The record's path in `state_dir`.
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join(RECORD_FILE_NAME)
+    }
+
+    /// Writes the record atomically into `state_dir` (created if missing), replacing any earlier one.
+    pub fn write(&self, state_dir: &Path) -> Result<PathBuf, RecordError> {
+        let path = StopRecord::path(state_dir);
+        fs::create_dir_all(state_dir).map_err(|source| RecordError::Io {
+            op: "create the directory of",
+            path: path.clone(),
+            source,
+        })?;
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| RecordError::Invalid {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let temp = state_dir.join(format!(".{RECORD_FILE_NAME}.tmp-{}", std::process::id()));
+        crate::store::write_atomically(&path, &temp, &bytes)?;
+        Ok(path)
+    }
+
+    /// Reads the record in `state_dir` without removing it; `None` when there is none.
+    pub fn read(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
+        read_file(&StopRecord::path(state_dir))
+    }
+
+    /// Takes the record in `state_dir`: reads and removes it, atomically, so that exactly one caller
+    /// gets it. `None` when there is none. An unreadable record is left in place (and reported), so
+    /// resume work is never silently lost.
+    pub fn take(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
+        let path = StopRecord::path(state_dir);
+        let taken = state_dir.join(format!(".{RECORD_FILE_NAME}.taken-{}", std::process::id()));
+        match fs::rename(&path, &taken) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(RecordError::Io {
+                    op: "take",
+                    path,
+                    source,
+                });
+            }
+        }
+        match read_file(&taken) {
+            Ok(record) => {
+                let _ = fs::remove_file(&taken);
+                Ok(record)
+            }
+            Err(e) => {
+                let _ = fs::rename(&taken, &path);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(RecordError::Io {
+                op: "open",
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| RecordError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(RecordError::Invalid {
+            path: path.to_path_buf(),
+            reason: format!("larger than {MAX_RECORD_BYTES} bytes"),
+        });
+    }
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| RecordError::Invalid {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests;

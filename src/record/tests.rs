@@ -1,0 +1,68 @@
+use super::*;
+use crate::lifecycle::SignalKind;
+
+fn record() -> StopRecord {
+    let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+    StopRecord {
+        pid: 42,
+        cause: StopCause::Signal(SignalKind::Terminate),
+        verdict: StopVerdict::Planned,
+        request_id: Some("r1".into()),
+        reason: None,
+        stopper_pid: Some(7),
+        accepted_at: at,
+        drain_deadline: at,
+        finished_at: at,
+        drained_in_time: false,
+        forced: false,
+        unfinished: vec![Unfinished {
+            participant: "jobs".into(),
+            item: "job-3".into(),
+        }],
+        unanswered: vec![],
+        exit_code: 0,
+    }
+}
+
+#[test]
+fn a_record_is_written_read_and_taken_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    assert_eq!(StopRecord::take(&state).unwrap(), None);
+    record().write(&state).unwrap();
+    assert_eq!(StopRecord::read(&state).unwrap(), Some(record()));
+    assert_eq!(StopRecord::take(&state).unwrap(), Some(record()));
+    assert_eq!(
+        StopRecord::take(&state).unwrap(),
+        None,
+        "taken exactly once"
+    );
+    assert_eq!(
+        fs::read_dir(&state).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+}
+
+#[test]
+fn a_corrupt_record_is_reported_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(StopRecord::path(dir.path()), b"{\"pid\": 4").unwrap();
+    let err = StopRecord::take(dir.path()).unwrap_err();
+    assert!(matches!(err, RecordError::Invalid { .. }), "{err}");
+    assert!(err.to_string().contains("move it aside"));
+    assert!(
+        StopRecord::path(dir.path()).exists(),
+        "resume work is never silently dropped"
+    );
+}
+
+#[test]
+fn the_cause_serialises_readably() {
+    let json = serde_json::to_value(record()).unwrap();
+    assert_eq!(
+        json["cause"],
+        serde_json::json!({"kind": "signal", "signal": "terminate"})
+    );
+    assert_eq!(json["verdict"], "planned");
+}

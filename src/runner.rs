@@ -1,0 +1,525 @@
+//! [`RunnerActor`]: the process's lifecycle as an actix actor.
+//!
+//! The runner receives every stop cause — [`PlannedStop`] from the watcher, [`OsSignal`] from the
+//! signal listener, [`RequestStop`] from the application — and lets its [`Lifecycle`] decide what each
+//! means. It owns the I/O those decisions need: claiming the marker on a signal, asking the drain
+//! participants to finish, writing the [`StopRecord`] and stopping the actix `System` with the exit
+//! code of the verdict.
+//!
+//! It publishes a [`RunnerStatus`] on a `tokio::sync::watch` channel, which is how the watcher knows
+//! not to deliver while the runner is starting, draining or stopped, without a message round trip.
+//!
+//! ## Draining
+//!
+//! Each participant gets one [`Drain`] message saying how long it has, and answers with a
+//! [`DrainReport`] of the work it leaves unfinished. The runner waits until every participant has
+//! answered, or until the deadline plus a short grace for answers sent at the deadline, or until a
+//! "force now" escalation; then it records what it has. A participant that never answered is listed
+//! as such; its work is unknown.
+
+use crate::clock::Clock;
+use crate::identity::ProcessIdentity;
+use crate::lifecycle::{Lifecycle, RunnerState, SignalKind, Step, StopCause, StopVerdict};
+use crate::marker::Marker;
+use crate::record::{StopRecord, Unfinished};
+use crate::store::MarkerStore;
+use actix::clock::Instant;
+use actix::prelude::*;
+use chrono::{DateTime, TimeDelta, Utc};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// "This process was asked to stop, on purpose": the watcher found a marker for us.
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct PlannedStop {
+    /// The stopper's request id.
+    pub request_id: Option<String>,
+    /// The stopper's reason.
+    pub reason: Option<String>,
+    /// The stopper's pid.
+    pub stopper_pid: Option<u32>,
+    /// When the marker was written.
+    pub written_at: DateTime<Utc>,
+}
+
+impl From<&Marker> for PlannedStop {
+    fn from(m: &Marker) -> Self {
+        PlannedStop {
+            request_id: m.request_id.clone(),
+            reason: m.reason.clone(),
+            stopper_pid: m.stopper_pid,
+            written_at: m.written_at,
+        }
+    }
+}
+
+/// The application is ready to serve (`Starting → Running`). A planned stop held during start-up is
+/// acted on now.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct Ready;
+
+/// An OS signal or console event arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct OsSignal(pub SignalKind);
+
+/// The application asks to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct RequestStop {
+    /// Classify the stop as planned (exit 0 by default) or unexpected.
+    pub planned: bool,
+    /// While draining: cut the drain short.
+    pub force: bool,
+}
+
+/// Registers a drain participant (also possible through the builder).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct AddParticipant {
+    /// A name for the stop record and the logs.
+    pub name: String,
+    /// Where to send [`Drain`].
+    pub recipient: Recipient<Drain>,
+}
+
+/// Sent to each drain participant when the stop begins: stop taking work, finish what you can
+/// within `within`, and answer with what is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
+#[rtype(result = "DrainReport")]
+pub struct Drain {
+    /// How long the participant has before the runner records it as unfinished.
+    pub within: Duration,
+    /// Planned or unexpected, in case the participant treats them differently.
+    pub verdict: StopVerdict,
+}
+
+/// A participant's answer to [`Drain`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+pub struct DrainReport {
+    /// Work left unfinished, to resume at the next start.
+    pub unfinished: Vec<String>,
+}
+
+/// What the runner publishes on its status channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunnerStatus {
+    /// The lifecycle state.
+    pub state: RunnerState,
+    /// The latched verdict, once there is one.
+    pub verdict: Option<StopVerdict>,
+    /// The exit code, once stopped.
+    pub exit_code: Option<i32>,
+}
+
+/// Exit codes by verdict, with overrides per cause. Defaults: planned 0, unexpected 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitCodes {
+    /// The code of a planned stop.
+    pub planned: i32,
+    /// The code of an unexpected stop.
+    pub unexpected: i32,
+    overrides: Vec<(StopCause, StopVerdict, i32)>,
+}
+
+impl Default for ExitCodes {
+    fn default() -> Self {
+        ExitCodes {
+            planned: 0,
+            unexpected: 1,
+            overrides: Vec::new(),
+        }
+    }
+}
+
+impl ExitCodes {
+    /// Uses `code` when a stop with `cause` reaches `verdict` (the last override given wins).
+    pub fn with(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
+        self.overrides.push((cause, verdict, code));
+        self
+    }
+
+    /// The code for a stop with `cause` and `verdict`.
+    pub fn code(&self, cause: StopCause, verdict: StopVerdict) -> i32 {
+        let mut overridden = self.overrides.iter().rev();
+        match overridden.find(|(c, v, _)| *c == cause && *v == verdict) {
+            Some(&(_, _, code)) => code,
+            None if verdict == StopVerdict::Planned => self.planned,
+            None => self.unexpected,
+        }
+    }
+}
+
+/// How the runner stops.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// How long the participants have to drain. Default 10 s.
+    pub drain_deadline: Duration,
+    /// How long after the deadline an answer is still waited for (answers sent exactly at the
+    /// deadline). Default 100 ms.
+    pub answer_grace: Duration,
+    /// Exit codes.
+    pub exit_codes: ExitCodes,
+    /// Where to write the stop record; `None` writes none.
+    pub state_dir: Option<PathBuf>,
+    /// Stop the actix `System` with the exit code when stopped. Default `true`.
+    pub stop_system: bool,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            drain_deadline: Duration::from_secs(10),
+            answer_grace: Duration::from_millis(100),
+            exit_codes: ExitCodes::default(),
+            state_dir: None,
+            stop_system: true,
+        }
+    }
+}
+
+/// Who asked, for the stop record.
+#[derive(Debug, Clone, Default)]
+struct Requester {
+    request_id: Option<String>,
+    reason: Option<String>,
+    stopper_pid: Option<u32>,
+}
+
+impl From<PlannedStop> for Requester {
+    fn from(s: PlannedStop) -> Self {
+        Requester {
+            request_id: s.request_id,
+            reason: s.reason,
+            stopper_pid: s.stopper_pid,
+        }
+    }
+}
+
+/// A drain in progress.
+struct DrainRun {
+    cause: StopCause,
+    verdict: StopVerdict,
+    requester: Requester,
+    accepted_at: DateTime<Utc>,
+    deadline: Instant,
+    answered: Vec<String>,
+    unfinished: Vec<Unfinished>,
+    late: bool,
+    forced: bool,
+}
+
+/// The lifecycle actor. Build it with [`RunnerActor::new`], or let
+/// [`crate::service::PlannedStopService`] wire it up with the watcher.
+pub struct RunnerActor {
+    lifecycle: Lifecycle,
+    store: MarkerStore,
+    own: ProcessIdentity,
+    clock: Arc<dyn Clock>,
+    config: RunnerConfig,
+    participants: Vec<(String, Recipient<Drain>)>,
+    status: watch::Sender<RunnerStatus>,
+    held: Option<PlannedStop>,
+    drain: Option<DrainRun>,
+}
+
+impl RunnerActor {
+    /// A runner in `Starting` for the process `own`, claiming its markers from `store`.
+    pub fn new(
+        store: MarkerStore,
+        own: ProcessIdentity,
+        config: RunnerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let (status, _) = watch::channel(RunnerStatus {
+            state: RunnerState::Starting,
+            verdict: None,
+            exit_code: None,
+        });
+        RunnerActor {
+            lifecycle: Lifecycle::new(),
+            store,
+            own,
+            clock,
+            config,
+            participants: Vec::new(),
+            status,
+            held: None,
+            drain: None,
+        }
+    }
+
+    /// A receiver of the runner's status (subscribe before starting the actor, or later through
+    /// the service handle).
+    pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
+        self.status.subscribe()
+    }
+
+    /// Registers a drain participant before the actor starts.
+    pub fn add_participant(&mut self, name: impl Into<String>, recipient: Recipient<Drain>) {
+        self.participants.push((name.into(), recipient));
+    }
+
+    fn publish(&self) {
+        let status = RunnerStatus {
+            state: self.lifecycle.state(),
+            verdict: self.lifecycle.verdict(),
+            exit_code: self.status.borrow().exit_code,
+        };
+        self.status.send_replace(status);
+    }
+
+    /// Consumes our marker, if one is there. A store error is logged and counts as "no marker":
+    /// a planned stop must be proven.
+    fn claim(&self) -> Option<Marker> {
+        match self.store.claim(&self.own, self.clock.now()) {
+            Ok(marker) => marker,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot claim the planned-stop marker");
+                None
+            }
+        }
+    }
+
+    fn act(&mut self, step: Step, requester: Requester, ctx: &mut Context<Self>) {
+        match step {
+            Step::Ignore(why) => tracing::debug!(why, "stop request ignored"),
+            Step::Hold => tracing::info!("planned stop received while starting; held until ready"),
+            Step::Drain(cause, verdict) => self.begin_drain(cause, verdict, requester, ctx),
+            Step::Force => {
+                tracing::warn!("stop forced: cutting the drain short");
+                if let Some(run) = self.drain.as_mut() {
+                    run.forced = true;
+                }
+                self.finish(ctx);
+            }
+        }
+        self.publish();
+    }
+
+    fn begin_drain(
+        &mut self,
+        cause: StopCause,
+        verdict: StopVerdict,
+        requester: Requester,
+        ctx: &mut Context<Self>,
+    ) {
+        let within = self.config.drain_deadline;
+        tracing::info!(
+            ?cause,
+            ?verdict,
+            request_id = requester.request_id.as_deref(),
+            participants = self.participants.len(),
+            within_ms = within.as_millis() as u64,
+            "stop accepted; draining"
+        );
+        self.drain = Some(DrainRun {
+            cause,
+            verdict,
+            requester,
+            accepted_at: self.clock.now(),
+            deadline: Instant::now() + within,
+            answered: Vec::new(),
+            unfinished: Vec::new(),
+            late: false,
+            forced: false,
+        });
+        self.publish();
+        if self.participants.is_empty() {
+            self.finish(ctx);
+            return;
+        }
+        for (name, recipient) in &self.participants {
+            let name = name.clone();
+            let answer = recipient.send(Drain { within, verdict });
+            ctx.spawn(
+                answer
+                    .into_actor(self)
+                    .map(move |answer, act, ctx| act.on_answer(name, answer, ctx)),
+            );
+        }
+        ctx.run_later(within + self.config.answer_grace, |act, ctx| {
+            if act.lifecycle.state() == RunnerState::Draining {
+                tracing::warn!("drain deadline passed; recording what is unfinished");
+                act.finish(ctx);
+            }
+        });
+    }
+
+    fn on_answer(
+        &mut self,
+        name: String,
+        answer: Result<DrainReport, MailboxError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.lifecycle.state() != RunnerState::Draining {
+            return;
+        }
+        let Some(run) = self.drain.as_mut() else {
+            return;
+        };
+        match answer {
+            Ok(report) => {
+                run.late |= Instant::now() > run.deadline;
+                run.unfinished
+                    .extend(report.unfinished.into_iter().map(|item| Unfinished {
+                        participant: name.clone(),
+                        item,
+                    }));
+                run.answered.push(name);
+            }
+            Err(e) => tracing::warn!(participant = %name, error = %e, "drain participant is gone"),
+        }
+        let answered = run.answered.len();
+        if answered == self.participants.len() {
+            self.finish(ctx);
+        }
+    }
+
+    /// Ends the drain: writes the stop record, publishes `Stopped`, stops the system.
+    fn finish(&mut self, ctx: &mut Context<Self>) {
+        let Some(verdict) = self.lifecycle.stopped() else {
+            return;
+        };
+        let Some(run) = self.drain.take() else {
+            return;
+        };
+        let code = self.config.exit_codes.code(run.cause, verdict);
+        let unanswered: Vec<String> = self
+            .participants
+            .iter()
+            .map(|(name, _)| name.clone())
+            .filter(|name| !run.answered.contains(name))
+            .collect();
+        let record = StopRecord {
+            pid: self.own.pid,
+            cause: run.cause,
+            verdict,
+            request_id: run.requester.request_id,
+            reason: run.requester.reason,
+            stopper_pid: run.requester.stopper_pid,
+            accepted_at: run.accepted_at,
+            drain_deadline: run.accepted_at
+                + TimeDelta::from_std(self.config.drain_deadline).unwrap_or(TimeDelta::MAX),
+            finished_at: self.clock.now(),
+            drained_in_time: !run.late
+                && !run.forced
+                && unanswered.is_empty()
+                && run.unfinished.is_empty(),
+            forced: run.forced,
+            unfinished: run.unfinished,
+            unanswered,
+            exit_code: code,
+        };
+        debug_assert_eq!(record.verdict, run.verdict);
+        if let Some(dir) = &self.config.state_dir {
+            match record.write(dir) {
+                Ok(path) => {
+                    tracing::info!(path = %path.display(), unfinished = record.unfinished.len(), "stop record written")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot write the stop record; unfinished work will not be resumed")
+                }
+            }
+        }
+        tracing::info!(
+            ?verdict,
+            code,
+            drained_in_time = record.drained_in_time,
+            "stopped"
+        );
+        self.status.send_modify(|s| s.exit_code = Some(code));
+        self.publish();
+        if self.config.stop_system
+            && let Some(system) = System::try_current()
+        {
+            system.stop_with_code(code);
+        }
+        ctx.stop();
+    }
+}
+
+impl Actor for RunnerActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Context<Self>) {
+        self.publish();
+    }
+}
+
+impl Handler<Ready> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Ready, ctx: &mut Context<Self>) {
+        let step = self.lifecycle.ready();
+        let requester = self.held.take().map(Requester::from).unwrap_or_default();
+        if matches!(step, Step::Drain(..)) {
+            self.claim();
+        }
+        self.act(step, requester, ctx);
+    }
+}
+
+impl Handler<PlannedStop> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
+        let step = self.lifecycle.planned_stop();
+        match step {
+            Step::Hold => self.held = Some(stop),
+            Step::Drain(..) => {
+                // The watcher's probe already judged the marker ours; consume it so it cannot be
+                // seen again, and prefer what the claimed file says.
+                let requester = self.claim().map(|m| PlannedStop::from(&m)).unwrap_or(stop);
+                return self.act(step, requester.into(), ctx);
+            }
+            _ => {}
+        }
+        self.act(step, Requester::default(), ctx);
+    }
+}
+
+impl Handler<OsSignal> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, OsSignal(kind): OsSignal, ctx: &mut Context<Self>) {
+        tracing::info!(signal = ?kind, "signal received");
+        let claimed = if self.lifecycle.awaits_classification() {
+            self.claim()
+        } else {
+            None
+        };
+        let step = self.lifecycle.signal(kind, claimed.is_some());
+        let requester = match (claimed, self.held.take()) {
+            (Some(m), _) => PlannedStop::from(&m).into(),
+            (None, Some(held)) => held.into(),
+            (None, None) => Requester::default(),
+        };
+        self.act(step, requester, ctx);
+    }
+}
+
+impl Handler<RequestStop> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, request: RequestStop, ctx: &mut Context<Self>) {
+        let step = self.lifecycle.request(request.planned, request.force);
+        self.act(step, Requester::default(), ctx);
+    }
+}
+
+impl Handler<AddParticipant> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, add: AddParticipant, _: &mut Context<Self>) {
+        if self.lifecycle.state() >= RunnerState::Draining {
+            tracing::warn!(participant = %add.name, "too late to join the drain: already stopping");
+            return;
+        }
+        self.participants.push((add.name, add.recipient));
+    }
+}

@@ -1,0 +1,275 @@
+//! [`PlannedStopService`]: the runner and the watcher wired together in a few lines.
+//!
+//! ```no_run
+//! use actix::prelude::*;
+//! use planned_stop::{Layout, PlannedStopService};
+//! use std::time::Duration;
+//!
+//! #[actix::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let service = PlannedStopService::builder(Layout::Slots("/run/my-app".into()))
+//!         .state_dir("/var/lib/my-app")
+//!         .drain_deadline(Duration::from_secs(20))
+//!         .start()?;
+//!     if let Some(previous) = service.take_previous_record()? {
+//!         println!("resuming {} unfinished items", previous.unfinished.len());
+//!     }
+//!     // ... start the application's actors, then:
+//!     service.ready();
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`PlannedStopService::builder`] opens the marker store (creating the directory 0700), reads this
+//! process's identity once, sweeps leftovers of dead processes, and starts a [`RunnerActor`] and a
+//! [`MarkerWatcherActor`] on the current actix system. The runner stops the system with the exit
+//! code of the verdict, so `System::run_with_code` (or `#[actix::main]` returning it) ends the
+//! process as planned.
+
+use crate::clock::{Clock, SystemClock};
+use crate::identity::{IdentityError, ProcessIdentity};
+use crate::lifecycle::{StopCause, StopVerdict};
+use crate::record::{RecordError, StopRecord};
+use crate::runner::{
+    Drain, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor, RunnerConfig, RunnerStatus,
+};
+use crate::store::{Layout, MarkerStore, StoreError};
+use crate::verdict::Policy;
+use crate::watcher::{MarkerWatcherActor, OwnSlot};
+use actix::prelude::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// This process's identity could not be read.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The marker store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// `start` was called outside a running actix system.
+    #[error("PlannedStopService::start must be called inside a running actix System")]
+    NoSystem,
+}
+
+/// Entry point; see the module docs.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedStopService;
+
+impl PlannedStopService {
+    /// A builder with safe defaults: 250 ms polling, 10 s drain, [`Policy::default`], exit codes
+    /// 0 / 1, a private marker directory.
+    pub fn builder(layout: Layout) -> ServiceBuilder {
+        ServiceBuilder {
+            layout,
+            policy: Policy::default(),
+            allow_shared_dir: false,
+            poll_interval: Duration::from_millis(250),
+            runner: RunnerConfig::default(),
+            participants: Vec::new(),
+            clock: Arc::new(SystemClock),
+            identity: None,
+        }
+    }
+}
+
+/// Configures and starts the runner and the watcher.
+pub struct ServiceBuilder {
+    layout: Layout,
+    policy: Policy,
+    allow_shared_dir: bool,
+    poll_interval: Duration,
+    runner: RunnerConfig,
+    participants: Vec<(String, Recipient<Drain>)>,
+    clock: Arc<dyn Clock>,
+    identity: Option<ProcessIdentity>,
+}
+
+impl ServiceBuilder {
+    /// The application's state directory, where the stop record (resume list) is written.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.runner.state_dir = Some(dir.into());
+        self
+    }
+
+    /// How often the watcher probes. Default 250 ms.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long the drain participants have. Default 10 s.
+    pub fn drain_deadline(mut self, deadline: Duration) -> Self {
+        self.runner.drain_deadline = deadline;
+        self
+    }
+
+    /// The marker policy (TTL, skew, start slack).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Accepts a marker directory writable by group or others (see
+    /// [`crate::store::MarkerStoreBuilder::allow_shared_dir`]).
+    pub fn allow_shared_dir(mut self, allow: bool) -> Self {
+        self.allow_shared_dir = allow;
+        self
+    }
+
+    /// Exit codes by verdict and cause.
+    pub fn exit_codes(mut self, codes: ExitCodes) -> Self {
+        self.runner.exit_codes = codes;
+        self
+    }
+
+    /// Overrides one exit code: `code` when a stop with `cause` reaches `verdict`.
+    pub fn exit_code(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
+        self.runner.exit_codes = self.runner.exit_codes.with(cause, verdict, code);
+        self
+    }
+
+    /// Registers a drain participant.
+    pub fn participant(mut self, name: impl Into<String>, recipient: Recipient<Drain>) -> Self {
+        self.participants.push((name.into(), recipient));
+        self
+    }
+
+    /// Whether the runner stops the actix system when stopped (default `true`).
+    pub fn stop_system(mut self, stop: bool) -> Self {
+        self.runner.stop_system = stop;
+        self
+    }
+
+    /// The wall clock for verdicts (tests pass one driven by tokio's paused clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The identity to act as, instead of this process's (tests).
+    pub fn identity(mut self, identity: ProcessIdentity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Opens the store, sweeps it, and starts both actors on the current system.
+    pub fn start(self) -> Result<ServiceHandle, StartError> {
+        if System::try_current().is_none() {
+            return Err(StartError::NoSystem);
+        }
+        let own = match self.identity {
+            Some(id) => id,
+            None => ProcessIdentity::current()?,
+        };
+        let store = MarkerStore::builder(self.layout)
+            .policy(self.policy)
+            .allow_shared_dir(self.allow_shared_dir)
+            .open()?;
+        match store.sweep(self.clock.now()) {
+            Ok(report) if report != Default::default() => {
+                tracing::info!(?report, "swept markers of earlier processes")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot sweep the marker directory"),
+        }
+        let state_dir = self.runner.state_dir.clone();
+        let mut runner = RunnerActor::new(store.clone(), own, self.runner, self.clock.clone());
+        for (name, recipient) in self.participants {
+            runner.add_participant(name, recipient);
+        }
+        let status = runner.subscribe();
+        let runner = runner.start();
+        let watcher = MarkerWatcherActor::new(
+            OwnSlot {
+                store: store.clone(),
+                own,
+            },
+            runner.clone().recipient(),
+            status.clone(),
+            self.poll_interval,
+            self.clock,
+        )
+        .start();
+        Ok(ServiceHandle {
+            runner,
+            watcher,
+            status,
+            store,
+            own,
+            state_dir,
+        })
+    }
+}
+
+/// The running service: tell it when the application is ready, ask it to stop, watch its status.
+#[derive(Debug, Clone)]
+pub struct ServiceHandle {
+    runner: Addr<RunnerActor>,
+    watcher: Addr<MarkerWatcherActor>,
+    status: watch::Receiver<RunnerStatus>,
+    store: MarkerStore,
+    own: ProcessIdentity,
+    state_dir: Option<PathBuf>,
+}
+
+impl ServiceHandle {
+    /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
+    /// on now.
+    pub fn ready(&self) {
+        self.runner.do_send(Ready);
+    }
+
+    /// Asks to stop (see [`RequestStop`]).
+    pub fn request_stop(&self, planned: bool, force: bool) {
+        self.runner.do_send(RequestStop { planned, force });
+    }
+
+    /// Feeds an OS signal to the runner, as the signal listener does for real signals.
+    pub fn signal(&self, signal: OsSignal) {
+        self.runner.do_send(signal);
+    }
+
+    /// The runner's current status.
+    pub fn status(&self) -> RunnerStatus {
+        *self.status.borrow()
+    }
+
+    /// A receiver that sees every status change.
+    pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
+        self.status.clone()
+    }
+
+    /// The runner's address.
+    pub fn runner(&self) -> &Addr<RunnerActor> {
+        &self.runner
+    }
+
+    /// The watcher's address.
+    pub fn watcher(&self) -> &Addr<MarkerWatcherActor> {
+        &self.watcher
+    }
+
+    /// The marker store.
+    pub fn store(&self) -> &MarkerStore {
+        &self.store
+    }
+
+    /// This process's identity, as read at start-up.
+    pub fn identity(&self) -> ProcessIdentity {
+        self.own
+    }
+
+    /// Takes the previous life's stop record from the state directory, so its unfinished work can
+    /// be resumed (exactly once). `None` without a state directory or record.
+    pub fn take_previous_record(&self) -> Result<Option<StopRecord>, RecordError> {
+        match &self.state_dir {
+            Some(dir) => StopRecord::take(dir),
+            None => Ok(None),
+        }
+    }
+}

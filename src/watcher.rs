@@ -1,0 +1,243 @@
+//! [`MarkerWatcherActor`]: turns a marker on disk into one [`PlannedStop`] message.
+//!
+//! On Windows no SIGTERM handler ever runs, so a stopper cannot reach the runner through a signal;
+//! the watcher closes that gap by probing the process's marker slot on a fixed delay and telling the
+//! runner when a marker for this process is there. What it guarantees:
+//!
+//! - **At most one [`PlannedStop`] per process life**; after sending it the watcher stops.
+//! - It ticks with a fixed *delay* (`run_later` re-armed after each tick), not a fixed rate, so after
+//!   a stall (a suspended laptop, a paused VM, a busy executor) there is one tick, not a burst.
+//! - It never sends while the runner is draining or stopped, and stops as soon as the runner's
+//!   status says so (it follows the runner's status channel, so it does not wait for a tick).
+//! - A marker for us seen while the runner is still starting is held and sent the moment the runner
+//!   is running.
+//! - A marker with `trigger_watcher: false` is left for the signal path (the systemd `ExecStop` case).
+//! - A probe error is logged once, then again at most once a minute while it persists, and the
+//!   watcher keeps going: an unreadable slot is "no decision", never a stop.
+//!
+//! The probe is non-destructive for our own marker; the runner claims it when it acts.
+
+use crate::clock::Clock;
+use crate::identity::ProcessIdentity;
+use crate::lifecycle::RunnerState;
+use crate::runner::{PlannedStop, RunnerStatus};
+use crate::store::{MarkerStore, StoreError};
+use crate::verdict::Verdict;
+use actix::clock::Instant;
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often a persisting probe error is logged again.
+pub const PROBE_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// What the watcher probes: normally [`OwnSlot`], this process's slot in a [`MarkerStore`].
+pub trait MarkerProbe: 'static {
+    /// Judges the slot at `now` (see [`MarkerStore::probe`]).
+    fn probe(&self, now: DateTime<Utc>) -> Result<Verdict, StoreError>;
+}
+
+/// This process's slot in a store.
+#[derive(Debug, Clone)]
+pub struct OwnSlot {
+    /// The store.
+    pub store: MarkerStore,
+    /// This process, read once at start-up.
+    pub own: ProcessIdentity,
+}
+
+impl MarkerProbe for OwnSlot {
+    fn probe(&self, now: DateTime<Utc>) -> Result<Verdict, StoreError> {
+        self.store.probe(&self.own, now)
+    }
+}
+
+/// What the watcher does with one probe's verdict while the runner is in `state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchStep {
+    /// Send this planned stop now and stop watching.
+    Deliver(PlannedStop),
+    /// Keep this planned stop until the runner is running.
+    Hold(PlannedStop),
+    /// Probe again after the interval.
+    Continue,
+    /// The runner is stopping: stop watching.
+    Exit,
+}
+
+/// The watcher's rule, pure: a marker for us that asks the watcher to act is delivered when the
+/// runner runs, held while it starts, and dropped once it is stopping.
+pub fn next_step(verdict: &Verdict, state: RunnerState) -> WatchStep {
+    match (state, verdict) {
+        (RunnerState::Draining | RunnerState::Stopped, _) => WatchStep::Exit,
+        (_, Verdict::ForSelf(m)) if !m.trigger_watcher => WatchStep::Continue,
+        (RunnerState::Running, Verdict::ForSelf(m)) => WatchStep::Deliver(m.into()),
+        (RunnerState::Starting, Verdict::ForSelf(m)) => WatchStep::Hold(m.into()),
+        _ => WatchStep::Continue,
+    }
+}
+
+/// Logs probe errors without flooding: the first, then at most one per [`PROBE_ERROR_LOG_EVERY`].
+#[derive(Debug, Default)]
+struct ProbeErrors {
+    consecutive: u64,
+    last_logged: Option<Instant>,
+}
+
+impl ProbeErrors {
+    fn failed(&mut self, error: &StoreError) {
+        self.consecutive += 1;
+        let now = Instant::now();
+        if self
+            .last_logged
+            .is_none_or(|t| now.duration_since(t) >= PROBE_ERROR_LOG_EVERY)
+        {
+            tracing::warn!(%error, consecutive = self.consecutive,
+                "cannot probe the planned-stop marker; will keep trying");
+            self.last_logged = Some(now);
+        } else {
+            tracing::debug!(%error, consecutive = self.consecutive, "marker probe failed again");
+        }
+    }
+
+    fn succeeded(&mut self) {
+        if self.consecutive > 0 {
+            tracing::info!(failures = self.consecutive, "marker probe works again");
+        }
+        *self = ProbeErrors::default();
+    }
+}
+
+/// The watcher actor. See the module docs.
+pub struct MarkerWatcherActor {
+    probe: Box<dyn MarkerProbe>,
+    target: Recipient<PlannedStop>,
+    runner: watch::Receiver<RunnerStatus>,
+    clock: Arc<dyn Clock>,
+    interval: Duration,
+    held: Option<PlannedStop>,
+    delivered: bool,
+    errors: ProbeErrors,
+}
+
+impl MarkerWatcherActor {
+    /// A watcher probing `probe` every `interval`, delivering to `target`, following the runner's
+    /// status on `runner`.
+    pub fn new(
+        probe: impl MarkerProbe,
+        target: Recipient<PlannedStop>,
+        runner: watch::Receiver<RunnerStatus>,
+        interval: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        MarkerWatcherActor {
+            probe: Box::new(probe),
+            target,
+            runner,
+            clock,
+            interval,
+            held: None,
+            delivered: false,
+            errors: ProbeErrors::default(),
+        }
+    }
+
+    fn runner_state(&self) -> RunnerState {
+        self.runner.borrow().state
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.delivered || self.held.is_some() {
+            return;
+        }
+        let state = self.runner_state();
+        let step = match self.probe.probe(self.clock.now()) {
+            Ok(verdict) => {
+                self.errors.succeeded();
+                next_step(&verdict, state)
+            }
+            Err(e) if state >= RunnerState::Draining => {
+                tracing::debug!(error = %e, "probe failed while the runner stops");
+                WatchStep::Exit
+            }
+            Err(e) => {
+                self.errors.failed(&e);
+                WatchStep::Continue
+            }
+        };
+        match step {
+            WatchStep::Deliver(stop) => self.deliver(stop, ctx),
+            WatchStep::Hold(stop) => {
+                tracing::info!("planned stop found while starting; held until running");
+                self.held = Some(stop);
+            }
+            WatchStep::Continue => {
+                ctx.run_later(self.interval, |act, ctx| act.tick(ctx));
+            }
+            WatchStep::Exit => ctx.stop(),
+        }
+    }
+
+    fn deliver(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
+        tracing::info!(
+            request_id = stop.request_id.as_deref(),
+            "planned stop delivered"
+        );
+        self.delivered = true;
+        self.target.do_send(stop);
+        ctx.stop();
+    }
+
+    /// The runner's status changed.
+    fn on_runner(&mut self, ctx: &mut Context<Self>) {
+        match self.runner_state() {
+            RunnerState::Draining | RunnerState::Stopped => ctx.stop(),
+            RunnerState::Running => {
+                if let Some(stop) = self.held.take() {
+                    self.deliver(stop, ctx);
+                }
+            }
+            RunnerState::Starting => {}
+        }
+    }
+
+    /// Waits for the next change of the runner's status, then handles it and waits again. The
+    /// receiver travels through the future and back, so each change is seen once.
+    fn follow_runner(&mut self, ctx: &mut Context<Self>) {
+        let mut runner = self.runner.clone();
+        let changed = async move {
+            let alive = runner.changed().await.is_ok();
+            (runner, alive)
+        };
+        ctx.spawn(changed.into_actor(self).map(|(runner, alive), act, ctx| {
+            act.runner = runner;
+            if !alive {
+                // The runner is gone: nobody left to deliver to.
+                ctx.stop();
+                return;
+            }
+            act.on_runner(ctx);
+            if !act.delivered {
+                act.follow_runner(ctx);
+            }
+        }));
+    }
+}
+
+impl Actor for MarkerWatcherActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.runner.mark_unchanged();
+        self.follow_runner(ctx);
+        self.on_runner(ctx);
+        if self.runner_state() < RunnerState::Draining {
+            self.tick(ctx);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+//! Harness for actor tests: an actix system on tokio's paused clock, a wall clock that follows it,
+//! a recorder standing in for the runner, controllable drain participants and a log capture.
+
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+use planned_stop::clock::Clock;
+use planned_stop::runner::{Drain, DrainReport, PlannedStop, RunnerStatus};
+use planned_stop::{RunnerState, StopVerdict};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+
+/// An actix system whose tokio runtime starts with its clock paused: timers fire only when the test
+/// advances time, so nothing depends on the machine's speed.
+pub fn paused_system() -> actix::SystemRunner {
+    System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    })
+}
+
+/// Lets every ready task run (messages, watch notifications, fired timers) without moving time.
+pub async fn settle() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Moves the paused clock forward by `d` in one jump, then settles.
+pub async fn advance(d: Duration) {
+    tokio::time::advance(d).await;
+    settle().await;
+}
+
+/// A wall clock that starts at the real time and then moves only with tokio's (paused) clock.
+pub struct TokioClock {
+    base_wall: DateTime<Utc>,
+    base: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// Call inside the runtime.
+    pub fn new() -> Arc<TokioClock> {
+        Arc::new(TokioClock {
+            base_wall: Utc::now(),
+            base: tokio::time::Instant::now(),
+        })
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = tokio::time::Instant::now() - self.base;
+        self.base_wall + chrono::TimeDelta::from_std(elapsed).unwrap()
+    }
+}
+
+/// A runner status for tests that set the runner's state by hand.
+pub fn status(state: RunnerState) -> RunnerStatus {
+    RunnerStatus {
+        state,
+        verdict: None,
+        exit_code: None,
+    }
+}
+
+/// One delivery seen by a [`Recorder`]: the message and the runner's state at that moment.
+pub type Delivery = (PlannedStop, RunnerState);
+
+/// Stands in for the runner (the seed's fake loop): records every `PlannedStop` and the runner state
+/// it arrived in, then optionally forwards it.
+pub struct Recorder {
+    pub seen: Arc<Mutex<Vec<Delivery>>>,
+    pub state: watch::Receiver<RunnerStatus>,
+    pub forward: Option<Recipient<PlannedStop>>,
+}
+
+impl Actor for Recorder {
+    type Context = Context<Self>;
+}
+
+impl Handler<PlannedStop> for Recorder {
+    type Result = ();
+    fn handle(&mut self, stop: PlannedStop, _: &mut Context<Self>) {
+        let state = self.state.borrow().state;
+        self.seen.lock().unwrap().push((stop.clone(), state));
+        if let Some(next) = &self.forward {
+            next.do_send(stop);
+        }
+    }
+}
+
+/// A drain participant that answers only when the test says so, with the given unfinished items.
+#[derive(Default)]
+pub struct Participant {
+    pub pending: Arc<Mutex<Option<oneshot::Sender<DrainReport>>>>,
+    pub asked: Arc<Mutex<Vec<(Duration, StopVerdict)>>>,
+}
+
+impl Actor for Participant {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for Participant {
+    type Result = ResponseFuture<DrainReport>;
+    fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((drain.within, drain.verdict));
+        let (tx, rx) = oneshot::channel();
+        *self.pending.lock().unwrap() = Some(tx);
+        Box::pin(async move { rx.await.unwrap_or_default() })
+    }
+}
+
+/// The test's side of a [`Participant`].
+#[derive(Clone)]
+pub struct ParticipantControl {
+    pub pending: Arc<Mutex<Option<oneshot::Sender<DrainReport>>>>,
+    pub asked: Arc<Mutex<Vec<(Duration, StopVerdict)>>>,
+}
+
+impl ParticipantControl {
+    /// Starts a participant; returns its recipient and its control.
+    pub fn start() -> (Recipient<Drain>, ParticipantControl) {
+        let p = Participant::default();
+        let control = ParticipantControl {
+            pending: p.pending.clone(),
+            asked: p.asked.clone(),
+        };
+        (p.start().recipient(), control)
+    }
+
+    /// Answers the drain request, if one is waiting. Returns whether one was.
+    pub fn finish(&self, unfinished: &[&str]) -> bool {
+        match self.pending.lock().unwrap().take() {
+            Some(tx) => {
+                let _ = tx.send(DrainReport {
+                    unfinished: unfinished.iter().map(|s| s.to_string()).collect(),
+                });
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Captures tracing events (level and message) for assertions on logs.
+#[derive(Clone, Default)]
+pub struct LogCapture(pub Arc<Mutex<Vec<(tracing::Level, String)>>>);
+
+impl LogCapture {
+    /// Installs the capture for the current thread; keep the guard alive.
+    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(self.clone());
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// How many events at `level` contain `text`.
+    pub fn count(&self, level: tracing::Level, text: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, m)| *l == level && m.contains(text))
+            .count()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), m.0));
+    }
+}

@@ -1,0 +1,371 @@
+//! The runner and the watcher together (through `PlannedStopService`), on tokio's paused clock: the
+//! hazards of the design brief that the seed had no test for.
+
+mod common;
+
+use actix::prelude::*;
+use chrono::Utc;
+use common::actors::*;
+use planned_stop::runner::{OsSignal, RunnerStatus};
+use planned_stop::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot};
+use planned_stop::{
+    Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle,
+    SignalKind, StopCause, StopRecord, StopVerdict, Unfinished, Verdict,
+};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tempfile::TempDir;
+
+const POLL: Duration = Duration::from_millis(100);
+const DRAIN: Duration = Duration::from_secs(5);
+
+struct Fixture {
+    dir: TempDir,
+    me: ProcessIdentity,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            me: ProcessIdentity::current().unwrap(),
+        }
+    }
+    fn markers(&self) -> std::path::PathBuf {
+        self.dir.path().join("run")
+    }
+    fn state(&self) -> std::path::PathBuf {
+        self.dir.path().join("state")
+    }
+    fn store(&self) -> MarkerStore {
+        MarkerStore::open(Layout::Slots(self.markers())).unwrap()
+    }
+    fn write_marker(&self, request_id: &str) {
+        let m =
+            Marker::new(self.me.pid, Some(self.me.start), Utc::now()).with_request_id(request_id);
+        self.store().write(&m).unwrap();
+    }
+    fn slot_exists(&self) -> bool {
+        self.store().slot_path(self.me.pid).exists()
+    }
+    /// Starts the service with the given participants (inside the system).
+    fn start(&self, participants: Vec<(&str, Recipient<planned_stop::Drain>)>) -> ServiceHandle {
+        let mut b = PlannedStopService::builder(Layout::Slots(self.markers()))
+            .state_dir(self.state())
+            .poll_interval(POLL)
+            .drain_deadline(DRAIN)
+            .clock(TokioClock::new());
+        for (name, r) in participants {
+            b = b.participant(name, r);
+        }
+        b.start().unwrap()
+    }
+    fn record(&self) -> StopRecord {
+        StopRecord::read(&self.state())
+            .unwrap()
+            .expect("a stop record")
+    }
+}
+
+fn state(h: &ServiceHandle) -> RunnerState {
+    h.status().state
+}
+
+/// Hazard 1: the watcher consumed the marker and a SIGTERM 20 ms later found nothing.
+#[test]
+fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
+    let f = Fixture::new();
+    f.write_marker("deploy-1");
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let (p, control) = ParticipantControl::start();
+        let h = f.start(vec![("jobs", p)]);
+        h.ready();
+        advance(POLL).await;
+        assert_eq!(state(&h), RunnerState::Draining);
+        assert!(!f.slot_exists(), "the runner claimed (consumed) the marker");
+        advance(Duration::from_millis(20)).await;
+        h.signal(OsSignal(SignalKind::Terminate));
+        settle().await;
+        assert_eq!(h.status().verdict, Some(StopVerdict::Planned));
+        assert!(control.finish(&[]));
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    let record = f.record();
+    assert_eq!(
+        (record.cause, record.verdict),
+        (StopCause::Marker, StopVerdict::Planned)
+    );
+    assert_eq!(record.request_id.as_deref(), Some("deploy-1"));
+    assert!(record.drained_in_time);
+}
+
+#[test]
+fn unmarked_sigterm_is_unexpected_and_a_later_marker_does_not_change_it() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let (p, control) = ParticipantControl::start();
+        let h = f.start(vec![("jobs", p)]);
+        h.ready();
+        advance(POLL).await;
+        h.signal(OsSignal(SignalKind::Terminate));
+        settle().await;
+        assert_eq!(h.status().verdict, Some(StopVerdict::Unexpected));
+        f.write_marker("too-late");
+        advance(POLL * 3).await;
+        assert_eq!(h.status().verdict, Some(StopVerdict::Unexpected));
+        assert!(f.slot_exists(), "nobody acted on the late marker");
+        assert!(control.finish(&[]));
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 1);
+    assert_eq!(f.record().verdict, StopVerdict::Unexpected);
+    assert_eq!(f.record().exit_code, 1);
+}
+
+#[test]
+fn sigterm_with_our_marker_in_place_is_planned() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = f.start(vec![]);
+        h.ready();
+        settle().await;
+        // systemd's ExecStop case: the marker must not trigger the watcher, the SIGTERM follows.
+        let m = Marker::new(f.me.pid, Some(f.me.start), Utc::now()).with_trigger_watcher(false);
+        f.store().write(&m).unwrap();
+        advance(POLL * 5).await;
+        assert_eq!(
+            state(&h),
+            RunnerState::Running,
+            "trigger_watcher: false leaves it to the signal"
+        );
+        h.signal(OsSignal(SignalKind::Terminate));
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    assert_eq!(f.record().cause, StopCause::Signal(SignalKind::Terminate));
+    assert!(!f.slot_exists());
+}
+
+/// Hazard 7: a marker written during start-up was ignored.
+#[test]
+fn a_marker_seen_while_starting_is_delivered_once_running() {
+    let f = Fixture::new();
+    f.write_marker("early");
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = f.start(vec![]);
+        advance(POLL * 10).await;
+        assert_eq!(
+            state(&h),
+            RunnerState::Starting,
+            "not acted on before ready"
+        );
+        assert!(f.slot_exists(), "and not dropped");
+        h.ready();
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    assert_eq!(f.record().request_id.as_deref(), Some("early"));
+}
+
+/// Counts probes, to see how many ticks a stall produces.
+struct Counting {
+    inner: OwnSlot,
+    probes: Rc<Cell<u32>>,
+}
+
+impl MarkerProbe for Counting {
+    fn probe(&self, now: chrono::DateTime<Utc>) -> Result<Verdict, planned_stop::StoreError> {
+        self.probes.set(self.probes.get() + 1);
+        self.inner.probe(now)
+    }
+}
+
+#[test]
+fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
+    let f = Fixture::new();
+    paused_system().block_on(async {
+        let (runner, rx) = tokio::sync::watch::channel(status(RunnerState::Running));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            seen: seen.clone(),
+            state: rx.clone(),
+            forward: None,
+        }
+        .start();
+        let probes = Rc::new(Cell::new(0));
+        let probe = Counting {
+            inner: OwnSlot {
+                store: f.store(),
+                own: f.me,
+            },
+            probes: probes.clone(),
+        };
+        let clock = TokioClock::new();
+        let watcher = MarkerWatcherActor::new(probe, recorder.recipient(), rx, POLL, clock).start();
+        advance(POLL * 3).await;
+        let before = probes.get();
+        // A stall of 50 intervals: fixed delay means one tick afterwards, not fifty.
+        advance(POLL * 50).await;
+        assert_eq!(probes.get(), before + 1, "one tick after the stall");
+        f.write_marker("after-stall");
+        advance(POLL * 50).await;
+        advance(POLL * 50).await;
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert!(!watcher.connected());
+        drop(runner);
+    });
+}
+
+#[test]
+fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code() {
+    let f = Fixture::new();
+    f.write_marker("slow");
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let (fast, fast_control) = ParticipantControl::start();
+        let (slow, slow_control) = ParticipantControl::start();
+        let h = f.start(vec![("fast", fast), ("slow", slow)]);
+        h.ready();
+        advance(POLL).await;
+        assert_eq!(state(&h), RunnerState::Draining);
+        assert_eq!(
+            fast_control.asked.lock().unwrap().as_slice(),
+            &[(DRAIN, StopVerdict::Planned)]
+        );
+        assert!(fast_control.finish(&["job-7", "job-9"]));
+        advance(DRAIN - Duration::from_millis(1)).await;
+        assert_eq!(
+            state(&h),
+            RunnerState::Draining,
+            "waits for the slow participant until the deadline"
+        );
+        advance(Duration::from_secs(1)).await;
+        assert_eq!(state(&h), RunnerState::Stopped);
+        let code = stop.await.unwrap();
+        // An answer after the runner stopped changes nothing.
+        assert!(slow_control.finish(&["too late"]));
+        settle().await;
+        code
+    });
+    assert_eq!(code, 0, "planned, even though the drain ran out of time");
+    let record = f.record();
+    assert!(!record.drained_in_time);
+    assert_eq!(
+        record.unfinished,
+        vec![
+            Unfinished {
+                participant: "fast".into(),
+                item: "job-7".into()
+            },
+            Unfinished {
+                participant: "fast".into(),
+                item: "job-9".into()
+            },
+        ]
+    );
+    assert_eq!(record.unanswered, vec!["slow".to_string()]);
+    // The next start takes the record once.
+    assert_eq!(StopRecord::take(&f.state()).unwrap(), Some(record));
+    assert_eq!(StopRecord::take(&f.state()).unwrap(), None);
+}
+
+#[test]
+fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let (p, _control) = ParticipantControl::start();
+        let h = f.start(vec![("jobs", p)]);
+        h.ready();
+        settle().await;
+        h.signal(OsSignal(SignalKind::Interrupt));
+        settle().await;
+        assert_eq!(state(&h), RunnerState::Draining);
+        let started = tokio::time::Instant::now();
+        h.signal(OsSignal(SignalKind::Interrupt));
+        let code = stop.await.unwrap();
+        assert_eq!(
+            tokio::time::Instant::now(),
+            started,
+            "forced at once, not at the deadline"
+        );
+        code
+    });
+    assert_eq!(code, 0, "Ctrl-C is planned");
+    let record = f.record();
+    assert!(record.forced && !record.drained_in_time);
+    assert_eq!(record.unanswered, vec!["jobs".to_string()]);
+}
+
+#[test]
+fn exit_codes_are_configurable_per_cause() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .clock(TokioClock::new())
+            .exit_code(
+                StopCause::Signal(SignalKind::Hangup),
+                StopVerdict::Unexpected,
+                75,
+            )
+            .start()
+            .unwrap();
+        h.ready();
+        h.signal(OsSignal(SignalKind::Hangup));
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 75);
+}
+
+#[test]
+fn a_status_subscriber_sees_states_only_move_forward() {
+    let f = Fixture::new();
+    f.write_marker("watch");
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let states = sys.block_on(async {
+        let h = f.start(vec![]);
+        let mut rx = h.subscribe();
+        let seen = Rc::new(std::cell::RefCell::new(vec![rx.borrow().state]));
+        let seen2 = seen.clone();
+        actix::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let RunnerStatus { state, .. } = *rx.borrow();
+                seen2.borrow_mut().push(state);
+            }
+        });
+        h.ready();
+        stop.await.unwrap();
+        settle().await;
+        seen.borrow().clone()
+    });
+    assert!(states.windows(2).all(|w| w[0] <= w[1]), "{states:?}");
+    assert_eq!(states.last(), Some(&RunnerState::Stopped));
+}
+
+#[test]
+fn start_outside_a_system_is_a_clear_error() {
+    let f = Fixture::new();
+    let err = PlannedStopService::builder(Layout::Slots(f.markers()))
+        .start()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("inside a running actix System"),
+        "{err}"
+    );
+}

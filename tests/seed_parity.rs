@@ -1,0 +1,376 @@
+//! Rust counterparts of the seed's eleven watcher tests (`../shared/seeds/`), under their names.
+//!
+//! The seed ran its watcher as a thread against a fake event loop. Here the watcher is the real
+//! `MarkerWatcherActor`; the runner's state is set by the test through the status channel, the fake
+//! loop is a `Recorder` actor that records every `PlannedStop`, and the seed's `stop_event` is the
+//! runner reaching `Stopped`. Time is tokio's paused clock, so "let it poll a few times" is an exact
+//! number of ticks, not a sleep.
+
+mod common;
+
+use actix::prelude::*;
+use chrono::{TimeDelta, Utc};
+use common::actors::*;
+use common::*;
+use planned_stop::runner::RunnerStatus;
+use planned_stop::store::StoreError;
+use planned_stop::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot};
+use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+const POLL: Duration = Duration::from_millis(50);
+
+/// The seed's marker path, in the seed's single-file layout.
+fn seed_marker(dir: &Path) -> PathBuf {
+    dir.join(".gateway-planned-stop.json")
+}
+
+/// The seed's `_write_self_marker`: a marker for this process, optionally backdated past the TTL.
+fn write_self_marker(marker: &Path, stale: bool) -> Marker {
+    let me = ProcessIdentity::current().unwrap();
+    let written_at = if stale {
+        "2000-01-01T00:00:00+00:00".parse().unwrap()
+    } else {
+        Utc::now()
+    };
+    let m = Marker::new(me.pid, Some(me.start), written_at).with_stopper_pid(me.pid);
+    std::fs::write(marker, m.to_json().unwrap()).unwrap();
+    m
+}
+
+/// A watcher under test with the pieces a seed test inspects.
+struct Watched {
+    watcher: Addr<MarkerWatcherActor>,
+    seen: Arc<Mutex<Vec<Delivery>>>,
+    runner: watch::Sender<RunnerStatus>,
+}
+
+impl Watched {
+    fn start(probe: impl MarkerProbe, state: RunnerState, poll: Duration) -> Watched {
+        let (runner, rx) = watch::channel(status(state));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            seen: seen.clone(),
+            state: rx.clone(),
+            forward: None,
+        }
+        .start();
+        let watcher =
+            MarkerWatcherActor::new(probe, recorder.recipient(), rx, poll, TokioClock::new())
+                .start();
+        Watched {
+            watcher,
+            seen,
+            runner,
+        }
+    }
+
+    fn on_file(path: &Path, state: RunnerState, poll: Duration) -> Watched {
+        let store = MarkerStore::open(Layout::SingleFile(path.to_path_buf())).unwrap();
+        let own = ProcessIdentity::current().unwrap();
+        Watched::start(OwnSlot { store, own }, state, poll)
+    }
+
+    /// The seed's `stop_event.set()`.
+    fn stop_event(&self) {
+        self.runner.send_modify(|s| s.state = RunnerState::Stopped);
+    }
+
+    fn deliveries(&self) -> Vec<Delivery> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn test_watcher_fires_shutdown_when_marker_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    let written = write_self_marker(&marker, false);
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
+        advance(POLL * 3).await;
+        assert!(!w.watcher.connected(), "watcher should exit after firing");
+        let seen = w.deliveries();
+        assert_eq!(
+            seen.len(),
+            1,
+            "expected exactly one PlannedStop, got {seen:?}"
+        );
+        // The seed's `args == (None,)`: the planned-stop sentinel, here carrying the marker's data.
+        assert_eq!(seen[0].0, planned_stop::PlannedStop::from(&written));
+        assert_eq!(seen[0].1, RunnerState::Running);
+    });
+}
+
+#[test]
+fn test_watcher_does_not_fire_when_marker_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
+        advance(Duration::from_millis(300)).await; // six polls
+        assert!(
+            w.watcher.connected(),
+            "the watcher keeps polling while no marker is there"
+        );
+        w.stop_event();
+        settle().await;
+        assert!(!w.watcher.connected());
+        assert_eq!(
+            w.deliveries(),
+            vec![],
+            "no marker present, but the watcher fired"
+        );
+    });
+}
+
+#[test]
+fn test_watcher_skips_when_runner_already_draining() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    write_self_marker(&marker, false);
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Draining, POLL);
+        advance(Duration::from_millis(200)).await;
+        w.stop_event();
+        settle().await;
+        assert_eq!(
+            w.deliveries(),
+            vec![],
+            "watcher fired while runner was already draining"
+        );
+        assert!(!w.watcher.connected());
+        assert!(
+            marker.exists(),
+            "the draining runner's marker is not touched by the watcher"
+        );
+    });
+}
+
+#[test]
+fn test_watcher_skips_when_runner_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    // The seed's marker from a previous instance...
+    std::fs::write(&marker, r#"{"target_pid": 9999}"#).unwrap();
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Starting, POLL);
+        advance(Duration::from_millis(200)).await;
+        assert_eq!(
+            w.deliveries(),
+            vec![],
+            "watcher fired before runner was running"
+        );
+        // ...and one that *is* for us: still nothing while starting (it is held, not dropped).
+        write_self_marker(&marker, false);
+        advance(Duration::from_millis(200)).await;
+        assert_eq!(
+            w.deliveries(),
+            vec![],
+            "watcher fired before runner was running"
+        );
+        w.stop_event();
+        settle().await;
+        assert_eq!(w.deliveries(), vec![]);
+        assert!(!w.watcher.connected());
+    });
+}
+
+#[test]
+fn test_watcher_responds_to_stop_event_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Running, Duration::from_millis(100));
+        advance(Duration::from_millis(50)).await;
+        let before = tokio::time::Instant::now();
+        w.stop_event();
+        settle().await;
+        // Not "within a poll interval": at once, without the clock moving at all.
+        assert_eq!(tokio::time::Instant::now(), before);
+        assert!(
+            !w.watcher.connected(),
+            "watcher must honour the stop without waiting for a tick"
+        );
+    });
+}
+
+#[test]
+fn test_watcher_fires_only_once_when_marker_persists() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    write_self_marker(&marker, false);
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
+        // The recorder does not consume the marker: it stays for many polls.
+        for _ in 0..20 {
+            advance(POLL).await;
+        }
+        assert!(marker.exists());
+        assert_eq!(
+            w.deliveries().len(),
+            1,
+            "fired {:?}; should fire once and exit",
+            w.deliveries()
+        );
+        assert!(!w.watcher.connected());
+    });
+}
+
+/// The seed's exploding path resolver: the first probe works, every later one fails.
+struct Exploding {
+    calls: Rc<Cell<u32>>,
+}
+
+impl MarkerProbe for Exploding {
+    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Verdict, StoreError> {
+        self.calls.set(self.calls.get() + 1);
+        if self.calls.get() == 1 {
+            return Ok(Verdict::Absent);
+        }
+        Err(StoreError::Io {
+            op: "stat",
+            path: "/nonexistent".into(),
+            source: std::io::Error::other("filesystem failed"),
+        })
+    }
+}
+
+#[test]
+fn test_watcher_tolerates_marker_path_resolution_errors() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    paused_system().block_on(async {
+        let calls = Rc::new(Cell::new(0));
+        let w = Watched::start(
+            Exploding {
+                calls: calls.clone(),
+            },
+            RunnerState::Running,
+            POLL,
+        );
+        advance(Duration::from_millis(200)).await;
+        for _ in 0..20 {
+            advance(POLL).await;
+        }
+        assert!(
+            calls.get() >= 20,
+            "the watcher keeps probing after errors ({} probes)",
+            calls.get()
+        );
+        assert!(w.watcher.connected());
+        w.stop_event();
+        settle().await;
+        assert!(
+            !w.watcher.connected(),
+            "watcher should still honour the stop after errors"
+        );
+        // No shutdown fired because the marker never reported existence.
+        assert_eq!(w.deliveries(), vec![]);
+    });
+    // Logged, but not once per tick.
+    assert_eq!(
+        logs.count(tracing::Level::WARN, "cannot probe the planned-stop marker"),
+        1
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn test_watcher_does_not_fire_for_foreign_pid_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    let me = ProcessIdentity::current().unwrap();
+    // A different, live process, with a start time that cannot match it, freshly written so the
+    // TTL does not remove it.
+    let other = other_live_process();
+    let record =
+        Marker::new(other.id(), Some(me.start ^ 0xFFFF), Utc::now()).with_stopper_pid(other.id());
+    std::fs::write(&marker, record.to_json().unwrap()).unwrap();
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
+        advance(Duration::from_millis(300)).await;
+        w.stop_event();
+        settle().await;
+        assert!(!w.watcher.connected());
+        assert_eq!(
+            w.deliveries(),
+            vec![],
+            "watcher fired on a foreign-pid marker"
+        );
+    });
+    // Foreign (but live) marker is left in place: it may still belong to the process it names.
+    assert!(marker.exists());
+    drop(other);
+}
+
+#[test]
+fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    write_self_marker(&marker, true);
+    paused_system().block_on(async {
+        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
+        advance(Duration::from_millis(300)).await;
+        assert!(
+            w.watcher.connected(),
+            "the watcher keeps running after cleaning up"
+        );
+        assert!(!marker.exists(), "stale marker should have been cleaned up");
+        w.stop_event();
+        settle().await;
+        assert!(!w.watcher.connected());
+        assert_eq!(
+            w.deliveries(),
+            vec![],
+            "stale marker must not fire shutdown"
+        );
+    });
+}
+
+#[test]
+fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    write_self_marker(&marker, false);
+    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
+    let probe = OwnSlot {
+        store,
+        own: ProcessIdentity::current().unwrap(),
+    };
+
+    assert!(matches!(
+        probe.probe(Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+    assert!(marker.exists(), "probe must not consume a matching marker");
+    // Idempotent: still for us on a second call.
+    assert!(matches!(
+        probe.probe(Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+    assert!(marker.exists());
+}
+
+#[test]
+fn test_planned_stop_marker_targets_self_drops_malformed() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    std::fs::write(&marker, "{not valid json").unwrap();
+    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
+    let probe = OwnSlot {
+        store,
+        own: ProcessIdentity::current().unwrap(),
+    };
+
+    assert!(matches!(
+        probe.probe(Utc::now() + TimeDelta::zero()).unwrap(),
+        Verdict::Malformed(_)
+    ));
+    assert!(!marker.exists(), "a malformed marker is cleaned up");
+}
