@@ -11,3 +11,7 @@ demo:
 # The tests, as CI runs them.
 test:
     cargo test
+
+# The state-machine test with many more cases.
+proptest-long cases="10000":
+    PROPTEST_CASES={{cases}} cargo test --release --test state_machine

@@ -51,6 +51,13 @@ impl TokioClock {
     }
 }
 
+impl TokioClock {
+    /// The wall time the clock started at.
+    pub fn base_wall(&self) -> DateTime<Utc> {
+        self.base_wall
+    }
+}
+
 impl Clock for TokioClock {
     fn now(&self) -> DateTime<Utc> {
         let elapsed = tokio::time::Instant::now() - self.base;

@@ -1,0 +1,80 @@
+//! Wiring planned-stop into a bare actix application.
+//!
+//! `cargo run --example wire_up`: the application starts a `Jobs` actor, registers it as a drain
+//! participant, and runs until it is asked to stop. To show the whole path in one process, it plays
+//! the stopper too: a second later it writes a marker for itself, as `planned-stop stop` would from
+//! another process. The watcher delivers it, the jobs drain, the stop record lists what was left,
+//! and the process exits 0. Run it twice: the second run resumes what the first one left.
+
+use actix::prelude::*;
+use chrono::Utc;
+use planned_stop::{Drain, DrainReport, Layout, Marker, PlannedStopService};
+use std::time::Duration;
+
+/// An application actor with work in flight.
+#[derive(Default)]
+struct Jobs {
+    in_flight: Vec<String>,
+}
+
+impl Actor for Jobs {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for Jobs {
+    type Result = DrainReport;
+
+    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport {
+        // A real actor would finish what it can within `drain.within`; this one hands it all back.
+        DrainReport {
+            unfinished: std::mem::take(&mut self.in_flight),
+        }
+    }
+}
+
+fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
+    let base = std::env::temp_dir().join("planned-stop-wire-up");
+    let system = System::new();
+    let service = system.block_on(async {
+        // --- the wiring -------------------------------------------------------------------------
+        let jobs = Jobs {
+            in_flight: vec!["invoice-17".into(), "email-4".into()],
+        }
+        .start();
+        let service = PlannedStopService::builder(Layout::Slots(base.join("run")))
+            .state_dir(base.join("state"))
+            .poll_interval(Duration::from_millis(100))
+            .drain_deadline(Duration::from_secs(5))
+            .participant("jobs", jobs.recipient())
+            .start()?;
+        if let Some(previous) = service.take_previous_record()? {
+            println!(
+                "resuming {} unfinished jobs: {:?}",
+                previous.unfinished.len(),
+                previous.unfinished
+            );
+        }
+        service.ready();
+        // -----------------------------------------------------------------------------------------
+        Ok::<_, Box<dyn std::error::Error>>(service)
+    })?;
+
+    // The stopper's side, normally another process (`planned-stop stop --pid PID --dir DIR`).
+    let me = service.identity();
+    let store = service.store().clone();
+    system.block_on(async move {
+        actix::spawn(async move {
+            actix::clock::sleep(Duration::from_secs(1)).await;
+            let marker = Marker::new(me.pid, Some(me.start), Utc::now()).with_reason("example");
+            store.write(&marker).expect("write the marker");
+            println!("marker written for pid {}", me.pid);
+        });
+    });
+
+    let code = system.run_with_code()?;
+    println!(
+        "exit code {code}; stop record in {}",
+        base.join("state").display()
+    );
+    Ok(std::process::ExitCode::from(code as u8))
+}

@@ -1,0 +1,522 @@
+//! proptest-state-machine: the runner and the watcher against a reference model.
+//!
+//! The model below is written from DESIGN.md, not from the code: it says what the runner's state,
+//! verdict and exit code, the marker slot, and the watcher should be after any sequence of clock
+//! moves, markers, signals and drain events. After every step the real actors (on tokio's paused
+//! clock, with a real marker directory) must agree with it, and these invariants must hold:
+//!
+//! - at most one `PlannedStop` ever, and only ever delivered while the runner is `Running` (so none
+//!   while `Draining`/`Stopped`, and one seen during `Starting` arrives only after `Running`);
+//! - the verdict never changes once set; the state only moves forward;
+//! - a foreign marker is never deleted, and the probe never deletes our own marker (the slot's
+//!   presence matches the model exactly);
+//! - the exit code matches the verdict.
+//!
+//! CI runs 1,000 cases of up to 50 steps; `PROPTEST_CASES=10000 cargo test --test state_machine`
+//! (or `just proptest-long`) runs more.
+
+mod common;
+
+use actix::prelude::*;
+use chrono::TimeDelta;
+use common::actors::*;
+use planned_stop::clock::Clock;
+use planned_stop::runner::{OsSignal, PlannedStop, Ready, RunnerActor, RunnerConfig, RunnerStatus};
+use planned_stop::watcher::{MarkerWatcherActor, OwnSlot};
+use planned_stop::{
+    Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, SignalKind, StopVerdict,
+};
+use proptest::prelude::*;
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const POLL_MS: u64 = 100;
+const DRAIN_MS: u64 = 1_000;
+const GRACE_MS: u64 = 100;
+const TTL_MS: u64 = 60_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MarkerKind {
+    /// For us, fresh, `trigger_watcher: true`.
+    Own,
+    /// For us, `trigger_watcher: false` (the signal path's marker).
+    OwnNoTrigger,
+    /// For another pid.
+    Foreign,
+    /// Our pid, another start fingerprint (a recycled pid).
+    ReusedPid,
+    /// Written two minutes ago.
+    Stale,
+    /// Dated an hour ahead.
+    Future,
+    /// Not JSON.
+    Malformed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transition {
+    /// Advance by one poll interval.
+    Tick,
+    /// Advance by less than a poll interval.
+    AdvanceClock(u64),
+    /// Advance by many poll intervals in one jump.
+    Stall(u64),
+    WriteMarker(MarkerKind),
+    RemoveMarker,
+    MarkReady,
+    Signal(SignalKind),
+    ParticipantFinishes,
+    /// Advance to the drain deadline (plus the answer grace).
+    DrainDeadline,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ModelMarker {
+    kind: MarkerKind,
+    written_ms: u64,
+}
+
+/// How the one decision function should judge a marker (the model's own, simpler statement).
+#[derive(Debug, PartialEq, Eq)]
+enum Judged {
+    ForSelf { trigger: bool },
+    Foreign,
+    Removable,
+}
+
+impl ModelMarker {
+    fn judge(&self, now_ms: u64) -> Judged {
+        let expired = now_ms.saturating_sub(self.written_ms) > TTL_MS;
+        match self.kind {
+            MarkerKind::Own | MarkerKind::OwnNoTrigger if expired => Judged::Removable,
+            MarkerKind::Own => Judged::ForSelf { trigger: true },
+            MarkerKind::OwnNoTrigger => Judged::ForSelf { trigger: false },
+            MarkerKind::Foreign if expired => Judged::Removable,
+            MarkerKind::Foreign => Judged::Foreign,
+            MarkerKind::ReusedPid
+            | MarkerKind::Stale
+            | MarkerKind::Future
+            | MarkerKind::Malformed => Judged::Removable,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Model {
+    now_ms: u64,
+    /// Time since the watcher's last tick; `None` once it stopped ticking (holding, or stopped).
+    since_tick_ms: Option<u64>,
+    watcher_alive: bool,
+    watcher_holds: bool,
+    state: RunnerState,
+    verdict: Option<StopVerdict>,
+    marker: Option<ModelMarker>,
+    deliveries: u32,
+    drain_ends_ms: Option<u64>,
+    participant_waiting: bool,
+    exit_code: Option<i32>,
+}
+
+impl Model {
+    fn new() -> Model {
+        // The watcher probes once at start (t = 0) and finds nothing.
+        Model {
+            now_ms: 0,
+            since_tick_ms: Some(0),
+            watcher_alive: true,
+            watcher_holds: false,
+            state: RunnerState::Starting,
+            verdict: None,
+            marker: None,
+            deliveries: 0,
+            drain_ends_ms: None,
+            participant_waiting: false,
+            exit_code: None,
+        }
+    }
+
+    /// The runner's claim: consumes our marker, removes a removable one, leaves a foreign one.
+    /// Returns whether our marker was consumed.
+    fn claim(&mut self) -> bool {
+        match self.marker.map(|m| m.judge(self.now_ms)) {
+            Some(Judged::ForSelf { .. }) => {
+                self.marker = None;
+                true
+            }
+            Some(Judged::Removable) => {
+                self.marker = None;
+                false
+            }
+            Some(Judged::Foreign) | None => false,
+        }
+    }
+
+    fn begin_drain(&mut self, verdict: StopVerdict) {
+        self.verdict.get_or_insert(verdict);
+        self.state = RunnerState::Draining;
+        // The watcher follows the runner's status and stops at once.
+        self.watcher_alive = false;
+        self.watcher_holds = false;
+        self.since_tick_ms = None;
+        self.drain_ends_ms = Some(self.now_ms + DRAIN_MS + GRACE_MS);
+        self.participant_waiting = true;
+    }
+
+    fn stop(&mut self) {
+        self.state = RunnerState::Stopped;
+        self.participant_waiting = false;
+        self.exit_code = Some(match self.verdict {
+            Some(StopVerdict::Planned) => 0,
+            _ => 1,
+        });
+    }
+
+    /// The watcher delivers a planned stop; the runner (running) drains and claims.
+    fn deliver(&mut self) {
+        self.deliveries += 1;
+        self.watcher_alive = false;
+        self.watcher_holds = false;
+        self.since_tick_ms = None;
+        self.claim();
+        self.begin_drain(StopVerdict::Planned);
+    }
+
+    fn tick(&mut self) {
+        match self.marker.map(|m| m.judge(self.now_ms)) {
+            Some(Judged::ForSelf { trigger: true }) if self.state == RunnerState::Running => {
+                self.deliver()
+            }
+            Some(Judged::ForSelf { trigger: true }) => {
+                self.watcher_holds = true;
+                self.since_tick_ms = None;
+            }
+            Some(Judged::Removable) => self.marker = None,
+            _ => {}
+        }
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+        // Fixed delay: however far the clock jumps, at most one tick, at the new time.
+        if let Some(since) = self.since_tick_ms {
+            if since + ms >= POLL_MS {
+                self.since_tick_ms = Some(0);
+                self.tick();
+            } else {
+                self.since_tick_ms = Some(since + ms);
+            }
+        }
+        if self.state == RunnerState::Draining
+            && self.drain_ends_ms.is_some_and(|t| self.now_ms >= t)
+        {
+            self.stop();
+        }
+    }
+
+    fn signal(&mut self, kind: SignalKind) {
+        match self.state {
+            RunnerState::Starting | RunnerState::Running => {
+                let claimed = self.verdict.is_none() && self.claim();
+                let planned = kind == SignalKind::Interrupt || claimed;
+                self.begin_drain(if planned {
+                    StopVerdict::Planned
+                } else {
+                    StopVerdict::Unexpected
+                });
+            }
+            RunnerState::Draining if kind == SignalKind::Interrupt => self.stop(),
+            _ => {}
+        }
+    }
+}
+
+struct Reference;
+
+impl ReferenceStateMachine for Reference {
+    type State = Model;
+    type Transition = Transition;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        Just(Model::new()).boxed()
+    }
+
+    fn transitions(_: &Model) -> BoxedStrategy<Transition> {
+        let kind = prop_oneof![
+            3 => Just(MarkerKind::Own),
+            1 => Just(MarkerKind::OwnNoTrigger),
+            1 => Just(MarkerKind::Foreign),
+            1 => Just(MarkerKind::ReusedPid),
+            1 => Just(MarkerKind::Stale),
+            1 => Just(MarkerKind::Future),
+            1 => Just(MarkerKind::Malformed),
+        ];
+        prop_oneof![
+            4 => Just(Transition::Tick),
+            2 => (1..POLL_MS).prop_map(Transition::AdvanceClock),
+            1 => (5 * POLL_MS..=200 * POLL_MS).prop_map(Transition::Stall),
+            4 => kind.prop_map(Transition::WriteMarker),
+            1 => Just(Transition::RemoveMarker),
+            2 => Just(Transition::MarkReady),
+            1 => Just(Transition::Signal(SignalKind::Terminate)),
+            1 => Just(Transition::Signal(SignalKind::Interrupt)),
+            1 => Just(Transition::ParticipantFinishes),
+            1 => Just(Transition::DrainDeadline),
+        ]
+        .boxed()
+    }
+
+    fn apply(mut m: Model, t: &Transition) -> Model {
+        match *t {
+            Transition::Tick => m.advance(POLL_MS),
+            Transition::AdvanceClock(ms) | Transition::Stall(ms) => m.advance(ms),
+            Transition::DrainDeadline => {
+                let ms = m
+                    .drain_ends_ms
+                    .map_or(0, |end| end.saturating_sub(m.now_ms));
+                m.advance(ms);
+            }
+            Transition::WriteMarker(kind) => {
+                m.marker = Some(ModelMarker {
+                    kind,
+                    written_ms: m.now_ms,
+                })
+            }
+            Transition::RemoveMarker => m.marker = None,
+            Transition::MarkReady => {
+                if m.state == RunnerState::Starting {
+                    m.state = RunnerState::Running;
+                    if m.watcher_holds {
+                        m.deliver();
+                    }
+                }
+            }
+            Transition::Signal(kind) => m.signal(kind),
+            Transition::ParticipantFinishes => {
+                if m.state == RunnerState::Draining && m.participant_waiting {
+                    m.stop();
+                }
+            }
+        }
+        m
+    }
+}
+
+/// The real actors.
+struct Sut {
+    system: actix::SystemRunner,
+    dir: tempfile::TempDir,
+    store: MarkerStore,
+    me: ProcessIdentity,
+    clock: Arc<TokioClock>,
+    runner: Addr<RunnerActor>,
+    watcher: Addr<MarkerWatcherActor>,
+    status: tokio::sync::watch::Receiver<RunnerStatus>,
+    deliveries: Arc<Mutex<Vec<Delivery>>>,
+    participant: ParticipantControl,
+    /// The most advanced state and the verdict seen so far, for the monotonicity invariants.
+    last_state: RunnerState,
+    last_verdict: Option<StopVerdict>,
+}
+
+impl Sut {
+    fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        self.system.block_on(f)
+    }
+
+    fn write(&self, kind: MarkerKind) {
+        let now = self.clock.now();
+        let me = self.me;
+        let marker = |pid, start, at| Marker::new(pid, start, at);
+        let bytes = match kind {
+            MarkerKind::Own => marker(me.pid, Some(me.start), now).to_json().unwrap(),
+            MarkerKind::OwnNoTrigger => marker(me.pid, Some(me.start), now)
+                .with_trigger_watcher(false)
+                .to_json()
+                .unwrap(),
+            MarkerKind::Foreign => marker(me.pid.wrapping_add(1).max(1), Some(me.start), now)
+                .to_json()
+                .unwrap(),
+            MarkerKind::ReusedPid => marker(me.pid, Some(me.start.wrapping_add(1)), now)
+                .to_json()
+                .unwrap(),
+            MarkerKind::Stale => marker(me.pid, Some(me.start), now - TimeDelta::minutes(2))
+                .to_json()
+                .unwrap(),
+            MarkerKind::Future => marker(me.pid, Some(me.start), now + TimeDelta::hours(1))
+                .to_json()
+                .unwrap(),
+            MarkerKind::Malformed => b"{\"target_pid\": true".to_vec(),
+        };
+        // Written as a stopper would, but the bytes are ours to choose (the malformed one included).
+        let slot = self.store.slot_path(me.pid);
+        let temp = self.dir.path().join("staging.json");
+        std::fs::write(&temp, bytes).unwrap();
+        std::fs::rename(&temp, &slot).unwrap();
+    }
+}
+
+struct RunnerAndWatcher;
+
+impl StateMachineTest for RunnerAndWatcher {
+    type SystemUnderTest = Sut;
+    type Reference = Reference;
+
+    fn init_test(_: &Model) -> Sut {
+        let system = paused_system();
+        let dir = tempfile::tempdir().unwrap();
+        let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
+        let me = ProcessIdentity::current().unwrap();
+        let (clock, runner, watcher, status, deliveries, participant) = system.block_on(async {
+            let clock = TokioClock::new();
+            let config = RunnerConfig {
+                drain_deadline: Duration::from_millis(DRAIN_MS),
+                answer_grace: Duration::from_millis(GRACE_MS),
+                stop_system: false,
+                ..RunnerConfig::default()
+            };
+            let mut runner = RunnerActor::new(store.clone(), me, config, clock.clone());
+            let (participant, control) = ParticipantControl::start();
+            runner.add_participant("jobs", participant);
+            let status = runner.subscribe();
+            let runner = runner.start();
+            let deliveries = Arc::new(Mutex::new(Vec::new()));
+            let recorder = Recorder {
+                seen: deliveries.clone(),
+                state: status.clone(),
+                forward: Some(runner.clone().recipient::<PlannedStop>()),
+            }
+            .start();
+            let probe = OwnSlot {
+                store: store.clone(),
+                own: me,
+            };
+            let poll = Duration::from_millis(POLL_MS);
+            let watcher = MarkerWatcherActor::new(
+                probe,
+                recorder.recipient(),
+                status.clone(),
+                poll,
+                clock.clone(),
+            )
+            .start();
+            settle().await;
+            (clock, runner, watcher, status, deliveries, control)
+        });
+        Sut {
+            system,
+            dir,
+            store,
+            me,
+            clock,
+            runner,
+            watcher,
+            status,
+            deliveries,
+            participant,
+            last_state: RunnerState::Starting,
+            last_verdict: None,
+        }
+    }
+
+    fn apply(sut: Sut, before_and_after: &Model, t: Transition) -> Sut {
+        let advance_ms = |ms: u64| async move { advance(Duration::from_millis(ms)).await };
+        match t {
+            Transition::Tick => sut.run(advance_ms(POLL_MS)),
+            Transition::AdvanceClock(ms) | Transition::Stall(ms) => sut.run(advance_ms(ms)),
+            Transition::DrainDeadline => {
+                // The model has already moved its clock; advance the real one to the same instant.
+                let elapsed = tokio_elapsed_ms(&sut);
+                sut.run(advance_ms(before_and_after.now_ms - elapsed));
+            }
+            Transition::WriteMarker(kind) => sut.write(kind),
+            Transition::RemoveMarker => {
+                let _ = std::fs::remove_file(sut.store.slot_path(sut.me.pid));
+            }
+            Transition::MarkReady => {
+                sut.runner.do_send(Ready);
+                sut.run(settle());
+            }
+            Transition::Signal(kind) => {
+                sut.runner.do_send(OsSignal(kind));
+                sut.run(settle());
+            }
+            Transition::ParticipantFinishes => {
+                sut.participant.finish(&[]);
+                sut.run(settle());
+            }
+        }
+        sut
+    }
+
+    fn check_invariants(sut: &Sut, model: &Model) {
+        let status = *sut.status.borrow();
+        let deliveries = sut.deliveries.lock().unwrap().clone();
+        assert_eq!(tokio_elapsed_ms(sut), model.now_ms, "clocks agree");
+        // At most one PlannedStop, and only ever to a running runner.
+        assert!(
+            deliveries.len() <= 1,
+            "more than one PlannedStop: {deliveries:?}"
+        );
+        assert!(
+            deliveries.iter().all(|(_, s)| *s == RunnerState::Running),
+            "{deliveries:?}"
+        );
+        assert_eq!(deliveries.len() as u32, model.deliveries, "deliveries");
+        // State and verdict as the model says; forward only; the verdict latched.
+        assert_eq!(status.state, model.state, "runner state");
+        assert!(status.state >= sut.last_state, "state went back");
+        assert_eq!(status.verdict, model.verdict, "verdict");
+        if let Some(v) = sut.last_verdict {
+            assert_eq!(status.verdict, Some(v), "verdict changed");
+        }
+        // The exit code follows the verdict.
+        assert_eq!(status.exit_code, model.exit_code, "exit code");
+        if let Some(code) = status.exit_code {
+            assert_eq!(code == 0, status.verdict == Some(StopVerdict::Planned));
+        }
+        // The slot holds exactly what the model holds: foreign markers and our own are never
+        // deleted by a probe; removable ones are.
+        let present = sut.store.slot_path(sut.me.pid).exists();
+        assert_eq!(
+            present,
+            model.marker.is_some(),
+            "slot presence (model: {:?})",
+            model.marker
+        );
+        assert_eq!(
+            sut.watcher.connected(),
+            model.watcher_alive,
+            "watcher alive"
+        );
+    }
+
+    fn teardown(sut: Sut, _: Model) {
+        drop(sut);
+    }
+}
+
+/// Milliseconds the paused clock has moved since the system under test was built (inside the
+/// runtime: outside it tokio's clock is not the paused one).
+fn tokio_elapsed_ms(sut: &Sut) -> u64 {
+    let now = sut.run(async { sut.clock.now() });
+    (now - sut.clock.base_wall()).num_milliseconds() as u64
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 2048,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn runner_and_watcher_follow_the_model(sequential 1..50 => RunnerAndWatcher);
+}
