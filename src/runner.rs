@@ -6,6 +6,9 @@
 //! participants to finish, writing the [`StopRecord`] and stopping the actix `System` with the exit
 //! code of the verdict.
 //!
+//! When it accepts a stop, and again when it has stopped, it writes the [`Outcome`] file next to the
+//! marker slot, so a stopper that knows only the directory and the pid can report progress.
+//!
 //! It publishes a [`RunnerStatus`] on a `tokio::sync::watch` channel, which is how the watcher knows
 //! not to deliver while the runner is starting, draining or stopped, without a message round trip.
 //!
@@ -21,6 +24,7 @@ use crate::clock::Clock;
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::{Lifecycle, RunnerState, SignalKind, Step, StopCause, StopVerdict};
 use crate::marker::Marker;
+use crate::outcome::{Outcome, Phase};
 use crate::record::{StopRecord, Unfinished};
 use crate::store::MarkerStore;
 use actix::clock::Instant;
@@ -106,7 +110,7 @@ pub struct DrainReport {
 }
 
 /// What the runner publishes on its status channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerStatus {
     /// The lifecycle state.
     pub state: RunnerState,
@@ -114,6 +118,21 @@ pub struct RunnerStatus {
     pub verdict: Option<StopVerdict>,
     /// The exit code, once stopped.
     pub exit_code: Option<i32>,
+    /// The acknowledgement (once a stop is accepted) and then the final outcome, as written to the
+    /// outcome file next to the marker slot.
+    pub outcome: Option<Arc<Outcome>>,
+}
+
+impl RunnerStatus {
+    /// The status of a runner that has not started yet.
+    pub fn starting() -> RunnerStatus {
+        RunnerStatus {
+            state: RunnerState::Starting,
+            verdict: None,
+            exit_code: None,
+            outcome: None,
+        }
+    }
 }
 
 /// Exit codes by verdict, with overrides per cause. Defaults: planned 0, unexpected 1.
@@ -235,11 +254,7 @@ impl RunnerActor {
         config: RunnerConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let (status, _) = watch::channel(RunnerStatus {
-            state: RunnerState::Starting,
-            verdict: None,
-            exit_code: None,
-        });
+        let (status, _) = watch::channel(RunnerStatus::starting());
         RunnerActor {
             lifecycle: Lifecycle::new(),
             store,
@@ -265,12 +280,25 @@ impl RunnerActor {
     }
 
     fn publish(&self) {
-        let status = RunnerStatus {
-            state: self.lifecycle.state(),
-            verdict: self.lifecycle.verdict(),
-            exit_code: self.status.borrow().exit_code,
-        };
-        self.status.send_replace(status);
+        self.status.send_if_modified(|status| {
+            let before = status.clone();
+            status.state = self.lifecycle.state();
+            status.verdict = self.lifecycle.verdict();
+            *status != before
+        });
+    }
+
+    /// Writes the outcome file and publishes it with the status.
+    fn publish_outcome(&self, outcome: Outcome) {
+        if let Err(e) = self.store.write_outcome(&outcome) {
+            tracing::warn!(error = %e, "cannot write the outcome file; stoppers cannot see the progress");
+        }
+        let outcome = Arc::new(outcome);
+        self.status.send_modify(|status| {
+            status.exit_code = outcome.exit_code;
+            status.outcome = Some(outcome);
+        });
+        self.publish();
     }
 
     /// Consumes our marker, if one is there. A store error is logged and counts as "no marker":
@@ -317,18 +345,30 @@ impl RunnerActor {
             within_ms = within.as_millis() as u64,
             "stop accepted; draining"
         );
+        let accepted_at = self.clock.now();
+        self.publish_outcome(Outcome {
+            pid: self.own.pid,
+            start: self.own.start,
+            phase: Phase::Draining,
+            cause,
+            verdict,
+            request_id: requester.request_id.clone(),
+            accepted_at,
+            drain_deadline: accepted_at + TimeDelta::from_std(within).unwrap_or(TimeDelta::MAX),
+            finished_at: None,
+            exit_code: None,
+        });
         self.drain = Some(DrainRun {
             cause,
             verdict,
             requester,
-            accepted_at: self.clock.now(),
+            accepted_at,
             deadline: Instant::now() + within,
             answered: Vec::new(),
             unfinished: Vec::new(),
             late: false,
             forced: false,
         });
-        self.publish();
         if self.participants.is_empty() {
             self.finish(ctx);
             return;
@@ -432,8 +472,18 @@ impl RunnerActor {
             drained_in_time = record.drained_in_time,
             "stopped"
         );
-        self.status.send_modify(|s| s.exit_code = Some(code));
-        self.publish();
+        self.publish_outcome(Outcome {
+            pid: self.own.pid,
+            start: self.own.start,
+            phase: Phase::Stopped,
+            cause: record.cause,
+            verdict,
+            request_id: record.request_id.clone(),
+            accepted_at: record.accepted_at,
+            drain_deadline: record.drain_deadline,
+            finished_at: Some(record.finished_at),
+            exit_code: Some(code),
+        });
         if self.config.stop_system
             && let Some(system) = System::try_current()
         {

@@ -51,6 +51,9 @@ pub enum StartError {
     /// The marker store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
     /// `start` was called outside a running actix system.
     #[error("PlannedStopService::start must be called inside a running actix System")]
     NoSystem,
@@ -73,6 +76,7 @@ impl PlannedStopService {
             participants: Vec::new(),
             clock: Arc::new(SystemClock),
             identity: None,
+            handle_signals: true,
         }
     }
 }
@@ -87,9 +91,19 @@ pub struct ServiceBuilder {
     participants: Vec<(String, Recipient<Drain>)>,
     clock: Arc<dyn Clock>,
     identity: Option<ProcessIdentity>,
+    handle_signals: bool,
 }
 
 impl ServiceBuilder {
+    /// Whether to install handlers for SIGTERM, SIGINT and SIGHUP (console events on Windows) that
+    /// feed the runner (default `true`). Turn it off when something else owns the signals and
+    /// forwards them with [`ServiceHandle::signal`]. Once installed, a handler stays for the life of
+    /// the process.
+    pub fn handle_signals(mut self, handle: bool) -> Self {
+        self.handle_signals = handle;
+        self
+    }
+
     /// The application's state directory, where the stop record (resume list) is written.
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.runner.state_dir = Some(dir.into());
@@ -184,6 +198,9 @@ impl ServiceBuilder {
         }
         let status = runner.subscribe();
         let runner = runner.start();
+        if self.handle_signals {
+            crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
+        }
         let watcher = MarkerWatcherActor::new(
             OwnSlot {
                 store: store.clone(),
@@ -236,7 +253,7 @@ impl ServiceHandle {
 
     /// The runner's current status.
     pub fn status(&self) -> RunnerStatus {
-        *self.status.borrow()
+        self.status.borrow().clone()
     }
 
     /// A receiver that sees every status change.

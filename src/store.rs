@@ -28,6 +28,7 @@
 
 use crate::identity::ProcessIdentity;
 use crate::marker::{MAX_MARKER_BYTES, Marker, MarkerError};
+use crate::outcome::{MAX_OUTCOME_BYTES, Outcome};
 use crate::verdict::{self, FileKind, Policy, SlotContent, Undecided, Verdict};
 use chrono::{DateTime, Utc};
 use std::fs::{self, File, OpenOptions};
@@ -38,6 +39,7 @@ use std::time::SystemTime;
 
 const SLOT_PREFIX: &str = "planned-stop-";
 const SLOT_SUFFIX: &str = ".json";
+const OUTCOME_SUFFIX: &str = ".outcome.json";
 const TEMP_TAG: &str = ".tmp-";
 const TAKEN_TAG: &str = ".taken-";
 
@@ -240,6 +242,45 @@ impl MarkerStore {
         }
     }
 
+    /// Where the runner of `pid` writes its [`Outcome`]: `DIR/planned-stop-<PID>.outcome.json`, in
+    /// both layouts.
+    pub fn outcome_path(&self, pid: u32) -> PathBuf {
+        self.dir.join(outcome_file_name(pid))
+    }
+
+    /// Writes the runner's outcome file, atomically.
+    pub fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
+        let path = self.outcome_path(outcome.pid);
+        let bytes = serde_json::to_vec(outcome).map_err(|e| StoreError::Io {
+            op: "serialise",
+            path: path.clone(),
+            source: io::Error::other(e),
+        })?;
+        write_atomically(&path, &self.private_name(&path, TEMP_TAG), &bytes)?;
+        Ok(path)
+    }
+
+    /// Reads the outcome file of `pid`; `None` when there is none or it is not an outcome. Check
+    /// [`Outcome::is_from`] before trusting it: the pid may have had an earlier owner.
+    pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
+        match read_bounded(&self.outcome_path(pid), MAX_OUTCOME_BYTES) {
+            Found::Bytes(bytes) => Outcome::parse(&bytes),
+            _ => None,
+        }
+    }
+
+    /// Every readable outcome file in the directory, by pid.
+    pub fn outcomes(&self) -> Vec<Outcome> {
+        let mut outcomes: Vec<Outcome> = self
+            .outcome_files()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(pid, _)| self.read_outcome(pid))
+            .collect();
+        outcomes.sort_by_key(|o| o.pid);
+        outcomes
+    }
+
     /// Writes `marker` to its target's slot, atomically (see the module docs), and returns the path.
     ///
     /// In the single-file layout, refuses ([`StoreError::SlotBusy`]) to replace a marker that is
@@ -375,6 +416,19 @@ impl MarkerStore {
         let cutoff = SystemTime::from(now)
             .checked_sub(self.policy.ttl)
             .unwrap_or(SystemTime::UNIX_EPOCH);
+        for (pid, path) in self.outcome_files()? {
+            let old = fs::symlink_metadata(&path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t < cutoff);
+            let owner_alive = match (ProcessIdentity::of(pid), self.read_outcome(pid)) {
+                (Some(owner), Some(outcome)) => outcome.is_from(&owner),
+                (Some(_), None) => false,
+                (None, _) => false,
+            };
+            if old && !owner_alive && fs::remove_file(&path).is_ok() {
+                report.removed_leftovers.push(path);
+            }
+        }
         for path in self.leftover_files()? {
             let old = fs::symlink_metadata(&path)
                 .and_then(|m| m.modified())
@@ -424,6 +478,17 @@ impl MarkerStore {
         }
     }
 
+    /// Outcome files in the directory, with their pids.
+    fn outcome_files(&self) -> Result<Vec<(u32, PathBuf)>, StoreError> {
+        Ok(self
+            .dir_names()?
+            .filter_map(|name| {
+                let pid = parse_outcome_file_name(&name)?;
+                Some((pid, self.dir.join(name)))
+            })
+            .collect())
+    }
+
     /// Temporary and taken files of this layout's slots.
     fn leftover_files(&self) -> Result<Vec<PathBuf>, StoreError> {
         let base = match &self.layout {
@@ -440,9 +505,10 @@ impl MarkerStore {
                     return false;
                 };
                 let slot = &rest[..tag];
+                let is_outcome = parse_outcome_file_name(slot).is_some();
                 match &base {
-                    Some(base) => slot == base,
-                    None => parse_slot_file_name(slot).is_some(),
+                    Some(base) => slot == base || is_outcome,
+                    None => parse_slot_file_name(slot).is_some() || is_outcome,
                 }
             })
             .map(|name| self.dir.join(name))
@@ -541,6 +607,19 @@ pub fn slot_file_name(pid: u32) -> String {
     format!("{SLOT_PREFIX}{pid}{SLOT_SUFFIX}")
 }
 
+/// `planned-stop-<PID>.outcome.json`.
+pub fn outcome_file_name(pid: u32) -> String {
+    format!("{SLOT_PREFIX}{pid}{OUTCOME_SUFFIX}")
+}
+
+/// The pid in an outcome file name, or `None` if `name` is not one.
+pub fn parse_outcome_file_name(name: &str) -> Option<u32> {
+    let digits = name
+        .strip_prefix(SLOT_PREFIX)?
+        .strip_suffix(OUTCOME_SUFFIX)?;
+    parse_slot_file_name(&format!("{SLOT_PREFIX}{digits}{SLOT_SUFFIX}"))
+}
+
 /// The pid in a slot file name, or `None` if `name` is not one.
 pub fn parse_slot_file_name(name: &str) -> Option<u32> {
     let digits = name.strip_prefix(SLOT_PREFIX)?.strip_suffix(SLOT_SUFFIX)?;
@@ -572,6 +651,11 @@ impl Found {
 
 /// Reads a slot without following a symlink, opening a FIFO or reading more than the limit allows.
 fn read_slot(path: &Path) -> Found {
+    read_bounded(path, MAX_MARKER_BYTES)
+}
+
+/// Reads at most `limit + 1` bytes of a regular file, never following a symlink or opening a FIFO.
+fn read_bounded(path: &Path, limit: usize) -> Found {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
@@ -596,10 +680,7 @@ fn read_slot(path: &Path) -> Found {
         Err(e) => return Found::Unreadable(e.kind()),
     }
     let mut bytes = Vec::with_capacity(512);
-    match file
-        .take(MAX_MARKER_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-    {
+    match file.take(limit as u64 + 1).read_to_end(&mut bytes) {
         Ok(_) => Found::Bytes(bytes),
         Err(e) => Found::Unreadable(e.kind()),
     }

@@ -155,6 +155,7 @@ impl MarkerWatcherActor {
         let state = self.runner_state();
         let step = match self.probe.probe(self.clock.now()) {
             Ok(verdict) => {
+                tracing::trace!(verdict = verdict.kind(), "marker probed");
                 self.errors.succeeded();
                 next_step(&verdict, state)
             }

@@ -6,7 +6,7 @@ mod common;
 use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
-use planned_stop::runner::{OsSignal, RunnerStatus};
+use planned_stop::runner::OsSignal;
 use planned_stop::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot};
 use planned_stop::{
     Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle,
@@ -56,6 +56,7 @@ impl Fixture {
             .state_dir(self.state())
             .poll_interval(POLL)
             .drain_deadline(DRAIN)
+            .handle_signals(false)
             .clock(TokioClock::new());
         for (name, r) in participants {
             b = b.participant(name, r);
@@ -102,6 +103,42 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
     );
     assert_eq!(record.request_id.as_deref(), Some("deploy-1"));
     assert!(record.drained_in_time);
+    // The outcome file next to the slot tells a stopper how it ended.
+    let outcome = f.store().read_outcome(f.me.pid).expect("an outcome file");
+    assert!(outcome.is_from(&f.me));
+    assert_eq!(outcome.phase, planned_stop::outcome::Phase::Stopped);
+    assert_eq!(
+        (outcome.verdict, outcome.exit_code),
+        (StopVerdict::Planned, Some(0))
+    );
+    assert_eq!(outcome.request_id.as_deref(), Some("deploy-1"));
+}
+
+#[test]
+fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
+    let f = Fixture::new();
+    f.write_marker("ack");
+    paused_system().block_on(async {
+        let (p, control) = ParticipantControl::start();
+        let h = f.start(vec![("jobs", p)]);
+        h.ready();
+        advance(POLL).await;
+        let ack = f
+            .store()
+            .read_outcome(f.me.pid)
+            .expect("an acknowledgement while draining");
+        assert_eq!(ack.phase, planned_stop::outcome::Phase::Draining);
+        assert_eq!(ack.request_id.as_deref(), Some("ack"));
+        assert_eq!(ack.exit_code, None);
+        assert_eq!(
+            ack.drain_deadline - ack.accepted_at,
+            chrono::TimeDelta::from_std(DRAIN).unwrap()
+        );
+        assert_eq!(h.status().outcome.as_deref(), Some(&ack));
+        control.finish(&[]);
+        settle().await;
+        assert_eq!(h.status().exit_code, Some(0));
+    });
 }
 
 #[test]
@@ -318,6 +355,7 @@ fn exit_codes_are_configurable_per_cause() {
     let code = sys.block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
             .clock(TokioClock::new())
+            .handle_signals(false)
             .exit_code(
                 StopCause::Signal(SignalKind::Hangup),
                 StopVerdict::Unexpected,
@@ -345,7 +383,7 @@ fn a_status_subscriber_sees_states_only_move_forward() {
         let seen2 = seen.clone();
         actix::spawn(async move {
             while rx.changed().await.is_ok() {
-                let RunnerStatus { state, .. } = *rx.borrow();
+                let state = rx.borrow().state;
                 seen2.borrow_mut().push(state);
             }
         });

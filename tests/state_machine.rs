@@ -450,7 +450,7 @@ impl StateMachineTest for RunnerAndWatcher {
     }
 
     fn check_invariants(sut: &Sut, model: &Model) {
-        let status = *sut.status.borrow();
+        let status = sut.status.borrow().clone();
         let deliveries = sut.deliveries.lock().unwrap().clone();
         assert_eq!(tokio_elapsed_ms(sut), model.now_ms, "clocks agree");
         // At most one PlannedStop, and only ever to a running runner.
@@ -518,5 +518,5 @@ prop_state_machine! {
     })]
 
     #[test]
-    fn runner_and_watcher_follow_the_model(sequential 1..50 => RunnerAndWatcher);
+    fn runner_and_watcher_follow_the_model(sequential 1..=50 => RunnerAndWatcher);
 }

@@ -69,8 +69,7 @@ impl Clock for TokioClock {
 pub fn status(state: RunnerState) -> RunnerStatus {
     RunnerStatus {
         state,
-        verdict: None,
-        exit_code: None,
+        ..RunnerStatus::starting()
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod process;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::{Marker, ProcessIdentity};

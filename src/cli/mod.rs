@@ -1,0 +1,341 @@
+//! The `planned-stop` command line: argument parsing, output and exit codes.
+//!
+//! Every verdict it prints comes from [`crate::verdict`] through the [`crate::store`]; nothing here
+//! decides. Output for people goes to stdout as text, for scripts as JSON (`--json`, and the
+//! `serve` lifecycle events); logs go to stderr through `tracing` (`RUST_LOG`).
+//!
+//! Exit codes, shared by every verb (see `docs/cli.md`):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | done: the target stopped as planned, or the marker was written, or the verb did its work |
+//! | 1 | the target stopped, but not as planned (`stop --wait`); `serve` stopped unexpectedly |
+//! | 2 | usage error, or the marker directory cannot be used |
+//! | 3 | the target accepted the stop but was still draining at the deadline |
+//! | 4 | the target was still running at the deadline and had not accepted the stop |
+//! | 5 | no process with that pid is running (already gone) |
+//! | 6 | refused: the process at that pid is not the one expected (`--start`) |
+//! | 7 | undecided: the slot exists but could not be read this time (`inspect`) |
+
+mod demo;
+mod serve;
+mod stop;
+
+use crate::store::{Layout, MarkerStore, parse_slot_file_name};
+use crate::verdict::{Undecided, Verdict};
+use chrono::Utc;
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit code: done.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: stopped, but not as planned.
+pub const EXIT_UNEXPECTED: u8 = 1;
+/// Exit code: bad arguments, or the marker directory cannot be used.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: accepted but still draining at the deadline.
+pub const EXIT_STILL_DRAINING: u8 = 3;
+/// Exit code: not accepted by the deadline.
+pub const EXIT_NOT_ACCEPTED: u8 = 4;
+/// Exit code: no such process.
+pub const EXIT_GONE: u8 = 5;
+/// Exit code: the process at the pid is not the expected one.
+pub const EXIT_REFUSED: u8 = 6;
+/// Exit code: the slot exists but could not be read this time.
+pub const EXIT_UNDECIDED: u8 = 7;
+
+/// Planned stops for actix services: stop one specific process, on purpose, exactly once.
+#[derive(Debug, Parser)]
+#[command(name = "planned-stop", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the reference actix service (JSON-lines lifecycle events on stdout).
+    Serve(serve::ServeArgs),
+    /// Ask a running process to stop, on purpose; optionally wait and report how it went.
+    Stop(stop::StopArgs),
+    /// Print the verdict a process would reach on its marker, without changing anything.
+    Inspect(InspectArgs),
+    /// List the slots and outcome files of a marker directory with their verdicts.
+    Status(StatusArgs),
+    /// Remove a slot, whatever it holds.
+    Clear(ClearArgs),
+    /// The main job: run the reference service and stop it through every path, with a timeline.
+    Demo,
+}
+
+/// Where the markers are: `--dir DIR` (one slot per pid) or `--marker FILE` (one shared file).
+#[derive(Debug, Clone, Args)]
+#[group(required = false, multiple = false)]
+pub struct LayoutArgs {
+    /// Directory of per-process slots, `DIR/planned-stop-<PID>.json`.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// One marker file shared by all processes (the single-file layout).
+    #[arg(long, value_name = "FILE")]
+    pub marker: Option<PathBuf>,
+}
+
+impl LayoutArgs {
+    /// The layout given, or a usage error.
+    fn layout(&self) -> Result<Layout, String> {
+        match (&self.dir, &self.marker) {
+            (Some(dir), None) => Ok(Layout::Slots(dir.clone())),
+            (None, Some(file)) => Ok(Layout::SingleFile(file.clone())),
+            _ => Err("give --dir DIR or --marker FILE".to_owned()),
+        }
+    }
+}
+
+/// Arguments of `inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// A slot or marker file to inspect (instead of `--dir DIR --pid PID`).
+    #[arg(value_name = "FILE", conflicts_with_all = ["dir", "marker"])]
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub layout: LayoutArgs,
+    /// The process whose slot to inspect (required with `--dir`).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub layout: LayoutArgs,
+    /// Also show the stop record in this state directory.
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `clear`.
+#[derive(Debug, Args)]
+pub struct ClearArgs {
+    /// A slot or marker file to remove (instead of `--dir DIR --pid PID`).
+    #[arg(value_name = "FILE", conflicts_with_all = ["dir", "marker"])]
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub layout: LayoutArgs,
+    /// The process whose slot to remove (required with `--dir`).
+    #[arg(long)]
+    pub pid: Option<u32>,
+}
+
+/// Parses the process arguments and runs the verb.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Stop(args) => stop::run(args),
+        Command::Inspect(args) => inspect(args),
+        Command::Status(args) => status(args),
+        Command::Clear(args) => clear(args),
+        Command::Demo => demo::run(),
+    };
+    ExitCode::from(code)
+}
+
+/// Prints an error for a person and returns the usage exit code.
+fn fail(message: impl std::fmt::Display) -> u8 {
+    eprintln!("planned-stop: {message}");
+    EXIT_USAGE
+}
+
+/// Writes one line to stdout and flushes it; a closed stdout is not an error worth dying for.
+fn emit(line: impl std::fmt::Display) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// The layout and pid named by a file argument, `--dir DIR --pid PID` or `--marker FILE`.
+fn target_slot(
+    file: Option<PathBuf>,
+    layout: &LayoutArgs,
+    pid: Option<u32>,
+) -> Result<(Layout, Option<u32>), String> {
+    if let Some(file) = file {
+        let slot_pid = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_slot_file_name);
+        return Ok(match (slot_pid, file.parent()) {
+            (Some(pid), Some(dir)) => (Layout::Slots(dir.to_path_buf()), Some(pid)),
+            _ => (Layout::SingleFile(file), pid),
+        });
+    }
+    match (layout.layout()?, pid) {
+        (Layout::Slots(_), None) => Err("--dir needs --pid (or give a slot file)".to_owned()),
+        (layout, pid) => Ok((layout, pid)),
+    }
+}
+
+/// A store for reading: creates nothing, accepts any directory mode (it only reads).
+fn reading_store(layout: Layout) -> Result<MarkerStore, String> {
+    MarkerStore::builder(layout)
+        .create_dir(false)
+        .allow_shared_dir(true)
+        .open()
+        .map_err(|e| e.to_string())
+}
+
+fn inspect(args: InspectArgs) -> u8 {
+    let (store, pid) = match target_slot(args.file, &args.layout, args.pid)
+        .and_then(|(layout, pid)| Ok((reading_store(layout)?, pid)))
+    {
+        Ok(x) => x,
+        Err(e) => return fail(e),
+    };
+    // In the single-file layout the owner is whoever the marker names; any pid finds the file.
+    let pid = pid.unwrap_or(1);
+    let path = store.slot_path(pid);
+    let verdict = store.inspect(pid, Utc::now());
+    if args.json {
+        emit(verdict_json(&path, &verdict));
+    } else {
+        emit(format!("{}: {}", path.display(), describe(&verdict)));
+    }
+    if verdict.is_ok() {
+        EXIT_OK
+    } else {
+        EXIT_UNDECIDED
+    }
+}
+
+fn status(args: StatusArgs) -> u8 {
+    let store = match args.layout.layout().and_then(reading_store) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let entries = match store.entries(Utc::now()) {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    let outcomes = store.outcomes();
+    let record = match args.state.as_deref().map(crate::record::StopRecord::read) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return fail(e),
+        None => None,
+    };
+    if args.json {
+        let slots: Vec<_> = entries
+            .iter()
+            .map(|e| verdict_json(&e.path, &e.verdict))
+            .collect();
+        emit(
+            json!({ "dir": store.dir(), "slots": slots, "outcomes": outcomes, "stop_record": record }),
+        );
+        return EXIT_OK;
+    }
+    emit(format!("marker directory {}", store.dir().display()));
+    if entries.is_empty() {
+        emit("  no slots");
+    }
+    for e in &entries {
+        emit(format!(
+            "  {}: {}",
+            file_name(&e.path),
+            describe(&e.verdict)
+        ));
+    }
+    for o in &outcomes {
+        emit(format!(
+            "  outcome of pid {}: {:?}, {:?}{}",
+            o.pid,
+            o.phase,
+            o.verdict,
+            o.exit_code
+                .map(|c| format!(", exit code {c}"))
+                .unwrap_or_default()
+        ));
+    }
+    if let Some(r) = record {
+        emit(format!(
+            "stop record: pid {} stopped {:?} ({:?}), {} unfinished item(s) to resume",
+            r.pid,
+            r.verdict,
+            r.cause,
+            r.unfinished.len()
+        ));
+    }
+    EXIT_OK
+}
+
+fn clear(args: ClearArgs) -> u8 {
+    let result = target_slot(args.file, &args.layout, args.pid).and_then(|(layout, pid)| {
+        let store = MarkerStore::builder(layout)
+            .create_dir(false)
+            .allow_shared_dir(true)
+            .open()
+            .map_err(|e| e.to_string())?;
+        let path = store.slot_path(pid.unwrap_or(1));
+        let removed = store.clear(pid.unwrap_or(1)).map_err(|e| e.to_string())?;
+        Ok((path, removed))
+    });
+    match result {
+        Ok((path, true)) => emit(format!("{}: removed", path.display())),
+        Ok((path, false)) => emit(format!("{}: nothing to remove", path.display())),
+        Err(e) => return fail(e),
+    }
+    EXIT_OK
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// A verdict as one line of text.
+pub fn describe(verdict: &Result<Verdict, Undecided>) -> String {
+    match verdict {
+        Err(e) => format!("undecided: {e}"),
+        Ok(Verdict::Absent) => "absent: no marker".to_owned(),
+        Ok(Verdict::Malformed(why)) => format!("malformed: {why}"),
+        Ok(Verdict::Stale(why)) => format!("stale: {why}"),
+        Ok(Verdict::Foreign(m)) => format!("foreign: a stop request for process {}", m.target_pid),
+        Ok(Verdict::ForSelf(m)) => format!(
+            "for_self: process {} will stop as planned{}",
+            m.target_pid,
+            m.reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// A verdict as a JSON object: `path`, `verdict` (kind), `detail`, and `marker` when there is one.
+pub fn verdict_json(path: &Path, verdict: &Result<Verdict, Undecided>) -> serde_json::Value {
+    let kind = verdict.as_ref().map(Verdict::kind).unwrap_or("undecided");
+    let marker = match verdict {
+        Ok(Verdict::Foreign(m) | Verdict::ForSelf(m)) => serde_json::to_value(m).ok(),
+        _ => None,
+    };
+    json!({
+        "path": path,
+        "verdict": kind,
+        "detail": describe(verdict),
+        "marker": marker,
+    })
+}

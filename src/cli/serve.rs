@@ -1,0 +1,183 @@
+//! `planned-stop serve`: the reference actix service built on the crate.
+//!
+//! It runs `--jobs N` simulated jobs of `--job-ms` each, every job a drain participant. A job that
+//! can finish within the drain deadline finishes; one that cannot is handed back unfinished and goes
+//! into the stop record in `--state DIR`, and the next start resumes exactly those jobs. Lifecycle
+//! events go to stdout as JSON lines:
+//!
+//! - `{"event":"resumed","jobs":K,"items":[...]}` (with `--state`, before `ready`)
+//! - `{"event":"ready","pid":N,"start":S,"jobs":J}`
+//! - `{"event":"stop_accepted","cause":...,"verdict":...,"request_id":...}`
+//! - `{"event":"draining","deadline_ms":D}`
+//! - `{"event":"exit","code":C,"verdict":"planned"|"unexpected"}`
+
+use super::{EXIT_USAGE, LayoutArgs, emit, fail};
+use crate::lifecycle::{RunnerState, StopVerdict};
+use crate::record::StopRecord;
+use crate::runner::{Drain, DrainReport};
+use crate::service::{PlannedStopService, ServiceHandle};
+use actix::clock::Instant;
+use actix::prelude::*;
+use clap::Args;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub layout: LayoutArgs,
+    /// State directory: the stop record (resume list) is written and read here.
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+    /// How often the watcher probes the marker, in milliseconds.
+    #[arg(long, default_value_t = 250)]
+    pub poll_ms: u64,
+    /// Simulated jobs to run (in addition to resumed ones).
+    #[arg(long, default_value_t = 0)]
+    pub jobs: u32,
+    /// How long each job takes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub job_ms: u64,
+    /// How long the jobs have to drain, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub drain_ms: u64,
+    /// Accept a marker directory writable by group or others.
+    #[arg(long)]
+    pub allow_shared_dir: bool,
+}
+
+/// One simulated job: done `duration` after it started. A drain participant.
+struct Job {
+    name: String,
+    started: Instant,
+    duration: Duration,
+}
+
+impl Job {
+    fn remaining(&self) -> Duration {
+        self.duration.saturating_sub(self.started.elapsed())
+    }
+}
+
+impl Actor for Job {
+    type Context = Context<Self>;
+}
+
+/// How much before the runner's deadline a job answers, so its answer is never late.
+const ANSWER_MARGIN: Duration = Duration::from_millis(20);
+
+impl Handler<Drain> for Job {
+    type Result = ResponseActFuture<Self, DrainReport>;
+
+    fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        let remaining = self.remaining();
+        let budget = drain.within.saturating_sub(ANSWER_MARGIN);
+        let finishes = remaining <= budget;
+        let wait = if finishes { remaining } else { budget };
+        Box::pin(
+            actix::clock::sleep(wait)
+                .into_actor(self)
+                .map(move |(), job, _| {
+                    if finishes {
+                        DrainReport::default()
+                    } else {
+                        DrainReport {
+                            unfinished: vec![job.name.clone()],
+                        }
+                    }
+                }),
+        )
+    }
+}
+
+/// Runs `serve`; returns the process exit code (0 planned, 1 unexpected).
+pub fn run(args: ServeArgs) -> u8 {
+    let layout = match args.layout.layout() {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let system = System::new();
+    let started = system.block_on(async { start(&args, layout) });
+    let handle = match started {
+        Ok(h) => h,
+        Err(e) => return fail(e),
+    };
+    let code = match system.run_with_code() {
+        Ok(code) => code,
+        Err(e) => return fail(format!("the actix system failed: {e}")),
+    };
+    let status = handle.status();
+    let verdict = match status.verdict {
+        Some(StopVerdict::Planned) => "planned",
+        _ => "unexpected",
+    };
+    emit(json!({ "event": "exit", "code": code, "verdict": verdict }));
+    u8::try_from(code).unwrap_or(EXIT_USAGE)
+}
+
+fn start(args: &ServeArgs, layout: crate::store::Layout) -> Result<ServiceHandle, String> {
+    let previous = match &args.state {
+        Some(dir) => StopRecord::take(dir).map_err(|e| e.to_string())?,
+        None => None,
+    };
+    let mut names: Vec<String> = previous
+        .iter()
+        .flat_map(|r| r.unfinished.iter().map(|u| u.item.clone()))
+        .collect();
+    let resumed = names.len();
+    // Named by this process's pid, so resumed jobs and new ones never share a name.
+    let pid = std::process::id();
+    names.extend((0..args.jobs).map(|i| format!("job-{pid}-{i}")));
+
+    let mut builder = PlannedStopService::builder(layout)
+        .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
+        .drain_deadline(Duration::from_millis(args.drain_ms))
+        .allow_shared_dir(args.allow_shared_dir);
+    if let Some(dir) = &args.state {
+        builder = builder.state_dir(dir.clone());
+    }
+    let duration = Duration::from_millis(args.job_ms);
+    for name in &names {
+        let job = Job {
+            name: name.clone(),
+            started: Instant::now(),
+            duration,
+        }
+        .start();
+        builder = builder.participant(name.clone(), job.recipient());
+    }
+    let handle = builder.start().map_err(|e| e.to_string())?;
+    if args.state.is_some() {
+        let items = &names[..resumed];
+        emit(json!({ "event": "resumed", "jobs": resumed, "items": items }));
+    }
+    follow(&handle, args.drain_ms);
+    handle.ready();
+    let id = handle.identity();
+    emit(json!({ "event": "ready", "pid": id.pid, "start": id.start, "jobs": names.len() }));
+    Ok(handle)
+}
+
+/// Prints `stop_accepted` and `draining` when the runner starts draining.
+fn follow(handle: &ServiceHandle, drain_ms: u64) {
+    let mut status = handle.subscribe();
+    actix::spawn(async move {
+        while status.changed().await.is_ok() {
+            let now = status.borrow_and_update().clone();
+            if now.state >= RunnerState::Draining {
+                let outcome = now.outcome.as_deref();
+                emit(json!({
+                    "event": "stop_accepted",
+                    "cause": outcome.map(|o| o.cause),
+                    "verdict": now.verdict,
+                    "request_id": outcome.and_then(|o| o.request_id.clone()),
+                }));
+                emit(json!({ "event": "draining", "deadline_ms": drain_ms }));
+                return;
+            }
+        }
+    });
+}

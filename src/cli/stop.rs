@@ -1,0 +1,195 @@
+//! `planned-stop stop`: write the marker for one process, optionally signal it, wait and report.
+
+use super::{
+    EXIT_GONE, EXIT_NOT_ACCEPTED, EXIT_OK, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED,
+    EXIT_USAGE, LayoutArgs, emit, fail,
+};
+use crate::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
+use crate::store::MarkerStore;
+use clap::Args;
+use serde_json::json;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// Arguments of `stop`.
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// The process to stop.
+    #[arg(long)]
+    pub pid: u32,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub layout: LayoutArgs,
+    /// Why, for the target's logs and stop record.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// A request id to find this stop by (default: generated).
+    #[arg(long)]
+    pub request_id: Option<String>,
+    /// Wait up to SECS for the target to exit, and report how it went.
+    #[arg(long, value_name = "SECS")]
+    pub wait: Option<f64>,
+    /// Send SIGTERM after writing the marker (Unix).
+    #[arg(long)]
+    pub signal: bool,
+    /// Write a marker the target's watcher leaves alone: it only makes the SIGTERM that follows
+    /// planned (systemd ExecStop).
+    #[arg(long)]
+    pub no_trigger: bool,
+    /// Refuse unless the target's start fingerprint is this (guards against a reused pid).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub start: Option<u64>,
+    /// Accept a marker directory writable by group or others.
+    #[arg(long)]
+    pub allow_shared_dir: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `stop`; returns the exit code.
+pub fn run(args: StopArgs) -> u8 {
+    let store = match args.layout.layout().and_then(|layout| {
+        MarkerStore::builder(layout)
+            .allow_shared_dir(args.allow_shared_dir)
+            .open()
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(store) => store,
+        Err(e) => return fail(e),
+    };
+    let wait = match args.wait.map(Duration::try_from_secs_f64).transpose() {
+        Ok(w) => w,
+        Err(_) => return fail("--wait takes a number of seconds"),
+    };
+    let options = StopOptions {
+        reason: args.reason.clone(),
+        request_id: args.request_id.clone(),
+        trigger_watcher: !args.no_trigger,
+        expect_start: args.start,
+        signal: args.signal,
+    };
+    let requested = match stopper::request(&store, args.pid, &options) {
+        Ok(r) => r,
+        Err(e) => return report_error(&args, e),
+    };
+    let request_id = requested.marker.request_id.clone();
+    let Some(timeout) = wait else {
+        report(
+            &args,
+            "marker_written",
+            EXIT_OK,
+            format!(
+                "stop requested for process {} ({}){}",
+                args.pid,
+                requested.slot.display(),
+                if requested.signalled {
+                    "; SIGTERM sent"
+                } else {
+                    ""
+                }
+            ),
+            json!({ "request_id": request_id, "slot": requested.slot, "signalled": requested.signalled }),
+        );
+        return EXIT_OK;
+    };
+    let bar = (!args.json && std::io::stdout().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    });
+    let outcome = stopper::wait(&store, &requested.target, timeout, |progress, elapsed| {
+        if let Some(bar) = &bar {
+            bar.set_message(match progress {
+                Progress::Waiting => format!(
+                    "waiting for process {} to accept ({:.1} s)",
+                    args.pid,
+                    elapsed.as_secs_f64()
+                ),
+                Progress::Draining => format!(
+                    "process {} is draining ({:.1} s)",
+                    args.pid,
+                    elapsed.as_secs_f64()
+                ),
+            });
+        }
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let (kind, code, text, extra) = match &outcome {
+        WaitOutcome::StoppedPlanned { exit_code, outcome } => (
+            "stopped_planned",
+            EXIT_OK,
+            format!(
+                "process {} stopped as planned (exit code {exit_code})",
+                args.pid
+            ),
+            json!({ "exit_code": exit_code, "verdict": outcome.verdict, "cause": outcome.cause }),
+        ),
+        WaitOutcome::StoppedUnexpectedly { exit_code, outcome } => (
+            "stopped_unexpectedly",
+            EXIT_UNEXPECTED,
+            format!(
+                "process {} stopped, but not as planned ({})",
+                args.pid,
+                match exit_code {
+                    Some(c) => format!("exit code {c}"),
+                    None => "it left no outcome: killed or crashed?".to_owned(),
+                }
+            ),
+            json!({ "exit_code": exit_code, "verdict": outcome.as_ref().map(|o| o.verdict) }),
+        ),
+        WaitOutcome::StillDraining { outcome } => (
+            "still_draining",
+            EXIT_STILL_DRAINING,
+            format!(
+                "process {} accepted the stop at {} and was still draining (deadline {})",
+                args.pid, outcome.accepted_at, outcome.drain_deadline
+            ),
+            json!({ "accepted_at": outcome.accepted_at, "drain_deadline": outcome.drain_deadline }),
+        ),
+        WaitOutcome::NotAccepted => (
+            "not_accepted",
+            EXIT_NOT_ACCEPTED,
+            format!(
+                "process {} is still running and has not accepted the stop (is it a planned-stop \
+                 service watching {}?)",
+                args.pid,
+                store.dir().display()
+            ),
+            json!({}),
+        ),
+    };
+    let mut extra = extra;
+    extra["request_id"] = json!(request_id);
+    report(&args, kind, code, text, extra);
+    code
+}
+
+fn report_error(args: &StopArgs, error: StopperError) -> u8 {
+    let (kind, code) = match &error {
+        StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),
+        StopperError::WrongIdentity { .. } => ("refused", EXIT_REFUSED),
+        StopperError::Signal { .. } => ("signal_failed", EXIT_USAGE),
+        StopperError::Store(_) => ("error", EXIT_USAGE),
+    };
+    if args.json {
+        report(args, kind, code, error.to_string(), json!({}));
+    } else {
+        eprintln!("planned-stop: {error}");
+    }
+    code
+}
+
+fn report(args: &StopArgs, kind: &str, code: u8, text: String, extra: serde_json::Value) {
+    if args.json {
+        let mut out = json!({ "outcome": kind, "pid": args.pid, "code": code, "message": text });
+        if let (Some(out), serde_json::Value::Object(extra)) = (out.as_object_mut(), extra) {
+            out.extend(extra);
+        }
+        emit(out);
+    } else {
+        emit(text);
+    }
+}

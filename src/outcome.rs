@@ -1,0 +1,68 @@
+//! The outcome file: the runner's answer to a stopper, next to the marker slot.
+//!
+//! A stopper that knows only the marker directory and the target's pid must be able to tell "not
+//! seen yet" from "accepted, draining" from "stopped as planned". So the runner writes
+//! `DIR/planned-stop-<PID>.outcome.json` twice, atomically: when it accepts a stop (phase
+//! `draining`: request id, acceptance time, drain deadline) and when it has stopped (phase `stopped`:
+//! verdict and exit code). The file carries the process's start fingerprint, so a stopper never
+//! mistakes the outcome of an earlier process with the same pid for its target's.
+//!
+//! Outcome files of processes that are gone are removed by the sweep once older than the TTL.
+
+use crate::identity::ProcessIdentity;
+use crate::lifecycle::{StopCause, StopVerdict};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Largest outcome file read, in bytes.
+pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
+
+/// How far the stop has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Accepted; the participants are draining.
+    Draining,
+    /// Stopped; `exit_code` is the process's exit code.
+    Stopped,
+}
+
+/// The runner's acknowledgement and final outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The process.
+    pub pid: u32,
+    /// Its start fingerprint ([`ProcessIdentity::start`]).
+    pub start: u64,
+    /// How far the stop has got.
+    pub phase: Phase,
+    /// What started the stop.
+    pub cause: StopCause,
+    /// Planned or unexpected.
+    pub verdict: StopVerdict,
+    /// The request id of the marker that was acted on, if any.
+    pub request_id: Option<String>,
+    /// When the stop was accepted.
+    pub accepted_at: DateTime<Utc>,
+    /// When the drain is due to end.
+    pub drain_deadline: DateTime<Utc>,
+    /// When the process stopped (phase `stopped`).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The exit code (phase `stopped`).
+    pub exit_code: Option<i32>,
+}
+
+impl Outcome {
+    /// Whether this outcome was written by the process `identity` (not an earlier one with its pid).
+    pub fn is_from(&self, identity: &ProcessIdentity) -> bool {
+        self.pid == identity.pid && self.start == identity.start
+    }
+
+    /// Parses an outcome file's bytes; `None` for anything that is not one.
+    pub fn parse(bytes: &[u8]) -> Option<Outcome> {
+        if bytes.len() > MAX_OUTCOME_BYTES {
+            return None;
+        }
+        serde_json::from_slice(bytes).ok()
+    }
+}

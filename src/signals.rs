@@ -1,0 +1,98 @@
+//! OS signals and Windows console events, turned into [`OsSignal`] messages for the runner.
+//!
+//! Signals feed the same state machine as markers: the runner decides what each one means (see
+//! [`crate::lifecycle`]). This module only listens and forwards:
+//!
+//! | OS | event | becomes |
+//! |---|---|---|
+//! | Unix | `SIGTERM` | [`SignalKind::Terminate`]: planned only if our marker is there to claim |
+//! | Unix | `SIGINT` (Ctrl-C) | [`SignalKind::Interrupt`]: planned; a second one forces the stop |
+//! | Unix | `SIGHUP` | [`SignalKind::Hangup`]: like `SIGTERM` — a closed terminal is nobody's plan |
+//! | Windows | `CTRL_C_EVENT`, `CTRL_BREAK_EVENT` | [`SignalKind::Interrupt`] |
+//! | Windows | `CTRL_CLOSE_EVENT`, `CTRL_SHUTDOWN_EVENT` | [`SignalKind::Terminate`] |
+//!
+//! `SIGQUIT` and `SIGKILL` are left alone: the first asks for a core dump, the second cannot be caught.
+//! On Windows a service stopped with `TerminateProcess` (`taskkill /F`) gets no event at all, which is
+//! why the marker exists.
+//!
+//! Installing a handler replaces the OS default for the life of the process (tokio never uninstalls
+//! one), so it is done once, by [`listen`], when the service starts.
+
+use crate::lifecycle::SignalKind;
+use crate::runner::OsSignal;
+use actix::Recipient;
+use std::io;
+
+/// Starts forwarding signals to `runner` on the current actix system. Errors when a handler cannot
+/// be installed (for example, no signal support on this platform).
+pub fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
+    os::listen(runner)
+}
+
+#[cfg(unix)]
+mod os {
+    use super::*;
+    use tokio::signal::unix::{SignalKind as Unix, signal};
+
+    /// See `signal(7)`.
+    pub(super) fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
+        let mut term = signal(Unix::terminate())?;
+        let mut int = signal(Unix::interrupt())?;
+        let mut hup = signal(Unix::hangup())?;
+        actix::spawn(async move {
+            loop {
+                let kind = tokio::select! {
+                    Some(()) = term.recv() => SignalKind::Terminate,
+                    Some(()) = int.recv() => SignalKind::Interrupt,
+                    Some(()) = hup.recv() => SignalKind::Hangup,
+                    else => break,
+                };
+                if runner.try_send(OsSignal(kind)).is_err() && !runner.connected() {
+                    break;
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+#[cfg(windows)]
+mod os {
+    use super::*;
+    use tokio::signal::windows::{ctrl_break, ctrl_c, ctrl_close, ctrl_shutdown};
+
+    /// See "SetConsoleCtrlHandler" and "HandlerRoutine" in the Windows console documentation.
+    pub(super) fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
+        let mut c = ctrl_c()?;
+        let mut brk = ctrl_break()?;
+        let mut close = ctrl_close()?;
+        let mut shutdown = ctrl_shutdown()?;
+        actix::spawn(async move {
+            loop {
+                let kind = tokio::select! {
+                    Some(()) = c.recv() => SignalKind::Interrupt,
+                    Some(()) = brk.recv() => SignalKind::Interrupt,
+                    Some(()) = close.recv() => SignalKind::Terminate,
+                    Some(()) = shutdown.recv() => SignalKind::Terminate,
+                    else => break,
+                };
+                if runner.try_send(OsSignal(kind)).is_err() && !runner.connected() {
+                    break;
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+#[cfg(not(any(unix, windows)))]
+mod os {
+    use super::*;
+
+    pub(super) fn listen(_: Recipient<OsSignal>) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "no signal support on this platform",
+        ))
+    }
+}

@@ -1,0 +1,262 @@
+//! The stopper's side: ask one specific process to stop, and find out how it went.
+//!
+//! [`request`] reads the target's identity (refusing a pid that is not running, or that belongs to
+//! another process than the caller expects), writes the marker for exactly that identity, and
+//! optionally sends SIGTERM after it — never before, so the signal is always classified planned
+//! (hazard 8: a stopper that wrote the marker and killed at once left no time to drain).
+//!
+//! [`wait`] then follows the target *by identity*, not by pid: if the pid is reused while waiting,
+//! the target is gone. It reads the runner's [`Outcome`] file to tell "accepted, draining" from "not
+//! seen yet", and the final verdict and exit code once the target has exited.
+
+use crate::identity::ProcessIdentity;
+use crate::marker::Marker;
+use crate::outcome::{Outcome, Phase};
+use crate::store::{MarkerStore, StoreError};
+use chrono::Utc;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How often [`wait`] looks at the target.
+pub const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// What to ask for.
+#[derive(Debug, Clone, Default)]
+pub struct StopOptions {
+    /// Free text for the target's logs and stop record.
+    pub reason: Option<String>,
+    /// The request id; one is generated when `None`.
+    pub request_id: Option<String>,
+    /// `false` writes a marker that only classifies a signal that follows as planned; the target's
+    /// watcher leaves it alone (systemd `ExecStop`). Default through [`StopOptions::new`]: `true`.
+    pub trigger_watcher: bool,
+    /// The start fingerprint the caller expects the target to have; a different one is refused.
+    pub expect_start: Option<u64>,
+    /// Send SIGTERM after writing the marker (Unix only).
+    pub signal: bool,
+}
+
+impl StopOptions {
+    /// Options that trigger the watcher and send no signal.
+    pub fn new() -> StopOptions {
+        StopOptions {
+            trigger_watcher: true,
+            ..StopOptions::default()
+        }
+    }
+}
+
+/// A stop request that was written.
+#[derive(Debug, Clone)]
+pub struct Requested {
+    /// The target, as identified when the marker was written.
+    pub target: ProcessIdentity,
+    /// The marker written.
+    pub marker: Marker,
+    /// Where it was written.
+    pub slot: PathBuf,
+    /// Whether SIGTERM was sent.
+    pub signalled: bool,
+}
+
+/// Why a stop request could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum StopperError {
+    /// No process with that pid is running.
+    #[error("no process with pid {pid} is running (already gone?)")]
+    NotRunning {
+        /// The pid asked for.
+        pid: u32,
+    },
+    /// The process at that pid is not the one the caller expected.
+    #[error(
+        "process {pid} has start fingerprint {actual}, not {expected}: it is another process that \
+         reused the pid; refusing to stop it"
+    )]
+    WrongIdentity {
+        /// The pid asked for.
+        pid: u32,
+        /// The fingerprint the caller expected.
+        expected: u64,
+        /// The fingerprint found.
+        actual: u64,
+    },
+    /// The marker could not be written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// SIGTERM could not be sent (the marker was written).
+    #[error("the marker was written, but SIGTERM to process {pid} failed: {source}")]
+    Signal {
+        /// The target.
+        pid: u32,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Writes a stop request for the running process `pid` into `store` (see the module docs).
+pub fn request(
+    store: &MarkerStore,
+    pid: u32,
+    options: &StopOptions,
+) -> Result<Requested, StopperError> {
+    let target = ProcessIdentity::of(pid).ok_or(StopperError::NotRunning { pid })?;
+    if let Some(expected) = options.expect_start
+        && expected != target.start
+    {
+        return Err(StopperError::WrongIdentity {
+            pid,
+            expected,
+            actual: target.start,
+        });
+    }
+    let now = Utc::now();
+    let request_id = options.request_id.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            std::process::id(),
+            now.timestamp_nanos_opt().unwrap_or_default()
+        )
+    });
+    let mut marker = Marker::new(pid, Some(target.start), now)
+        .with_stopper_pid(std::process::id())
+        .with_request_id(request_id)
+        .with_trigger_watcher(options.trigger_watcher);
+    if let Some(reason) = &options.reason {
+        marker = marker.with_reason(reason.clone());
+    }
+    let slot = store.write(&marker)?;
+    tracing::info!(pid, slot = %slot.display(), request_id = marker.request_id.as_deref(), "marker written");
+    let signalled = options.signal && send_terminate(&target)?;
+    Ok(Requested {
+        target,
+        marker,
+        slot,
+        signalled,
+    })
+}
+
+/// Sends SIGTERM to `target` if the process at its pid is still that process. Returns whether it
+/// was sent. (The check and the kill are two steps; the window between them is microseconds.)
+#[cfg(unix)]
+fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
+    if ProcessIdentity::of(target.pid) != Some(*target) {
+        return Ok(false);
+    }
+    let pid = libc::pid_t::try_from(target.pid)
+        .map_err(|_| StopperError::NotRunning { pid: target.pid })?;
+    // SAFETY: kill(2) has no memory preconditions; the pid was checked to be our target.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+        Ok(true)
+    } else {
+        Err(StopperError::Signal {
+            pid: target.pid,
+            source: std::io::Error::last_os_error(),
+        })
+    }
+}
+
+/// Windows has no SIGTERM; the marker is the only channel.
+#[cfg(not(unix))]
+fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
+    tracing::warn!(
+        pid = target.pid,
+        "--signal is not supported on this OS; the marker alone will stop the target"
+    );
+    Ok(false)
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The target exited after a planned stop.
+    StoppedPlanned {
+        /// Its exit code.
+        exit_code: i32,
+        /// Its outcome file.
+        outcome: Outcome,
+    },
+    /// The target exited, but not as planned: an unexpected verdict, or no outcome at all (killed,
+    /// crashed, or not a planned-stop service).
+    StoppedUnexpectedly {
+        /// Its exit code, when it wrote one.
+        exit_code: Option<i32>,
+        /// Its outcome file, if any.
+        outcome: Option<Outcome>,
+    },
+    /// The target accepted the stop but was still draining at the deadline.
+    StillDraining {
+        /// Its acknowledgement.
+        outcome: Outcome,
+    },
+    /// The target was still running at the deadline and had not accepted the stop.
+    NotAccepted,
+}
+
+/// Where a wait stands, for a progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The target has not acknowledged the request yet.
+    Waiting,
+    /// Accepted; draining.
+    Draining,
+}
+
+/// Waits up to `timeout` for `target` to exit, calling `progress` on every poll. See the module
+/// docs.
+pub fn wait(
+    store: &MarkerStore,
+    target: &ProcessIdentity,
+    timeout: Duration,
+    mut progress: impl FnMut(Progress, Duration),
+) -> WaitOutcome {
+    let started = Instant::now();
+    loop {
+        // Read the outcome before checking liveness: a target that exits right after writing its
+        // final outcome must not be seen as gone with a stale acknowledgement.
+        let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
+        let alive = ProcessIdentity::of(target.pid) == Some(*target);
+        if !alive {
+            let outcome = store
+                .read_outcome(target.pid)
+                .filter(|o| o.is_from(target))
+                .or(outcome);
+            return finished(outcome);
+        }
+        let elapsed = started.elapsed();
+        if elapsed >= timeout {
+            return match outcome {
+                Some(outcome) => WaitOutcome::StillDraining { outcome },
+                None => WaitOutcome::NotAccepted,
+            };
+        }
+        progress(
+            if outcome.is_some() {
+                Progress::Draining
+            } else {
+                Progress::Waiting
+            },
+            elapsed,
+        );
+        std::thread::sleep(WAIT_POLL.min(timeout - elapsed));
+    }
+}
+
+fn finished(outcome: Option<Outcome>) -> WaitOutcome {
+    match outcome {
+        Some(o) if o.phase == Phase::Stopped && o.verdict == crate::StopVerdict::Planned => {
+            WaitOutcome::StoppedPlanned {
+                exit_code: o.exit_code.unwrap_or(0),
+                outcome: o,
+            }
+        }
+        Some(o) => WaitOutcome::StoppedUnexpectedly {
+            exit_code: o.exit_code,
+            outcome: Some(o),
+        },
+        None => WaitOutcome::StoppedUnexpectedly {
+            exit_code: None,
+            outcome: None,
+        },
+    }
+}

@@ -1,0 +1,200 @@
+//! Real processes: the `planned-stop` binary as a service and as a stopper.
+
+use planned_stop::ProcessIdentity;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long any single expected event may take before a test fails (not a timing assumption: a
+/// generous bound so a broken build fails instead of hanging).
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The binary under test.
+pub fn planned_stop() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_planned-stop"))
+}
+
+/// Runs `planned-stop ARGS` to completion; returns its output.
+pub fn run(args: &[&str]) -> Output {
+    planned_stop()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The single JSON object a `--json` invocation printed.
+pub fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {:?}, stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A running `planned-stop serve`, killed when dropped.
+pub struct Serve {
+    pub child: Child,
+    events: Receiver<Value>,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+    pub identity: ProcessIdentity,
+    pub ready: Value,
+    /// Every event received so far, in order.
+    pub history: Mutex<Vec<Value>>,
+}
+
+impl Serve {
+    /// Starts `planned-stop serve ARGS` (with trace logs of the watcher on stderr) and waits for
+    /// its `ready` event.
+    pub fn start(args: &[&str]) -> Serve {
+        let mut child = planned_stop()
+            .arg("serve")
+            .args(args)
+            .env("RUST_LOG", "planned_stop::watcher=trace,warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, events) = channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let v = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout line {line:?}: {e}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = stderr.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let mut serve = Serve {
+            identity: ProcessIdentity::of(child.id()).expect("serve is running"),
+            child,
+            events,
+            stderr,
+            ready: Value::Null,
+            history: Mutex::new(Vec::new()),
+        };
+        serve.ready = serve.expect("ready");
+        serve
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.identity.pid
+    }
+
+    pub fn pid_arg(&self) -> String {
+        self.identity.pid.to_string()
+    }
+
+    /// Waits for the next event named `name` (skipping others).
+    pub fn expect(&self, name: &str) -> Value {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(v) => {
+                    self.history.lock().unwrap().push(v.clone());
+                    if v["event"] == name {
+                        return v;
+                    }
+                }
+                Err(e) => panic!(
+                    "no {name:?} event ({e}); stderr: {:?}",
+                    self.stderr.lock().unwrap()
+                ),
+            }
+        }
+    }
+
+    /// The events received since the last look, without waiting.
+    pub fn drain_events(&self) -> Vec<Value> {
+        let new: Vec<Value> = self.events.try_iter().collect();
+        self.history.lock().unwrap().extend(new.iter().cloned());
+        new
+    }
+
+    /// The first event named `name` received so far.
+    pub fn seen(&self, name: &str) -> Option<Value> {
+        self.drain_events();
+        self.history
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|v| v["event"] == name)
+            .cloned()
+    }
+
+    /// Waits until the watcher has logged `n` more probes whose verdict is `kind` (an explicit
+    /// event: the service's own trace log line per probe).
+    pub fn wait_probes(&self, kind: &str, n: usize) {
+        let count = || {
+            let needle = format!("verdict=\"{kind}\"");
+            self.stderr
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("marker probed") && l.contains(&needle))
+                .count()
+        };
+        let target = count() + n;
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        while count() < target {
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {n} {kind} probes logged"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Sends a Unix signal.
+    #[cfg(unix)]
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    pub fn exit_code(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "serve did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `--dir DIR` arguments.
+pub fn dir_args(dir: &Path) -> Vec<String> {
+    vec!["--dir".into(), dir.display().to_string()]
+}

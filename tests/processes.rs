@@ -1,0 +1,372 @@
+//! Real processes: `planned-stop serve` stopped by markers, signals and `planned-stop stop`.
+
+#![cfg(unix)]
+
+mod common;
+
+use chrono::Utc;
+use common::other_live_process;
+use common::process::*;
+use planned_stop::{Layout, Marker, MarkerStore, StopRecord, StopVerdict};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+struct Dirs {
+    _base: tempfile::TempDir,
+    run: PathBuf,
+    state: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let base = tempfile::tempdir().unwrap();
+    Dirs {
+        run: base.path().join("run"),
+        state: base.path().join("state"),
+        _base: base,
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `serve` on `d` with `extra` arguments.
+fn serve(d: &Dirs, extra: &[&str]) -> Serve {
+    let mut args = vec![
+        "--dir",
+        s(&d.run),
+        "--state",
+        s(&d.state),
+        "--poll-ms",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    Serve::start(&args)
+}
+
+fn stop(d: &Dirs, pid: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["stop", "--pid", pid, "--dir", s(&d.run), "--json"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn a_marker_stop_exits_0_records_planned_and_the_next_start_resumes_exactly_the_jobs_left() {
+    let d = dirs();
+    let mut first = serve(
+        &d,
+        &["--jobs", "3", "--job-ms", "60000", "--drain-ms", "200"],
+    );
+    let out = stop(&d, &first.pid_arg(), &["--wait", "20", "--reason", "test"]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["outcome"], "stopped_planned");
+    assert_eq!(report["exit_code"], 0);
+    let accepted = first.expect("stop_accepted");
+    assert_eq!(accepted["verdict"], "planned");
+    assert_eq!(accepted["request_id"], report["request_id"]);
+    assert_eq!(
+        first.expect("exit"),
+        serde_json::json!({"event": "exit", "code": 0, "verdict": "planned"})
+    );
+    assert_eq!(first.exit_code(), Some(0));
+
+    let record = StopRecord::read(&d.state).unwrap().expect("a stop record");
+    assert_eq!(record.verdict, StopVerdict::Planned);
+    assert_eq!(record.pid, first.pid());
+    let left: Vec<String> = record.unfinished.iter().map(|u| u.item.clone()).collect();
+    assert_eq!(left.len(), 3);
+
+    let second = serve(&d, &["--jobs", "0"]);
+    let history = second.history.lock().unwrap().clone();
+    assert_eq!(
+        history[0]["event"], "resumed",
+        "the resumed event comes before ready: {history:?}"
+    );
+    let resumed = &history[0];
+    assert_eq!(resumed["jobs"], 3);
+    assert_eq!(resumed["items"], serde_json::json!(left));
+    assert_eq!(second.ready["jobs"], 3);
+}
+
+#[test]
+fn jobs_that_finish_within_the_drain_leave_nothing_to_resume() {
+    let d = dirs();
+    let mut service = serve(&d, &["--jobs", "2", "--job-ms", "50", "--drain-ms", "5000"]);
+    let out = stop(&d, &service.pid_arg(), &["--wait", "20"]);
+    assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+    assert_eq!(service.exit_code(), Some(0));
+    let record = StopRecord::read(&d.state).unwrap().unwrap();
+    assert!(
+        record.drained_in_time && record.unfinished.is_empty(),
+        "{record:?}"
+    );
+}
+
+#[test]
+fn a_bare_sigterm_exits_1_and_sigint_exits_0() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    service.signal(libc::SIGTERM);
+    assert_eq!(service.expect("exit")["verdict"], "unexpected");
+    assert_eq!(service.exit_code(), Some(1));
+
+    let mut service = serve(&d, &[]);
+    service.signal(libc::SIGINT);
+    assert_eq!(service.expect("exit")["verdict"], "planned");
+    assert_eq!(service.exit_code(), Some(0));
+}
+
+#[test]
+fn a_marker_then_sigterm_0_to_50_ms_later_exits_0_in_20_of_20_runs() {
+    let d = dirs();
+    for run in 0..20u64 {
+        let mut service = serve(&d, &["--drain-ms", "100"]);
+        let out = stop(&d, &service.pid_arg(), &[]);
+        assert_eq!(out.status.code(), Some(0));
+        // Deliberately spread the SIGTERM over 0–50 ms after the marker: sometimes before the
+        // watcher's probe, sometimes after it delivered.
+        std::thread::sleep(Duration::from_micros(run * 2_500));
+        if service.running() {
+            service.signal(libc::SIGTERM);
+        }
+        assert_eq!(service.exit_code(), Some(0), "run {run}");
+    }
+}
+
+#[test]
+fn an_unmarked_sigterm_then_a_marker_still_exits_1() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "500"],
+    );
+    service.signal(libc::SIGTERM);
+    assert_eq!(service.expect("stop_accepted")["verdict"], "unexpected");
+    // The service is draining; a stopper now writes a marker for it.
+    let out = stop(&d, &service.pid_arg(), &["--wait", "20"]);
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "stopped_unexpectedly", "{report}");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(service.exit_code(), Some(1));
+}
+
+#[test]
+fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted() {
+    let d = dirs();
+    // Still draining at the deadline.
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "10000"],
+    );
+    let out = stop(&d, &service.pid_arg(), &["--wait", "0.5"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("still_draining"), Some(3)),
+        "{report}"
+    );
+    assert!(report["drain_deadline"].is_string());
+    assert!(service.running());
+    service.signal(libc::SIGINT); // a second Ctrl-C equivalent: force
+    assert_eq!(service.exit_code(), Some(0));
+
+    // Already gone.
+    let out = stop(&d, &service.pid_arg(), &["--wait", "1"]);
+    assert_eq!(
+        (json_of(&out)["outcome"].as_str(), out.status.code()),
+        (Some("already_gone"), Some(5))
+    );
+
+    // Refused: the process at that pid is not the one expected.
+    let mut service = serve(&d, &[]);
+    let wrong = (service.identity.start + 1).to_string();
+    let out = stop(&d, &service.pid_arg(), &["--wait", "1", "--start", &wrong]);
+    assert_eq!(
+        (json_of(&out)["outcome"].as_str(), out.status.code()),
+        (Some("refused"), Some(6))
+    );
+    assert!(service.running(), "a refused stop writes nothing");
+    assert!(
+        !MarkerStore::open(Layout::Slots(d.run.clone()))
+            .unwrap()
+            .slot_path(service.pid())
+            .exists()
+    );
+
+    // Not accepted: a process that is not a planned-stop service.
+    let mut sleeper = other_live_process();
+    let out = stop(&d, &sleeper.id().to_string(), &["--wait", "0.3"]);
+    assert_eq!(
+        (json_of(&out)["outcome"].as_str(), out.status.code()),
+        (Some("not_accepted"), Some(4))
+    );
+
+    // Stopped unexpectedly: it exits, but leaves no planned outcome.
+    let pid = sleeper.id().to_string();
+    let waiting = std::thread::spawn({
+        let run_dir = d.run.clone();
+        move || {
+            run(&[
+                "stop",
+                "--pid",
+                &pid,
+                "--dir",
+                s(&run_dir),
+                "--json",
+                "--wait",
+                "20",
+            ])
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let out = waiting.join().unwrap();
+    assert_eq!(
+        (json_of(&out)["outcome"].as_str(), out.status.code()),
+        (Some("stopped_unexpectedly"), Some(1))
+    );
+    drop(service);
+}
+
+#[test]
+fn a_marker_with_a_dead_processs_fingerprint_never_stops_the_pids_new_owner() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let store = MarkerStore::open(Layout::Slots(d.run.clone())).unwrap();
+    // What a stopper of the pid's previous owner would have written: same pid, other start.
+    let predecessor = Marker::new(service.pid(), Some(service.identity.start - 1), Utc::now());
+    store.write(&predecessor).unwrap();
+    service.wait_probes("stale", 1);
+    service.wait_probes("absent", 3);
+    assert!(
+        !store.slot_path(service.pid()).exists(),
+        "the stale marker was removed"
+    );
+    assert!(service.running());
+    assert!(service.drain_events().is_empty(), "no stop was accepted");
+    // `stop` itself writes the live fingerprint, so it works.
+    assert_eq!(
+        stop(&d, &service.pid_arg(), &["--wait", "20"])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn twenty_services_sharing_a_directory_stopped_by_twenty_concurrent_stops_all_exit_0() {
+    let d = dirs();
+    let mut services: Vec<Serve> = (0..20).map(|_| serve(&d, &["--drain-ms", "200"])).collect();
+    let stoppers: Vec<_> = services
+        .iter()
+        .map(|svc| {
+            planned_stop()
+                .args([
+                    "stop",
+                    "--pid",
+                    &svc.pid_arg(),
+                    "--dir",
+                    s(&d.run),
+                    "--json",
+                    "--wait",
+                    "30",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for stopper in stoppers {
+        let out = stopper.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+        assert_eq!(json_of(&out)["outcome"], "stopped_planned");
+    }
+    for svc in &mut services {
+        assert_eq!(svc.exit_code(), Some(0));
+    }
+}
+
+#[test]
+fn the_single_file_layout_leaves_another_processs_marker_and_keeps_running() {
+    let base = tempfile::tempdir().unwrap();
+    let file = base.path().join("planned-stop.json");
+    let mut service = Serve::start(&["--marker", s(&file), "--poll-ms", "20"]);
+    let mut other = other_live_process();
+    let store = MarkerStore::open(Layout::SingleFile(file.clone())).unwrap();
+    let foreign = planned_stop::ProcessIdentity::of(other.id()).unwrap();
+    store
+        .write(&Marker::new(foreign.pid, Some(foreign.start), Utc::now()))
+        .unwrap();
+    service.wait_probes("foreign", 5);
+    assert!(
+        file.exists(),
+        "a marker naming another live process is left in place"
+    );
+    assert!(service.running());
+    // While it is pending for the other process, a stop of ours is refused, not overwriting it.
+    let out = run(&[
+        "stop",
+        "--pid",
+        &service.pid_arg(),
+        "--marker",
+        s(&file),
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Once that process is gone, the file is ours to use.
+    other.kill().unwrap();
+    other.wait().unwrap();
+    let out = run(&[
+        "stop",
+        "--pid",
+        &service.pid_arg(),
+        "--marker",
+        s(&file),
+        "--json",
+        "--wait",
+        "20",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+    assert_eq!(service.exit_code(), Some(0));
+}
+
+#[test]
+fn status_and_clear_report_and_remove_slots() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "10000"],
+    );
+    let out = stop(&d, &service.pid_arg(), &["--no-trigger"]);
+    assert_eq!(out.status.code(), Some(0));
+    let status = json_of(&run(&["status", "--dir", s(&d.run), "--json"]));
+    let slots = status["slots"].as_array().unwrap();
+    assert_eq!(slots.len(), 1, "{status}");
+    assert_eq!(slots[0]["verdict"], "for_self");
+    let cleared = run(&["clear", "--dir", s(&d.run), "--pid", &service.pid_arg()]);
+    assert_eq!(cleared.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&cleared.stdout).contains("removed"));
+    let status = json_of(&run(&["status", "--dir", s(&d.run), "--json"]));
+    assert_eq!(status["slots"].as_array().unwrap().len(), 0);
+    // With the marker cleared, SIGTERM is unexpected.
+    service.signal(libc::SIGTERM);
+    service.signal(libc::SIGINT);
+    assert_eq!(service.exit_code(), Some(1));
+    let status = json_of(&run(&[
+        "status",
+        "--dir",
+        s(&d.run),
+        "--state",
+        s(&d.state),
+        "--json",
+    ]));
+    assert_eq!(status["outcomes"][0]["verdict"], "unexpected", "{status}");
+    assert_eq!(status["stop_record"]["verdict"], "unexpected");
+}
