@@ -813,3 +813,55 @@ fn clear_removes_whatever_is_at_the_slot() {
     assert!(store.clear(9).unwrap());
     assert!(!store.slot_path(9).exists());
 }
+
+#[test]
+fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
+    use planned_stop::outcome::{Outcome, Phase};
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    let me = ProcessIdentity::current().unwrap();
+    let outcome = |pid, start| Outcome {
+        pid,
+        start,
+        phase: Phase::Stopped,
+        cause: planned_stop::StopCause::Marker,
+        verdict: planned_stop::StopVerdict::Planned,
+        request_id: None,
+        accepted_at: Utc::now(),
+        drain_deadline: Utc::now(),
+        finished_at: Some(Utc::now()),
+        exit_code: Some(0),
+    };
+    let ours = store.write_outcome(&outcome(me.pid, me.start)).unwrap();
+    let gone = store.write_outcome(&outcome(u32::MAX - 1, 1)).unwrap();
+    let fresh_gone = store.write_outcome(&outcome(u32::MAX - 2, 1)).unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(61);
+    let age = |p: &PathBuf| {
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(old)
+            .unwrap()
+    };
+    age(&ours);
+    age(&gone);
+    assert_eq!(store.outcomes().len(), 3);
+    let report = store.sweep(Utc::now()).unwrap();
+    assert_eq!(report.removed_leftovers, vec![gone.clone()]);
+    assert!(ours.exists(), "the outcome of a live process stays");
+    assert!(
+        fresh_gone.exists(),
+        "fresh outcomes stay for stoppers still waiting"
+    );
+    // An old outcome at our pid from an earlier process (another start) goes.
+    assert_eq!(
+        store.write_outcome(&outcome(me.pid, me.start + 1)).unwrap(),
+        ours
+    );
+    age(&ours);
+    assert_eq!(
+        store.sweep(Utc::now()).unwrap().removed_leftovers,
+        vec![ours]
+    );
+}
