@@ -14,13 +14,14 @@
 use super::{EXIT_USAGE, LayoutArgs, emit, fail};
 use crate::lifecycle::{RunnerState, StopVerdict};
 use crate::record::StopRecord;
-use crate::runner::{Drain, DrainReport};
+use crate::runner::{Drain, DrainReport, RunnerStatus};
 use crate::service::{PlannedStopService, ServiceHandle};
 use actix::clock::Instant;
 use actix::prelude::*;
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Arguments of `serve`.
@@ -110,6 +111,10 @@ pub fn run(args: ServeArgs) -> u8 {
         Err(e) => return fail(format!("the actix system failed: {e}")),
     };
     let status = handle.status();
+    // A stop with nothing to drain can end before the follower task ran: report it now.
+    if !ACCEPTANCE_REPORTED.load(Ordering::SeqCst) {
+        report_acceptance(&status, args.drain_ms);
+    }
     let verdict = match status.verdict {
         Some(StopVerdict::Planned) => "planned",
         _ => "unexpected",
@@ -161,6 +166,9 @@ fn start(args: &ServeArgs, layout: crate::store::Layout) -> Result<ServiceHandle
     Ok(handle)
 }
 
+/// Whether `stop_accepted` has been printed.
+static ACCEPTANCE_REPORTED: AtomicBool = AtomicBool::new(false);
+
 /// Prints `stop_accepted` and `draining` when the runner starts draining.
 fn follow(handle: &ServiceHandle, drain_ms: u64) {
     let mut status = handle.subscribe();
@@ -168,16 +176,24 @@ fn follow(handle: &ServiceHandle, drain_ms: u64) {
         while status.changed().await.is_ok() {
             let now = status.borrow_and_update().clone();
             if now.state >= RunnerState::Draining {
-                let outcome = now.outcome.as_deref();
-                emit(json!({
-                    "event": "stop_accepted",
-                    "cause": outcome.map(|o| o.cause),
-                    "verdict": now.verdict,
-                    "request_id": outcome.and_then(|o| o.request_id.clone()),
-                }));
-                emit(json!({ "event": "draining", "deadline_ms": drain_ms }));
+                report_acceptance(&now, drain_ms);
                 return;
             }
         }
     });
+}
+
+/// Prints `stop_accepted` and `draining`, once.
+fn report_acceptance(status: &RunnerStatus, drain_ms: u64) {
+    if status.state < RunnerState::Draining || ACCEPTANCE_REPORTED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let outcome = status.outcome.as_deref();
+    emit(json!({
+        "event": "stop_accepted",
+        "cause": outcome.map(|o| o.cause),
+        "verdict": status.verdict,
+        "request_id": outcome.and_then(|o| o.request_id.clone()),
+    }));
+    emit(json!({ "event": "draining", "deadline_ms": drain_ms }));
 }
