@@ -15,3 +15,9 @@ test:
 # The state-machine test with many more cases.
 proptest-long cases="10000":
     PROPTEST_CASES={{cases}} cargo test --release --test state_machine
+
+# Fuzz one target for longer, e.g. `just fuzz verdict 600` (installs cargo-fuzz if missing).
+fuzz target secs="60":
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+    mkdir -p /tmp/planned-stop-fuzz/{{target}}
+    cd fuzz && cargo fuzz run -s none {{target}} /tmp/planned-stop-fuzz/{{target}} corpus/{{target}} -- -max_total_time={{secs}} -print_final_stats=1
