@@ -54,6 +54,13 @@ impl ProcessIdentity {
 
     /// The identity of the process `pid`, or `None` when no such process is running (a zombie counts
     /// as gone: it will never act on a marker).
+    ///
+    /// ```
+    /// use planned_stop::ProcessIdentity;
+    /// let me = ProcessIdentity::current().unwrap();
+    /// assert_eq!(ProcessIdentity::of(me.pid), Some(me));
+    /// assert_eq!(ProcessIdentity::of(0), None);
+    /// ```
     pub fn of(pid: u32) -> Option<ProcessIdentity> {
         if pid == 0 {
             return None;

@@ -46,6 +46,7 @@
 
 pub mod cli;
 pub mod clock;
+pub mod events;
 pub mod identity;
 pub mod lifecycle;
 pub mod marker;
@@ -56,6 +57,8 @@ pub mod service;
 pub mod signals;
 pub mod stopper;
 pub mod store;
+#[cfg(all(unix, feature = "systemd"))]
+pub mod systemd;
 pub mod verdict;
 pub mod watcher;
 

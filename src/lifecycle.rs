@@ -89,6 +89,16 @@ pub enum Step {
     Force,
 }
 
+/// ```
+/// use planned_stop::lifecycle::{Lifecycle, SignalKind, Step, StopCause, StopVerdict};
+/// let mut life = Lifecycle::new();
+/// life.ready();
+/// assert_eq!(life.planned_stop(), Step::Drain(StopCause::Marker, StopVerdict::Planned));
+/// // A SIGTERM after the watcher's planned stop stays planned (the latch).
+/// assert_eq!(life.signal(SignalKind::Terminate, false), Step::Ignore("already stopping"));
+/// assert_eq!(life.stopped(), Some(StopVerdict::Planned));
+/// ```
+///
 /// The runner's state and latch. Pure: events in, [`Step`]s out.
 #[derive(Debug, Clone, Default)]
 pub struct Lifecycle {

@@ -54,6 +54,18 @@ pub struct Outcome {
 
 impl Outcome {
     /// Whether this outcome was written by the process `identity` (not an earlier one with its pid).
+    ///
+    /// ```
+    /// # use planned_stop::outcome::{Outcome, Phase};
+    /// # use planned_stop::{ProcessIdentity, StopCause, StopVerdict};
+    /// let me = ProcessIdentity::current().unwrap();
+    /// let now = chrono::Utc::now();
+    /// let o = Outcome { pid: me.pid, start: me.start, phase: Phase::Draining, cause: StopCause::Marker,
+    ///     verdict: StopVerdict::Planned, request_id: None, accepted_at: now, drain_deadline: now,
+    ///     finished_at: None, exit_code: None };
+    /// assert!(o.is_from(&me));
+    /// assert!(!o.is_from(&ProcessIdentity { start: me.start + 1, ..me }));
+    /// ```
     pub fn is_from(&self, identity: &ProcessIdentity) -> bool {
         self.pid == identity.pid && self.start == identity.start
     }

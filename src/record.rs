@@ -118,6 +118,15 @@ impl StopRecord {
     /// Takes the record in `state_dir`: reads and removes it, atomically, so that exactly one caller
     /// gets it. `None` when there is none. An unreadable record is left in place (and reported), so
     /// resume work is never silently lost.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use planned_stop::StopRecord;
+    /// // At start-up: resume what the previous life left, exactly once.
+    /// if let Some(previous) = StopRecord::take(dir.path()).unwrap() {
+    ///     for item in previous.unfinished { /* resume item.item */ }
+    /// }
+    /// ```
     pub fn take(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
         let path = StopRecord::path(state_dir);
         let taken = state_dir.join(format!(".{RECORD_FILE_NAME}.taken-{}", std::process::id()));

@@ -135,6 +135,15 @@ impl RunnerStatus {
     }
 }
 
+/// ```
+/// use planned_stop::runner::ExitCodes;
+/// use planned_stop::{SignalKind, StopCause, StopVerdict};
+/// let codes = ExitCodes::default().with(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 75);
+/// assert_eq!(codes.code(StopCause::Marker, StopVerdict::Planned), 0);
+/// assert_eq!(codes.code(StopCause::Signal(SignalKind::Terminate), StopVerdict::Unexpected), 1);
+/// assert_eq!(codes.code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected), 75);
+/// ```
+///
 /// Exit codes by verdict, with overrides per cause. Defaults: planned 0, unexpected 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExitCodes {

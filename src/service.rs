@@ -27,6 +27,7 @@
 //! process as planned.
 
 use crate::clock::{Clock, SystemClock};
+use crate::events::SlotEvents;
 use crate::identity::{IdentityError, ProcessIdentity};
 use crate::lifecycle::{StopCause, StopVerdict};
 use crate::record::{RecordError, StopRecord};
@@ -64,7 +65,7 @@ pub enum StartError {
 pub struct PlannedStopService;
 
 impl PlannedStopService {
-    /// A builder with safe defaults: 250 ms polling, 10 s drain, [`Policy::default`], exit codes
+    /// A builder with safe defaults: filesystem notifications plus 250 ms polling, 10 s drain, [`Policy::default`], exit codes
     /// 0 / 1, a private marker directory.
     pub fn builder(layout: Layout) -> ServiceBuilder {
         ServiceBuilder {
@@ -77,6 +78,7 @@ impl PlannedStopService {
             clock: Arc::new(SystemClock),
             identity: None,
             handle_signals: true,
+            events: true,
         }
     }
 }
@@ -92,6 +94,7 @@ pub struct ServiceBuilder {
     clock: Arc<dyn Clock>,
     identity: Option<ProcessIdentity>,
     handle_signals: bool,
+    events: bool,
 }
 
 impl ServiceBuilder {
@@ -107,6 +110,14 @@ impl ServiceBuilder {
     /// The application's state directory, where the stop record (resume list) is written.
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.runner.state_dir = Some(dir.into());
+        self
+    }
+
+    /// Whether the watcher also reacts to filesystem notifications on the marker's directory
+    /// (default `true`; falls back to polling alone, with a warning, where notifications are not
+    /// available). The poll keeps running as a safety net either way.
+    pub fn events(mut self, events: bool) -> Self {
+        self.events = events;
         self
     }
 
@@ -172,6 +183,18 @@ impl ServiceBuilder {
     }
 
     /// Opens the store, sweeps it, and starts both actors on the current system.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService, RunnerState};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert_eq!(service.status().state, RunnerState::Starting);
+    /// });
+    /// ```
     pub fn start(self) -> Result<ServiceHandle, StartError> {
         if System::try_current().is_none() {
             return Err(StartError::NoSystem);
@@ -198,10 +221,12 @@ impl ServiceBuilder {
         }
         let status = runner.subscribe();
         let runner = runner.start();
+        #[cfg(all(unix, feature = "systemd"))]
+        crate::systemd::follow(status.clone());
         if self.handle_signals {
             crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
         }
-        let watcher = MarkerWatcherActor::new(
+        let mut watcher = MarkerWatcherActor::new(
             OwnSlot {
                 store: store.clone(),
                 own,
@@ -210,8 +235,15 @@ impl ServiceBuilder {
             status.clone(),
             self.poll_interval,
             self.clock,
-        )
-        .start();
+        );
+        if self.events {
+            match SlotEvents::watch(&store.slot_path(own.pid)) {
+                Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),
+                Err(e) => tracing::warn!(error = %e,
+                    "no filesystem notifications for the marker directory; polling only"),
+            }
+        }
+        let watcher = watcher.start();
         Ok(ServiceHandle {
             runner,
             watcher,

@@ -95,6 +95,16 @@ pub enum StopperError {
 }
 
 /// Writes a stop request for the running process `pid` into `store` (see the module docs).
+///
+/// ```
+/// # use planned_stop::{Layout, MarkerStore};
+/// use planned_stop::stopper::{request, StopOptions, StopperError};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+/// // A pid nobody has: refused before anything is written.
+/// let err = request(&store, u32::MAX - 1, &StopOptions::new()).unwrap_err();
+/// assert!(matches!(err, StopperError::NotRunning { .. }));
+/// ```
 pub fn request(
     store: &MarkerStore,
     pid: u32,
@@ -204,6 +214,15 @@ pub enum Progress {
 
 /// Waits up to `timeout` for `target` to exit, calling `progress` on every poll. See the module
 /// docs.
+///
+/// ```no_run
+/// # use planned_stop::{Layout, MarkerStore};
+/// use planned_stop::stopper::{request, wait, StopOptions, WaitOutcome};
+/// let store = MarkerStore::open(Layout::Slots("/run/my-app".into())).unwrap();
+/// let requested = request(&store, 4242, &StopOptions::new()).unwrap();
+/// let outcome = wait(&store, &requested.target, std::time::Duration::from_secs(30), |_, _| {});
+/// assert!(matches!(outcome, WaitOutcome::StoppedPlanned { .. }));
+/// ```
 pub fn wait(
     store: &MarkerStore,
     target: &ProcessIdentity,

@@ -210,6 +210,17 @@ impl MarkerStore {
     }
 
     /// A builder for a store with non-default options.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, MarkerStore, Policy};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let policy = Policy { ttl: std::time::Duration::from_secs(300), ..Policy::default() };
+    /// let store = MarkerStore::builder(Layout::Slots(dir.path().join("run")))
+    ///     .policy(policy)
+    ///     .open()
+    ///     .unwrap();
+    /// assert_eq!(store.policy().ttl.as_secs(), 300);
+    /// ```
     pub fn builder(layout: Layout) -> MarkerStoreBuilder {
         MarkerStoreBuilder {
             layout,
@@ -285,6 +296,14 @@ impl MarkerStore {
     ///
     /// In the single-file layout, refuses ([`StoreError::SlotBusy`]) to replace a marker that is
     /// still good for another running process.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, Marker, MarkerStore};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+    /// let slot = store.write(&Marker::new(4242, None, chrono::Utc::now())).unwrap();
+    /// assert!(slot.ends_with("planned-stop-4242.json"));
+    /// ```
     pub fn write(&self, marker: &Marker) -> Result<PathBuf, StoreError> {
         let bytes = marker.to_json()?;
         let slot = self.slot_path(marker.target_pid);
@@ -307,6 +326,16 @@ impl MarkerStore {
     /// [`MarkerStore::claim`]; a malformed or stale one is removed; a foreign one is left alone.
     ///
     /// A slot that cannot be read is [`StoreError::Unreadable`]: no decision, try again later.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, MarkerStore, ProcessIdentity, Verdict};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+    /// let me = ProcessIdentity::current().unwrap();
+    /// std::fs::write(store.slot_path(me.pid), b"{not json").unwrap();
+    /// assert!(matches!(store.probe(&me, chrono::Utc::now()).unwrap(), Verdict::Malformed(_)));
+    /// assert!(!store.slot_path(me.pid).exists(), "removed");
+    /// ```
     pub fn probe(&self, own: &ProcessIdentity, now: DateTime<Utc>) -> Result<Verdict, StoreError> {
         let slot = self.slot_path(own.pid);
         let judge = |found: &Found| verdict::decide(found.content(), own, now, &self.policy);
@@ -321,6 +350,17 @@ impl MarkerStore {
     /// Consumes `own`'s marker: the authoritative step that makes a stop planned. Returns the marker
     /// when it was for us and this call took it; `None` when there was none for us, or another
     /// claimer won the race (exactly one claimer ever gets `Some`).
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+    /// let me = ProcessIdentity::current().unwrap();
+    /// let now = chrono::Utc::now();
+    /// store.write(&Marker::new(me.pid, Some(me.start), now)).unwrap();
+    /// assert!(store.claim(&me, now).unwrap().is_some());
+    /// assert_eq!(store.claim(&me, now).unwrap(), None, "taken once");
+    /// ```
     pub fn claim(
         &self,
         own: &ProcessIdentity,
@@ -362,6 +402,13 @@ impl MarkerStore {
 
     /// The verdict the owner of `pid`'s slot would reach now, changing nothing: what `planned-stop
     /// inspect` prints. In the single-file layout the owner is whoever the marker names.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, MarkerStore, Verdict};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.inspect(4242, chrono::Utc::now()), Ok(Verdict::Absent));
+    /// ```
     pub fn inspect(&self, pid: u32, now: DateTime<Utc>) -> Result<Verdict, Undecided> {
         let slot = self.slot_path(pid);
         self.judge_as_owner(&read_slot(&slot), self.owner_of(&slot), now)
@@ -400,6 +447,15 @@ impl MarkerStore {
     /// Removes every slot its owner would find malformed or stale (a slot whose owner has exited
     /// included), and temporary or taken files older than the TTL (left by a writer or claimer that
     /// died mid-way). Fresh temporary files are left: their writer may still be at work.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, MarkerStore};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+    /// std::fs::write(store.slot_path(7), b"garbage").unwrap();
+    /// let report = store.sweep(chrono::Utc::now()).unwrap();
+    /// assert_eq!(report.removed_slots, vec![store.slot_path(7)]);
+    /// ```
     pub fn sweep(&self, now: DateTime<Utc>) -> Result<SweepReport, StoreError> {
         let mut report = SweepReport::default();
         for path in self.slot_files()? {
@@ -664,26 +720,39 @@ fn read_bounded(path: &Path, limit: usize) -> Found {
     if let Some(kind) = non_file_kind(&meta) {
         return Found::NotAFile(kind);
     }
-    let file = match open_no_follow(path) {
+    let mut file = match open_no_follow(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
         Err(e) if is_symlink_loop(&e) => return Found::NotAFile(FileKind::Symlink),
         Err(e) => return Found::Unreadable(e.kind()),
     };
     // The path may have been swapped between lstat and open: judge what was actually opened.
-    match file.metadata() {
-        Ok(m) => {
-            if let Some(kind) = non_file_kind(&m) {
-                return Found::NotAFile(kind);
-            }
-        }
+    let size = match file.metadata() {
+        Ok(m) => match non_file_kind(&m) {
+            Some(kind) => return Found::NotAFile(kind),
+            None => m.len(),
+        },
         Err(e) => return Found::Unreadable(e.kind()),
+    };
+    // Read up to the size fstat reported (saving the read that would only confirm the end of the
+    // file), never more than the limit plus one byte.
+    // A size of 0 may be a lie (procfs and friends): then read up to the limit.
+    let want = match usize::try_from(size) {
+        Ok(0) | Err(_) => limit + 1,
+        Ok(n) => n.min(limit + 1),
+    };
+    let mut bytes = vec![0u8; want];
+    let mut filled = 0;
+    while filled < want {
+        match file.read(&mut bytes[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Found::Unreadable(e.kind()),
+        }
     }
-    let mut bytes = Vec::with_capacity(512);
-    match file.take(limit as u64 + 1).read_to_end(&mut bytes) {
-        Ok(_) => Found::Bytes(bytes),
-        Err(e) => Found::Unreadable(e.kind()),
-    }
+    bytes.truncate(filled);
+    Found::Bytes(bytes)
 }
 
 fn non_file_kind(meta: &fs::Metadata) -> Option<FileKind> {

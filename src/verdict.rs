@@ -200,6 +200,16 @@ pub fn decide(
 /// per pid), else the pid the marker names (the single shared file). `lookup` reads the owner's
 /// identity ([`ProcessIdentity::of`] in production); an owner that is gone makes the marker
 /// [`Stale::OwnerGone`], since nobody is left to act on it.
+///
+/// ```
+/// use planned_stop::verdict::{decide_as_owner, SlotContent, Stale};
+/// use planned_stop::{Marker, Policy, Verdict};
+/// let now = chrono::Utc::now();
+/// let bytes = Marker::new(4242, Some(1), now).to_json().unwrap();
+/// // The process the marker names is gone: nobody is left to act on it.
+/// let v = decide_as_owner(SlotContent::Bytes(&bytes), None, |_| None, now, &Policy::default());
+/// assert_eq!(v, Ok(Verdict::Stale(Stale::OwnerGone { pid: 4242 })));
+/// ```
 pub fn decide_as_owner(
     found: SlotContent<'_>,
     slot_owner: Option<u32>,

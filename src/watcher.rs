@@ -15,9 +15,14 @@
 //! - A probe error is logged once, then again at most once a minute while it persists, and the
 //!   watcher keeps going: an unreadable slot is "no decision", never a stop.
 //!
+//! - Optionally event-driven ([`MarkerWatcherActor::with_wakeups`], fed by
+//!   [`crate::events::SlotEvents`]): a wake-up probes at once, and the fixed-delay poll stays as the
+//!   safety net for missed events.
+//!
 //! The probe is non-destructive for our own marker; the runner claims it when it acts.
 
 use crate::clock::Clock;
+use crate::events::{SlotEvents, Wakeups};
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::RunnerState;
 use crate::runner::{PlannedStop, RunnerStatus};
@@ -69,6 +74,15 @@ pub enum WatchStep {
 
 /// The watcher's rule, pure: a marker for us that asks the watcher to act is delivered when the
 /// runner runs, held while it starts, and dropped once it is stopping.
+///
+/// ```
+/// use planned_stop::watcher::{next_step, WatchStep};
+/// use planned_stop::{Marker, RunnerState, Verdict};
+/// let mine = Verdict::ForSelf(Marker::new(1, Some(2), chrono::Utc::now()));
+/// assert!(matches!(next_step(&mine, RunnerState::Starting), WatchStep::Hold(_)));
+/// assert!(matches!(next_step(&mine, RunnerState::Running), WatchStep::Deliver(_)));
+/// assert_eq!(next_step(&mine, RunnerState::Draining), WatchStep::Exit);
+/// ```
 pub fn next_step(verdict: &Verdict, state: RunnerState) -> WatchStep {
     match (state, verdict) {
         (RunnerState::Draining | RunnerState::Stopped, _) => WatchStep::Exit,
@@ -120,6 +134,8 @@ pub struct MarkerWatcherActor {
     held: Option<PlannedStop>,
     delivered: bool,
     errors: ProbeErrors,
+    wakeups: Option<Wakeups>,
+    events: Option<SlotEvents>,
 }
 
 impl MarkerWatcherActor {
@@ -141,16 +157,34 @@ impl MarkerWatcherActor {
             held: None,
             delivered: false,
             errors: ProbeErrors::default(),
+            wakeups: None,
+            events: None,
         }
+    }
+
+    /// Probes at once whenever `wakeups` yields (a filesystem event), besides polling. `events`, if
+    /// given, is kept alive as long as the watcher runs.
+    pub fn with_wakeups(mut self, wakeups: Wakeups, events: Option<SlotEvents>) -> Self {
+        self.wakeups = Some(wakeups);
+        self.events = events;
+        self
     }
 
     fn runner_state(&self) -> RunnerState {
         self.runner.borrow().state
     }
 
-    fn tick(&mut self, ctx: &mut Context<Self>) {
+    /// One poll: probe, then re-arm the fixed delay unless the watcher is done.
+    fn poll(&mut self, ctx: &mut Context<Self>) {
+        if self.check(ctx) {
+            ctx.run_later(self.interval, |act, ctx| act.poll(ctx));
+        }
+    }
+
+    /// Probes and acts on the verdict. Returns whether watching goes on.
+    fn check(&mut self, ctx: &mut Context<Self>) -> bool {
         if self.delivered || self.held.is_some() {
-            return;
+            return false;
         }
         let state = self.runner_state();
         let step = match self.probe.probe(self.clock.now()) {
@@ -174,11 +208,33 @@ impl MarkerWatcherActor {
                 tracing::info!("planned stop found while starting; held until running");
                 self.held = Some(stop);
             }
-            WatchStep::Continue => {
-                ctx.run_later(self.interval, |act, ctx| act.tick(ctx));
-            }
+            WatchStep::Continue => return true,
             WatchStep::Exit => ctx.stop(),
         }
+        false
+    }
+
+    /// Waits for the next wake-up (coalescing a burst into one probe), probes, and waits again.
+    fn follow_wakeups(&mut self, ctx: &mut Context<Self>) {
+        let Some(mut wakeups) = self.wakeups.take() else {
+            return;
+        };
+        let next = async move {
+            let open = wakeups.recv().await.is_some();
+            while wakeups.try_recv().is_ok() {}
+            (wakeups, open)
+        };
+        ctx.spawn(next.into_actor(self).map(|(wakeups, open), act, ctx| {
+            if !open {
+                tracing::debug!("filesystem notifications ended; polling only");
+                return;
+            }
+            act.wakeups = Some(wakeups);
+            if act.runner_state() < RunnerState::Draining {
+                act.check(ctx);
+            }
+            act.follow_wakeups(ctx);
+        }));
     }
 
     fn deliver(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
@@ -233,9 +289,10 @@ impl Actor for MarkerWatcherActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.runner.mark_unchanged();
         self.follow_runner(ctx);
+        self.follow_wakeups(ctx);
         self.on_runner(ctx);
         if self.runner_state() < RunnerState::Draining {
-            self.tick(ctx);
+            self.poll(ctx);
         }
     }
 }

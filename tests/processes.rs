@@ -357,6 +357,8 @@ fn status_and_clear_report_and_remove_slots() {
     assert_eq!(status["slots"].as_array().unwrap().len(), 0);
     // With the marker cleared, SIGTERM is unexpected.
     service.signal(libc::SIGTERM);
+    assert_eq!(service.expect("stop_accepted")["verdict"], "unexpected");
+    // A Ctrl-C while draining forces the stop; the verdict stays.
     service.signal(libc::SIGINT);
     assert_eq!(service.exit_code(), Some(1));
     let status = json_of(&run(&[
@@ -369,4 +371,23 @@ fn status_and_clear_report_and_remove_slots() {
     ]));
     assert_eq!(status["outcomes"][0]["verdict"], "unexpected", "{status}");
     assert_eq!(status["stop_record"]["verdict"], "unexpected");
+}
+
+/// systemd's `ExecStop=planned-stop stop --pid $MAINPID --no-trigger`: the marker alone does not
+/// stop the service; the SIGTERM systemd sends next is then classified planned.
+#[test]
+fn a_no_trigger_marker_waits_for_the_sigterm_and_makes_it_planned() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let out = stop(&d, &service.pid_arg(), &["--no-trigger"]);
+    assert_eq!(out.status.code(), Some(0));
+    service.wait_probes("for_self", 5);
+    assert!(
+        service.running(),
+        "the watcher left the marker to the signal path"
+    );
+    assert!(service.drain_events().is_empty());
+    service.signal(libc::SIGTERM);
+    assert_eq!(service.expect("stop_accepted")["verdict"], "planned");
+    assert_eq!(service.exit_code(), Some(0));
 }

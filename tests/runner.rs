@@ -57,6 +57,7 @@ impl Fixture {
             .poll_interval(POLL)
             .drain_deadline(DRAIN)
             .handle_signals(false)
+            .events(false)
             .clock(TokioClock::new());
         for (name, r) in participants {
             b = b.participant(name, r);
@@ -406,4 +407,46 @@ fn start_outside_a_system_is_a_clear_error() {
         err.to_string().contains("inside a running actix System"),
         "{err}"
     );
+}
+
+/// Event-driven delivery: with filesystem notifications a marker is delivered without waiting for
+/// a poll — here without the (paused) clock moving at all.
+#[test]
+fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .poll_interval(Duration::from_secs(3600))
+            .handle_signals(false)
+            .events(true)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        h.ready();
+        settle().await;
+        let before = tokio::time::Instant::now();
+        f.write_marker("event");
+        // The notification arrives from the OS on another thread: wait for it in real time,
+        // bounded, without moving tokio's clock.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state(&h) == RunnerState::Running {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no notification arrived"
+            );
+            settle().await;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            tokio::time::Instant::now(),
+            before,
+            "delivered without a poll"
+        );
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    let outcome = f.store().read_outcome(f.me.pid).unwrap();
+    assert_eq!(outcome.request_id.as_deref(), Some("event"));
 }

@@ -5,6 +5,9 @@
 //! loop is a `Recorder` actor that records every `PlannedStop`, and the seed's `stop_event` is the
 //! runner reaching `Stopped`. Time is tokio's paused clock, so "let it poll a few times" is an exact
 //! number of ticks, not a sleep.
+//!
+//! Every test runs twice: polling only, and event-driven (real filesystem notifications on the
+//! marker's directory, with the poll as the safety net).
 
 mod common;
 
@@ -12,6 +15,7 @@ use actix::prelude::*;
 use chrono::{TimeDelta, Utc};
 use common::actors::*;
 use common::*;
+use planned_stop::events::{SlotEvents, Wakeups};
 use planned_stop::runner::RunnerStatus;
 use planned_stop::store::StoreError;
 use planned_stop::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot};
@@ -43,6 +47,15 @@ fn write_self_marker(marker: &Path, stale: bool) -> Marker {
     m
 }
 
+/// How the watcher learns of markers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Poll,
+    Events,
+}
+
+const MODES: [Mode; 2] = [Mode::Poll, Mode::Events];
+
 /// A watcher under test with the pieces a seed test inspects.
 struct Watched {
     watcher: Addr<MarkerWatcherActor>,
@@ -51,7 +64,13 @@ struct Watched {
 }
 
 impl Watched {
-    fn start(probe: impl MarkerProbe, state: RunnerState, poll: Duration) -> Watched {
+    /// Starts a watcher; `wakeups` makes it event-driven.
+    fn start(
+        probe: impl MarkerProbe,
+        state: RunnerState,
+        poll: Duration,
+        wakeups: Option<(Wakeups, Option<SlotEvents>)>,
+    ) -> Watched {
         let (runner, rx) = watch::channel(status(state));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorder = Recorder {
@@ -60,20 +79,31 @@ impl Watched {
             forward: None,
         }
         .start();
-        let watcher =
-            MarkerWatcherActor::new(probe, recorder.recipient(), rx, poll, TokioClock::new())
-                .start();
+        let mut watcher =
+            MarkerWatcherActor::new(probe, recorder.recipient(), rx, poll, TokioClock::new());
+        if let Some((wakeups, events)) = wakeups {
+            watcher = watcher.with_wakeups(wakeups, events);
+        }
         Watched {
-            watcher,
+            watcher: watcher.start(),
             seen,
             runner,
         }
     }
 
-    fn on_file(path: &Path, state: RunnerState, poll: Duration) -> Watched {
+    /// A watcher of the seed's single marker file, in `mode`.
+    fn on_file(path: &Path, state: RunnerState, poll: Duration, mode: Mode) -> Watched {
         let store = MarkerStore::open(Layout::SingleFile(path.to_path_buf())).unwrap();
         let own = ProcessIdentity::current().unwrap();
-        Watched::start(OwnSlot { store, own }, state, poll)
+        let wakeups = match mode {
+            Mode::Poll => None,
+            Mode::Events => {
+                let (events, wakeups) =
+                    SlotEvents::watch(path).expect("notifications on a temp dir");
+                Some((wakeups, Some(events)))
+            }
+        };
+        Watched::start(OwnSlot { store, own }, state, poll, wakeups)
     }
 
     /// The seed's `stop_event.set()`.
@@ -88,138 +118,155 @@ impl Watched {
 
 #[test]
 fn test_watcher_fires_shutdown_when_marker_appears() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    let written = write_self_marker(&marker, false);
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
-        advance(POLL * 3).await;
-        assert!(!w.watcher.connected(), "watcher should exit after firing");
-        let seen = w.deliveries();
-        assert_eq!(
-            seen.len(),
-            1,
-            "expected exactly one PlannedStop, got {seen:?}"
-        );
-        // The seed's `args == (None,)`: the planned-stop sentinel, here carrying the marker's data.
-        assert_eq!(seen[0].0, planned_stop::PlannedStop::from(&written));
-        assert_eq!(seen[0].1, RunnerState::Running);
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        let written = write_self_marker(&marker, false);
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            advance(POLL * 3).await;
+            assert!(!w.watcher.connected(), "watcher should exit after firing");
+            let seen = w.deliveries();
+            assert_eq!(
+                seen.len(),
+                1,
+                "expected exactly one PlannedStop, got {seen:?}"
+            );
+            // The seed's `args == (None,)`: the planned-stop sentinel, here carrying the marker's data.
+            assert_eq!(seen[0].0, planned_stop::PlannedStop::from(&written));
+            assert_eq!(seen[0].1, RunnerState::Running);
+        });
+    }
 }
 
 #[test]
 fn test_watcher_does_not_fire_when_marker_absent() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
-        advance(Duration::from_millis(300)).await; // six polls
-        assert!(
-            w.watcher.connected(),
-            "the watcher keeps polling while no marker is there"
-        );
-        w.stop_event();
-        settle().await;
-        assert!(!w.watcher.connected());
-        assert_eq!(
-            w.deliveries(),
-            vec![],
-            "no marker present, but the watcher fired"
-        );
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            advance(Duration::from_millis(300)).await; // six polls
+            assert!(
+                w.watcher.connected(),
+                "the watcher keeps polling while no marker is there"
+            );
+            w.stop_event();
+            settle().await;
+            assert!(!w.watcher.connected());
+            assert_eq!(
+                w.deliveries(),
+                vec![],
+                "no marker present, but the watcher fired"
+            );
+        });
+    }
 }
 
 #[test]
 fn test_watcher_skips_when_runner_already_draining() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    write_self_marker(&marker, false);
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Draining, POLL);
-        advance(Duration::from_millis(200)).await;
-        w.stop_event();
-        settle().await;
-        assert_eq!(
-            w.deliveries(),
-            vec![],
-            "watcher fired while runner was already draining"
-        );
-        assert!(!w.watcher.connected());
-        assert!(
-            marker.exists(),
-            "the draining runner's marker is not touched by the watcher"
-        );
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        write_self_marker(&marker, false);
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Draining, POLL, mode);
+            advance(Duration::from_millis(200)).await;
+            w.stop_event();
+            settle().await;
+            assert_eq!(
+                w.deliveries(),
+                vec![],
+                "watcher fired while runner was already draining"
+            );
+            assert!(!w.watcher.connected());
+            assert!(
+                marker.exists(),
+                "the draining runner's marker is not touched by the watcher"
+            );
+        });
+    }
 }
 
 #[test]
 fn test_watcher_skips_when_runner_not_started() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    // The seed's marker from a previous instance...
-    std::fs::write(&marker, r#"{"target_pid": 9999}"#).unwrap();
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Starting, POLL);
-        advance(Duration::from_millis(200)).await;
-        assert_eq!(
-            w.deliveries(),
-            vec![],
-            "watcher fired before runner was running"
-        );
-        // ...and one that *is* for us: still nothing while starting (it is held, not dropped).
-        write_self_marker(&marker, false);
-        advance(Duration::from_millis(200)).await;
-        assert_eq!(
-            w.deliveries(),
-            vec![],
-            "watcher fired before runner was running"
-        );
-        w.stop_event();
-        settle().await;
-        assert_eq!(w.deliveries(), vec![]);
-        assert!(!w.watcher.connected());
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        // The seed's marker from a previous instance...
+        std::fs::write(&marker, r#"{"target_pid": 9999}"#).unwrap();
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Starting, POLL, mode);
+            advance(Duration::from_millis(200)).await;
+            assert_eq!(
+                w.deliveries(),
+                vec![],
+                "watcher fired before runner was running"
+            );
+            // ...and one that *is* for us: still nothing while starting (it is held, not dropped).
+            write_self_marker(&marker, false);
+            advance(Duration::from_millis(200)).await;
+            assert_eq!(
+                w.deliveries(),
+                vec![],
+                "watcher fired before runner was running"
+            );
+            w.stop_event();
+            settle().await;
+            assert_eq!(w.deliveries(), vec![]);
+            assert!(!w.watcher.connected());
+        });
+    }
 }
 
 #[test]
 fn test_watcher_responds_to_stop_event_promptly() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Running, Duration::from_millis(100));
-        advance(Duration::from_millis(50)).await;
-        let before = tokio::time::Instant::now();
-        w.stop_event();
-        settle().await;
-        // Not "within a poll interval": at once, without the clock moving at all.
-        assert_eq!(tokio::time::Instant::now(), before);
-        assert!(
-            !w.watcher.connected(),
-            "watcher must honour the stop without waiting for a tick"
-        );
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        paused_system().block_on(async {
+            let w = Watched::on_file(
+                &marker,
+                RunnerState::Running,
+                Duration::from_millis(100),
+                mode,
+            );
+            advance(Duration::from_millis(50)).await;
+            let before = tokio::time::Instant::now();
+            w.stop_event();
+            settle().await;
+            // Not "within a poll interval": at once, without the clock moving at all.
+            assert_eq!(tokio::time::Instant::now(), before);
+            assert!(
+                !w.watcher.connected(),
+                "watcher must honour the stop without waiting for a tick"
+            );
+        });
+    }
 }
 
 #[test]
 fn test_watcher_fires_only_once_when_marker_persists() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    write_self_marker(&marker, false);
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
-        // The recorder does not consume the marker: it stays for many polls.
-        for _ in 0..20 {
-            advance(POLL).await;
-        }
-        assert!(marker.exists());
-        assert_eq!(
-            w.deliveries().len(),
-            1,
-            "fired {:?}; should fire once and exit",
-            w.deliveries()
-        );
-        assert!(!w.watcher.connected());
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        write_self_marker(&marker, false);
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            // The recorder does not consume the marker: it stays for many polls.
+            for _ in 0..20 {
+                advance(POLL).await;
+            }
+            assert!(marker.exists());
+            assert_eq!(
+                w.deliveries().len(),
+                1,
+                "fired {:?}; should fire once and exit",
+                w.deliveries()
+            );
+            assert!(!w.watcher.connected());
+        });
+    }
 }
 
 /// The seed's exploding path resolver: the first probe works, every later one fails.
@@ -243,94 +290,106 @@ impl MarkerProbe for Exploding {
 
 #[test]
 fn test_watcher_tolerates_marker_path_resolution_errors() {
-    let logs = LogCapture::default();
-    let _guard = logs.install();
-    paused_system().block_on(async {
-        let calls = Rc::new(Cell::new(0));
-        let w = Watched::start(
-            Exploding {
-                calls: calls.clone(),
-            },
-            RunnerState::Running,
-            POLL,
+    for mode in MODES {
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        paused_system().block_on(async {
+            let calls = Rc::new(Cell::new(0));
+            // In event mode the "notifications" are sent by hand: there is no real path to watch.
+            let (notify, wakeups) = tokio::sync::mpsc::unbounded_channel();
+            let wakeups = (mode == Mode::Events).then_some((wakeups, None));
+            let w = Watched::start(
+                Exploding {
+                    calls: calls.clone(),
+                },
+                RunnerState::Running,
+                POLL,
+                wakeups,
+            );
+            advance(Duration::from_millis(200)).await;
+            for _ in 0..20 {
+                let _ = notify.send(());
+                advance(POLL).await;
+            }
+            assert!(
+                calls.get() >= 20,
+                "the watcher keeps probing after errors ({} probes, {mode:?})",
+                calls.get()
+            );
+            assert!(w.watcher.connected());
+            w.stop_event();
+            settle().await;
+            assert!(
+                !w.watcher.connected(),
+                "watcher should still honour the stop after errors"
+            );
+            // No shutdown fired because the marker never reported existence.
+            assert_eq!(w.deliveries(), vec![]);
+        });
+        // Logged, but not once per tick.
+        assert_eq!(
+            logs.count(tracing::Level::WARN, "cannot probe the planned-stop marker"),
+            1,
+            "{mode:?}"
         );
-        advance(Duration::from_millis(200)).await;
-        for _ in 0..20 {
-            advance(POLL).await;
-        }
-        assert!(
-            calls.get() >= 20,
-            "the watcher keeps probing after errors ({} probes)",
-            calls.get()
-        );
-        assert!(w.watcher.connected());
-        w.stop_event();
-        settle().await;
-        assert!(
-            !w.watcher.connected(),
-            "watcher should still honour the stop after errors"
-        );
-        // No shutdown fired because the marker never reported existence.
-        assert_eq!(w.deliveries(), vec![]);
-    });
-    // Logged, but not once per tick.
-    assert_eq!(
-        logs.count(tracing::Level::WARN, "cannot probe the planned-stop marker"),
-        1
-    );
+    }
 }
 
 #[cfg(unix)]
 #[test]
 fn test_watcher_does_not_fire_for_foreign_pid_marker() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    let me = ProcessIdentity::current().unwrap();
-    // A different, live process, with a start time that cannot match it, freshly written so the
-    // TTL does not remove it.
-    let other = other_live_process();
-    let record =
-        Marker::new(other.id(), Some(me.start ^ 0xFFFF), Utc::now()).with_stopper_pid(other.id());
-    std::fs::write(&marker, record.to_json().unwrap()).unwrap();
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
-        advance(Duration::from_millis(300)).await;
-        w.stop_event();
-        settle().await;
-        assert!(!w.watcher.connected());
-        assert_eq!(
-            w.deliveries(),
-            vec![],
-            "watcher fired on a foreign-pid marker"
-        );
-    });
-    // Foreign (but live) marker is left in place: it may still belong to the process it names.
-    assert!(marker.exists());
-    drop(other);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        let me = ProcessIdentity::current().unwrap();
+        // A different, live process, with a start time that cannot match it, freshly written so the
+        // TTL does not remove it.
+        let other = other_live_process();
+        let record = Marker::new(other.id(), Some(me.start ^ 0xFFFF), Utc::now())
+            .with_stopper_pid(other.id());
+        std::fs::write(&marker, record.to_json().unwrap()).unwrap();
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            advance(Duration::from_millis(300)).await;
+            w.stop_event();
+            settle().await;
+            assert!(!w.watcher.connected());
+            assert_eq!(
+                w.deliveries(),
+                vec![],
+                "watcher fired on a foreign-pid marker"
+            );
+        });
+        // Foreign (but live) marker is left in place: it may still belong to the process it names.
+        assert!(marker.exists());
+        drop(other);
+    }
 }
 
 #[test]
 fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    write_self_marker(&marker, true);
-    paused_system().block_on(async {
-        let w = Watched::on_file(&marker, RunnerState::Running, POLL);
-        advance(Duration::from_millis(300)).await;
-        assert!(
-            w.watcher.connected(),
-            "the watcher keeps running after cleaning up"
-        );
-        assert!(!marker.exists(), "stale marker should have been cleaned up");
-        w.stop_event();
-        settle().await;
-        assert!(!w.watcher.connected());
-        assert_eq!(
-            w.deliveries(),
-            vec![],
-            "stale marker must not fire shutdown"
-        );
-    });
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = seed_marker(dir.path());
+        write_self_marker(&marker, true);
+        paused_system().block_on(async {
+            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            advance(Duration::from_millis(300)).await;
+            assert!(
+                w.watcher.connected(),
+                "the watcher keeps running after cleaning up"
+            );
+            assert!(!marker.exists(), "stale marker should have been cleaned up");
+            w.stop_event();
+            settle().await;
+            assert!(!w.watcher.connected());
+            assert_eq!(
+                w.deliveries(),
+                vec![],
+                "stale marker must not fire shutdown"
+            );
+        });
+    }
 }
 
 #[test]

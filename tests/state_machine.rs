@@ -12,6 +12,9 @@
 //!   presence matches the model exactly);
 //! - the exit code matches the verdict.
 //!
+//! Half the cases run the watcher event-driven (a notification on every change of the slot, sent by
+//! the test as the OS would), half polling only.
+//!
 //! CI runs 1,000 cases of up to 50 steps; `PROPTEST_CASES=10000 cargo test --test state_machine`
 //! (or `just proptest-long`) runs more.
 
@@ -104,6 +107,8 @@ impl ModelMarker {
 
 #[derive(Debug, Clone)]
 struct Model {
+    /// Event-driven (a notification wakes the watcher on every change of the slot) or polling only.
+    events: bool,
     now_ms: u64,
     /// Time since the watcher's last tick; `None` once it stopped ticking (holding, or stopped).
     since_tick_ms: Option<u64>,
@@ -119,9 +124,10 @@ struct Model {
 }
 
 impl Model {
-    fn new() -> Model {
+    fn new(events: bool) -> Model {
         // The watcher probes once at start (t = 0) and finds nothing.
         Model {
+            events,
             now_ms: 0,
             since_tick_ms: Some(0),
             watcher_alive: true,
@@ -214,6 +220,14 @@ impl Model {
         }
     }
 
+    /// The slot changed: in event mode a notification makes the watcher probe now (the poll
+    /// timer is not reset).
+    fn slot_changed(&mut self) {
+        if self.events && self.watcher_alive && self.since_tick_ms.is_some() {
+            self.tick();
+        }
+    }
+
     fn signal(&mut self, kind: SignalKind) {
         match self.state {
             RunnerState::Starting | RunnerState::Running => {
@@ -238,7 +252,7 @@ impl ReferenceStateMachine for Reference {
     type Transition = Transition;
 
     fn init_state() -> BoxedStrategy<Model> {
-        Just(Model::new()).boxed()
+        any::<bool>().prop_map(Model::new).boxed()
     }
 
     fn transitions(_: &Model) -> BoxedStrategy<Transition> {
@@ -280,9 +294,13 @@ impl ReferenceStateMachine for Reference {
                 m.marker = Some(ModelMarker {
                     kind,
                     written_ms: m.now_ms,
-                })
+                });
+                m.slot_changed();
             }
-            Transition::RemoveMarker => m.marker = None,
+            Transition::RemoveMarker => {
+                m.marker = None;
+                m.slot_changed();
+            }
             Transition::MarkReady => {
                 if m.state == RunnerState::Starting {
                     m.state = RunnerState::Running;
@@ -314,18 +332,30 @@ struct Sut {
     status: tokio::sync::watch::Receiver<RunnerStatus>,
     deliveries: Arc<Mutex<Vec<Delivery>>>,
     participant: ParticipantControl,
+    /// In event mode: the watcher's notifications, sent by the test on every change of the slot.
+    notify: Option<tokio::sync::mpsc::UnboundedSender<()>>,
     /// The most advanced state and the verdict seen so far, for the monotonicity invariants.
     last_state: RunnerState,
     last_verdict: Option<StopVerdict>,
 }
 
 impl Sut {
+    /// In event mode, the notification the OS would send for a change of the slot.
+    fn slot_changed(&self) {
+        if let Some(notify) = &self.notify {
+            // A stopped watcher no longer listens.
+            let _ = notify.send(());
+            self.run(settle());
+        }
+    }
+
     fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
         self.system.block_on(f)
     }
 
     fn write(&self, kind: MarkerKind) {
-        let now = self.clock.now();
+        // Inside the runtime: outside it tokio's clock is the real one, not the paused one.
+        let now = self.run(async { self.clock.now() });
         let me = self.me;
         let marker = |pid, start, at| Marker::new(pid, start, at);
         let bytes = match kind {
@@ -362,11 +392,12 @@ impl StateMachineTest for RunnerAndWatcher {
     type SystemUnderTest = Sut;
     type Reference = Reference;
 
-    fn init_test(_: &Model) -> Sut {
+    fn init_test(model: &Model) -> Sut {
         let system = paused_system();
         let dir = tempfile::tempdir().unwrap();
         let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
         let me = ProcessIdentity::current().unwrap();
+        let (notify, wakeups) = tokio::sync::mpsc::unbounded_channel();
         let (clock, runner, watcher, status, deliveries, participant) = system.block_on(async {
             let clock = TokioClock::new();
             let config = RunnerConfig {
@@ -392,14 +423,18 @@ impl StateMachineTest for RunnerAndWatcher {
                 own: me,
             };
             let poll = Duration::from_millis(POLL_MS);
-            let watcher = MarkerWatcherActor::new(
+            let mut watcher = MarkerWatcherActor::new(
                 probe,
                 recorder.recipient(),
                 status.clone(),
                 poll,
                 clock.clone(),
-            )
-            .start();
+            );
+            if model.events {
+                // Notifications by hand, sent on every change of the slot, as the OS would.
+                watcher = watcher.with_wakeups(wakeups, None);
+            }
+            let watcher = watcher.start();
             settle().await;
             (clock, runner, watcher, status, deliveries, control)
         });
@@ -414,12 +449,18 @@ impl StateMachineTest for RunnerAndWatcher {
             status,
             deliveries,
             participant,
+            notify: model.events.then_some(notify),
             last_state: RunnerState::Starting,
             last_verdict: None,
         }
     }
 
-    fn apply(sut: Sut, before_and_after: &Model, t: Transition) -> Sut {
+    fn apply(mut sut: Sut, before_and_after: &Model, t: Transition) -> Sut {
+        {
+            let before = sut.status.borrow().clone();
+            sut.last_state = before.state;
+            sut.last_verdict = before.verdict;
+        }
         let advance_ms = |ms: u64| async move { advance(Duration::from_millis(ms)).await };
         match t {
             Transition::Tick => sut.run(advance_ms(POLL_MS)),
@@ -429,9 +470,13 @@ impl StateMachineTest for RunnerAndWatcher {
                 let elapsed = tokio_elapsed_ms(&sut);
                 sut.run(advance_ms(before_and_after.now_ms - elapsed));
             }
-            Transition::WriteMarker(kind) => sut.write(kind),
+            Transition::WriteMarker(kind) => {
+                sut.write(kind);
+                sut.slot_changed();
+            }
             Transition::RemoveMarker => {
                 let _ = std::fs::remove_file(sut.store.slot_path(sut.me.pid));
+                sut.slot_changed();
             }
             Transition::MarkReady => {
                 sut.runner.do_send(Ready);

@@ -48,6 +48,9 @@ pub struct ServeArgs {
     /// Accept a marker directory writable by group or others.
     #[arg(long)]
     pub allow_shared_dir: bool,
+    /// Poll only: do not use filesystem notifications.
+    #[arg(long)]
+    pub no_events: bool,
 }
 
 /// One simulated job: done `duration` after it started. A drain participant.
@@ -140,7 +143,8 @@ fn start(args: &ServeArgs, layout: crate::store::Layout) -> Result<ServiceHandle
     let mut builder = PlannedStopService::builder(layout)
         .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
         .drain_deadline(Duration::from_millis(args.drain_ms))
-        .allow_shared_dir(args.allow_shared_dir);
+        .allow_shared_dir(args.allow_shared_dir)
+        .events(!args.no_events);
     if let Some(dir) = &args.state {
         builder = builder.state_dir(dir.clone());
     }

@@ -1,0 +1,83 @@
+//! systemd's notification protocol (`sd_notify(3)`), behind the `systemd` cargo feature.
+//!
+//! With `Type=notify` (or `notify-reload`) systemd waits for `READY=1` before it considers the
+//! service started, and kills it when `TimeoutStopSec` runs out after the stop began. This module
+//! follows the runner's status and tells systemd:
+//!
+//! - `READY=1` and `STATUS=running` when the runner is `Running`;
+//! - `STOPPING=1` and a `STATUS=` line naming the verdict when it starts draining;
+//! - `EXTEND_TIMEOUT_USEC=` while the drain runs, once a second, each time covering the rest of the
+//!   drain plus a second: a drain deadline longer than the unit's `TimeoutStopSec` is honoured
+//!   instead of ending in SIGKILL (systemd expects a new message within each extension);
+//! - a final `STATUS=` line with the exit code.
+//!
+//! Without `$NOTIFY_SOCKET` (not started by systemd) every call is a no-op.
+
+use crate::lifecycle::{RunnerState, StopVerdict};
+use crate::runner::RunnerStatus;
+use sd_notify::NotifyState;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How often the drain's timeout extension is renewed.
+pub const EXTEND_EVERY: Duration = Duration::from_secs(1);
+
+fn send(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+/// The extension to ask for while draining: what is left of the drain (its length, less what has
+/// passed since it began), plus [`EXTEND_EVERY`].
+fn extension(drain: Duration, began: Instant) -> u32 {
+    let left = drain.saturating_sub(began.elapsed());
+    u32::try_from((left + EXTEND_EVERY).as_micros()).unwrap_or(u32::MAX)
+}
+
+/// Follows `status` on the current actix system and notifies systemd (see the module docs).
+pub fn follow(mut status: watch::Receiver<RunnerStatus>) {
+    actix::spawn(async move {
+        let mut sent = RunnerState::Starting;
+        let mut drain = (Duration::ZERO, Instant::now());
+        loop {
+            let now = status.borrow_and_update().clone();
+            if now.state >= RunnerState::Running && sent < RunnerState::Running {
+                send(&[NotifyState::Ready, NotifyState::Status("running")]);
+                sent = RunnerState::Running;
+            }
+            if now.state >= RunnerState::Draining && sent < RunnerState::Draining {
+                let verdict = match now.verdict {
+                    Some(StopVerdict::Planned) => "planned",
+                    _ => "unexpected",
+                };
+                let line = format!("draining ({verdict} stop)");
+                send(&[NotifyState::Stopping, NotifyState::Status(&line)]);
+                sent = RunnerState::Draining;
+                let length = now
+                    .outcome
+                    .as_ref()
+                    .and_then(|o| (o.drain_deadline - o.accepted_at).to_std().ok());
+                drain = (length.unwrap_or_default(), Instant::now());
+            }
+            if now.state == RunnerState::Draining {
+                send(&[NotifyState::ExtendTimeoutUsec(extension(drain.0, drain.1))]);
+            }
+            if now.state == RunnerState::Stopped {
+                let line = format!("stopped, exit code {}", now.exit_code.unwrap_or(1));
+                send(&[NotifyState::Status(&line)]);
+                return;
+            }
+            // While draining, renew the extension every second even without a status change.
+            if now.state == RunnerState::Draining {
+                // A timeout only means "renew the extension"; a closed channel ends the follower.
+                if let Ok(Err(_)) = tokio::time::timeout(EXTEND_EVERY, status.changed()).await {
+                    return;
+                }
+            } else if status.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
