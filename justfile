@@ -21,3 +21,7 @@ fuzz target secs="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
     mkdir -p /tmp/planned-stop-fuzz/{{target}}
     cd fuzz && cargo fuzz run -s none {{target}} /tmp/planned-stop-fuzz/{{target}} corpus/{{target}} -- -max_total_time={{secs}} -print_final_stats=1
+
+# Build, lint and test the Windows target under Wine (installs mingw-w64, Wine and the target).
+windows:
+    bash ci/windows.sh

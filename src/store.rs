@@ -619,7 +619,7 @@ impl MarkerStore {
     /// `Some`; the others find nothing to take.
     fn take(&self, slot: &Path) -> Result<Option<PathBuf>, StoreError> {
         let taken = self.private_name(slot, TAKEN_TAG);
-        match fs::rename(slot, &taken) {
+        match with_sharing_retries(|| fs::rename(slot, &taken)) {
             Ok(()) => Ok(Some(taken)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(StoreError::Io {
@@ -633,7 +633,7 @@ impl MarkerStore {
     /// Puts a taken file back, unless a newer marker has arrived at the slot meanwhile (the newer one
     /// wins). Never fails loudly: the worst case is the loss of a marker that a newer one replaced.
     fn restore(&self, taken: &Path, slot: &Path) {
-        match fs::hard_link(taken, slot) {
+        match with_sharing_retries(|| fs::hard_link(taken, slot)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 tracing::debug!(slot = %slot.display(), "a newer marker replaced the one taken");
@@ -800,7 +800,7 @@ pub(crate) fn write_atomically(path: &Path, temp: &Path, bytes: &[u8]) -> Result
         _ => Path::new("."),
     };
     let result = write_new_file(temp, bytes)
-        .and_then(|()| rename(temp, path))
+        .and_then(|()| replace(temp, path))
         .and_then(|()| sync_dir(dir));
     if result.is_err() {
         let _ = fs::remove_file(temp);
@@ -828,8 +828,23 @@ fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     file.sync_all().map_err(|e| io("sync", e))
 }
 
+/// Renames `from` over `to`. Where replacing a file that another process has open is refused even
+/// after the retries — Windows without POSIX rename semantics (FAT, network shares, Wine) — the old
+/// file is deleted first and the rename retried: a reader may then briefly find no file (which it
+/// takes as "nothing yet", never as a decision), but never a partial one.
+fn replace(from: &Path, to: &Path) -> Result<(), StoreError> {
+    match rename(from, to) {
+        Err(StoreError::Io { source, .. }) if is_sharing_violation(&source) => {
+            tracing::debug!(path = %to.display(), "replace refused while open elsewhere; delete, then rename");
+            remove(to)?;
+            rename(from, to)
+        }
+        result => result,
+    }
+}
+
 fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
-    fs::rename(from, to).map_err(|source| StoreError::Io {
+    with_sharing_retries(|| fs::rename(from, to)).map_err(|source| StoreError::Io {
         op: "rename into place",
         path: to.to_path_buf(),
         source,
@@ -837,7 +852,7 @@ fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
 }
 
 fn remove(path: &Path) -> Result<(), StoreError> {
-    match fs::remove_file(path) {
+    match with_sharing_retries(|| fs::remove_file(path)) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(StoreError::Io {
@@ -846,6 +861,37 @@ fn remove(path: &Path) -> Result<(), StoreError> {
             source,
         }),
     }
+}
+
+/// How many times a rename or delete that hits a Windows sharing violation is tried, and how long
+/// to wait between tries (about 100 ms in all).
+const SHARING_RETRIES: u32 = 10;
+const SHARING_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Runs `op`, retrying it briefly while it fails with a sharing violation: on Windows another
+/// process that has the file open without `FILE_SHARE_DELETE` (an antivirus scanner, a backup agent,
+/// an editor, a stopper's own reader) makes renames and deletes fail with `ERROR_ACCESS_DENIED` (5)
+/// or `ERROR_SHARING_VIOLATION` (32) for a moment. After the retries the error is returned: the
+/// caller reports it, and a claim or probe never takes it as "no marker".
+fn with_sharing_retries<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut tries = 1;
+    loop {
+        match op() {
+            Err(e) if is_sharing_violation(&e) && tries < SHARING_RETRIES => {
+                tracing::debug!(error = %e, tries, "sharing violation; retrying");
+                tries += 1;
+                std::thread::sleep(SHARING_RETRY_WAIT);
+            }
+            result => return result,
+        }
+    }
+}
+
+/// `ERROR_ACCESS_DENIED` (5) or `ERROR_SHARING_VIOLATION` (32); see "System Error Codes" in the
+/// Windows documentation. Never true elsewhere: a Unix rename or unlink does not care who has the
+/// file open.
+fn is_sharing_violation(e: &io::Error) -> bool {
+    cfg!(windows) && matches!(e.raw_os_error(), Some(5) | Some(32))
 }
 
 /// Makes a rename durable (see `fsync(2)`: syncing the file does not sync its directory entry).

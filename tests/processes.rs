@@ -238,7 +238,7 @@ fn a_marker_with_a_dead_processs_fingerprint_never_stops_the_pids_new_owner() {
     // What a stopper of the pid's previous owner would have written: same pid, other start.
     let predecessor = Marker::new(service.pid(), Some(service.identity.start - 1), Utc::now());
     store.write(&predecessor).unwrap();
-    service.wait_probes("stale", 1);
+    service.wait_probes_total("stale", 1);
     service.wait_probes("absent", 3);
     assert!(
         !store.slot_path(service.pid()).exists(),
@@ -299,7 +299,7 @@ fn the_single_file_layout_leaves_another_processs_marker_and_keeps_running() {
     store
         .write(&Marker::new(foreign.pid, Some(foreign.start), Utc::now()))
         .unwrap();
-    service.wait_probes("foreign", 5);
+    service.wait_probes_total("foreign", 5);
     assert!(
         file.exists(),
         "a marker naming another live process is left in place"
@@ -381,7 +381,7 @@ fn a_no_trigger_marker_waits_for_the_sigterm_and_makes_it_planned() {
     let mut service = serve(&d, &[]);
     let out = stop(&d, &service.pid_arg(), &["--no-trigger"]);
     assert_eq!(out.status.code(), Some(0));
-    service.wait_probes("for_self", 5);
+    service.wait_probes_total("for_self", 5);
     assert!(
         service.running(),
         "the watcher left the marker to the signal path"

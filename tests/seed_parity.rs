@@ -335,7 +335,6 @@ fn test_watcher_tolerates_marker_path_resolution_errors() {
     }
 }
 
-#[cfg(unix)]
 #[test]
 fn test_watcher_does_not_fire_for_foreign_pid_marker() {
     for mode in MODES {

@@ -67,3 +67,46 @@ fn private_names_are_hidden_unique_and_recognised_as_leftovers() {
     assert_eq!(found, expected);
     assert!(store.slot_files().unwrap().is_empty());
 }
+
+/// On Windows a file held open without `FILE_SHARE_DELETE` cannot be renamed or deleted. A claim
+/// must ride out a short hold, and report an error (never "no marker") for a long one.
+#[cfg(windows)]
+#[test]
+fn a_claim_through_a_sharing_violation_is_retried_and_never_taken_as_absent() {
+    use std::os::windows::fs::OpenOptionsExt;
+    const FILE_SHARE_READ: u32 = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let store = MarkerStore::open(Layout::Slots(dir.path().to_path_buf())).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+    let now = Utc::now();
+    let hold = |ms: u64| {
+        let file = OpenOptions::new()
+            .read(true)
+            .share_mode(FILE_SHARE_READ)
+            .open(store.slot_path(me.pid))
+            .unwrap();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            drop(file);
+        })
+    };
+
+    // Held far longer than the retries: an error, and the marker is still there afterwards.
+    store
+        .write(&Marker::new(me.pid, Some(me.start), now))
+        .unwrap();
+    let holder = hold(2_000);
+    let claimed = store.claim(&me, now);
+    assert!(matches!(claimed, Err(StoreError::Io { .. })), "{claimed:?}");
+    holder.join().unwrap();
+    assert!(matches!(store.claim(&me, now), Ok(Some(_))), "not lost");
+
+    // Held briefly: the retries ride it out.
+    store
+        .write(&Marker::new(me.pid, Some(me.start), now))
+        .unwrap();
+    let holder = hold(30);
+    let claimed = store.claim(&me, now);
+    holder.join().unwrap();
+    assert!(matches!(claimed, Ok(Some(_))), "{claimed:?}");
+}

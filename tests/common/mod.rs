@@ -31,11 +31,11 @@ pub fn spawn_helper(name: &str, role: &str, env: &[(&str, &Path)]) -> Helper {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    Helper(cmd.spawn().unwrap())
+    Helper(cmd.spawn().unwrap(), None)
 }
 
 /// A helper child process that is killed when dropped, so a failing test leaves nothing running.
-pub struct Helper(pub Child);
+pub struct Helper(pub Child, Option<tempfile::TempDir>);
 
 impl std::ops::Deref for Helper {
     type Target = Child;
@@ -92,12 +92,16 @@ pub fn wait_for_line(out: &mut impl std::io::BufRead, wanted: &str) {
     }
 }
 
-/// A live process that is not us, killed when dropped.
+/// A live process that is not us, killed when dropped: an idle `planned-stop serve` watching a
+/// directory of its own (so markers elsewhere never reach it). Portable, unlike `sleep`.
 pub fn other_live_process() -> Helper {
-    let child = Command::new("sleep")
-        .arg("120")
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_planned-stop"))
+        .args(["serve", "--poll-ms", "1000", "--no-events", "--dir"])
+        .arg(dir.path().join("run"))
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
         .spawn()
-        .expect("the `sleep` command is available");
-    Helper(child)
+        .expect("the planned-stop binary runs");
+    Helper(child, Some(dir))
 }

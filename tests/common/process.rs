@@ -139,27 +139,35 @@ impl Serve {
             .cloned()
     }
 
-    /// Waits until the watcher has logged `n` more probes whose verdict is `kind` (an explicit
-    /// event: the service's own trace log line per probe).
-    pub fn wait_probes(&self, kind: &str, n: usize) {
-        let count = || {
-            let needle = format!("verdict=\"{kind}\"");
-            self.stderr
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.contains("marker probed") && l.contains(&needle))
-                .count()
-        };
-        let target = count() + n;
+    /// How many probes with verdict `kind` the watcher has logged so far (its own trace line per
+    /// probe: an explicit event, not a guess at timing).
+    pub fn probes(&self, kind: &str) -> usize {
+        let needle = format!("verdict=\"{kind}\"");
+        self.stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("marker probed") && l.contains(&needle))
+            .count()
+    }
+
+    /// Waits until the watcher has logged `n` probes with verdict `kind` in all (count from the
+    /// start: with notifications a probe may come before the caller looks).
+    pub fn wait_probes_total(&self, kind: &str, n: usize) {
         let deadline = Instant::now() + EVENT_TIMEOUT;
-        while count() < target {
+        while self.probes(kind) < n {
             assert!(
                 Instant::now() < deadline,
                 "fewer than {n} {kind} probes logged"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Waits until the watcher has logged `n` *more* probes with verdict `kind` — for verdicts that
+    /// recur at every poll, such as `absent`.
+    pub fn wait_probes(&self, kind: &str, n: usize) {
+        self.wait_probes_total(kind, self.probes(kind) + n);
     }
 
     /// Sends a Unix signal.
