@@ -7,12 +7,24 @@
 use chrono::{DateTime, Utc};
 
 /// A source of the current wall-clock time.
+///
+/// ```
+/// use planned_stop::clock::{Clock, SystemClock};
+/// let before = chrono::Utc::now();
+/// assert!(SystemClock.now() >= before);
+/// ```
 pub trait Clock: Send + Sync + 'static {
     /// Now.
     fn now(&self) -> DateTime<Utc>;
 }
 
 /// The system's wall clock.
+///
+/// ```
+/// use planned_stop::clock::{Clock, SystemClock};
+/// let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
+/// let _now = clock.now();
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 

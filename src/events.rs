@@ -17,6 +17,12 @@ use std::path::Path;
 use tokio::sync::mpsc;
 
 /// A live directory watch; dropping it stops the notifications.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// let (events, _wakeups) = planned_stop::events::SlotEvents::watch(&dir.path().join("planned-stop-1.json")).unwrap();
+/// drop(events); // stops the notifications
+/// ```
 pub struct SlotEvents {
     _watcher: RecommendedWatcher,
 }
@@ -28,6 +34,12 @@ impl std::fmt::Debug for SlotEvents {
 }
 
 /// Wake-ups from [`SlotEvents`]: one `()` per relevant event (the watcher coalesces bursts).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// let (_events, mut wakeups) = planned_stop::events::SlotEvents::watch(&dir.path().join("s.json")).unwrap();
+/// assert!(wakeups.try_recv().is_err(), "nothing happened yet");
+/// ```
 pub type Wakeups = mpsc::UnboundedReceiver<()>;
 
 impl SlotEvents {

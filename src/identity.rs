@@ -18,6 +18,11 @@
 use chrono::{DateTime, Utc};
 
 /// A process as the planned-stop protocol names it.
+///
+/// ```
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// assert!(me.started_at <= chrono::Utc::now() + chrono::TimeDelta::seconds(2));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ProcessIdentity {
     /// The OS process id.
@@ -34,6 +39,11 @@ pub struct ProcessIdentity {
     "cannot read the start time of this process (pid {pid}); on Linux check that /proc is mounted \
      and readable"
 )]
+///
+/// ```
+/// let err = planned_stop::IdentityError { pid: 7 };
+/// assert!(err.to_string().contains("pid 7"));
+/// ```
 pub struct IdentityError {
     /// Our own pid.
     pub pid: u32,
@@ -93,6 +103,12 @@ pub fn parse_proc_stat(line: &[u8]) -> Option<ProcStat> {
 }
 
 /// What [`parse_proc_stat`] reads from a stat line.
+///
+/// ```
+/// use planned_stop::identity::{parse_proc_stat, ProcStat};
+/// let zombie = b"9 (z) Z 1 9 9 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 77 0 0";
+/// assert_eq!(parse_proc_stat(zombie), Some(ProcStat { start: 77, alive: false }));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {
     /// Field 22, `starttime`, in clock ticks since boot.
@@ -103,6 +119,11 @@ pub struct ProcStat {
 
 /// The start time of `pid` as [`sysinfo`] reports it, in seconds since the Unix epoch, or `None` when
 /// the process is gone or a zombie. The fingerprint on every OS but Linux.
+///
+/// ```
+/// let me = std::process::id();
+/// assert!(planned_stop::identity::sysinfo_start_time(me).is_some());
+/// ```
 pub fn sysinfo_start_time(pid: u32) -> Option<u64> {
     use sysinfo::{Pid, ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
     let pid = Pid::from_u32(pid);

@@ -21,6 +21,11 @@
 use serde::{Deserialize, Serialize};
 
 /// Where the runner is in its life. Ordered: a later state compares greater.
+///
+/// ```
+/// use planned_stop::RunnerState::*;
+/// assert!(Starting < Running && Running < Draining && Draining < Stopped);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunnerState {
@@ -35,6 +40,11 @@ pub enum RunnerState {
 }
 
 /// Whether a stop was meant.
+///
+/// ```
+/// use planned_stop::StopVerdict;
+/// assert_eq!(serde_json::to_string(&StopVerdict::Planned).unwrap(), "\"planned\"");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopVerdict {
@@ -45,6 +55,12 @@ pub enum StopVerdict {
 }
 
 /// An OS signal or console event, as the runner sees it.
+///
+/// ```
+/// use planned_stop::SignalKind;
+/// assert!(SignalKind::Interrupt.is_planned_by_itself());
+/// assert!(!SignalKind::Hangup.is_planned_by_itself());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SignalKind {
@@ -59,12 +75,22 @@ pub enum SignalKind {
 
 impl SignalKind {
     /// Whether this signal alone says the stop was meant.
+    ///
+    /// ```
+    /// assert!(!planned_stop::SignalKind::Terminate.is_planned_by_itself());
+    /// ```
     pub fn is_planned_by_itself(self) -> bool {
         matches!(self, SignalKind::Interrupt)
     }
 }
 
 /// What started a stop.
+///
+/// ```
+/// use planned_stop::{SignalKind, StopCause};
+/// let cause = StopCause::Signal(SignalKind::Terminate);
+/// assert_eq!(serde_json::to_value(cause).unwrap(), serde_json::json!({"kind": "signal", "signal": "terminate"}));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "signal")]
 pub enum StopCause {
@@ -77,6 +103,11 @@ pub enum StopCause {
 }
 
 /// What the runner must do after an event.
+///
+/// ```
+/// use planned_stop::lifecycle::{Lifecycle, Step};
+/// assert_eq!(Lifecycle::new().planned_stop(), Step::Hold);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Nothing; the reason is for the log.
@@ -109,26 +140,61 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     /// A lifecycle in `Starting`.
+    ///
+    /// ```
+    /// let life = planned_stop::lifecycle::Lifecycle::new();
+    /// assert_eq!(life.state(), planned_stop::RunnerState::Starting);
+    /// ```
     pub fn new() -> Self {
         Lifecycle::default()
     }
 
     /// The current state.
+    ///
+    /// ```
+    /// let mut life = planned_stop::lifecycle::Lifecycle::new();
+    /// life.ready();
+    /// assert_eq!(life.state(), planned_stop::RunnerState::Running);
+    /// ```
     pub fn state(&self) -> RunnerState {
         self.state.unwrap_or(RunnerState::Starting)
     }
 
     /// The latched verdict, once there is one.
+    ///
+    /// ```
+    /// use planned_stop::{lifecycle::Lifecycle, SignalKind, StopVerdict};
+    /// let mut life = Lifecycle::new();
+    /// assert_eq!(life.verdict(), None);
+    /// life.signal(SignalKind::Terminate, false);
+    /// assert_eq!(life.verdict(), Some(StopVerdict::Unexpected));
+    /// ```
     pub fn verdict(&self) -> Option<StopVerdict> {
         self.verdict
     }
 
     /// Whether a signal now would be classified (and so whether the marker should be claimed).
+    ///
+    /// ```
+    /// use planned_stop::{lifecycle::Lifecycle, SignalKind};
+    /// let mut life = Lifecycle::new();
+    /// assert!(life.awaits_classification());
+    /// life.signal(SignalKind::Interrupt, false);
+    /// assert!(!life.awaits_classification());
+    /// ```
     pub fn awaits_classification(&self) -> bool {
         self.verdict.is_none() && self.state() <= RunnerState::Running
     }
 
     /// The application is ready. Returns the held planned stop, if one was waiting.
+    ///
+    /// ```
+    /// use planned_stop::lifecycle::{Lifecycle, Step};
+    /// use planned_stop::{StopCause, StopVerdict};
+    /// let mut life = Lifecycle::new();
+    /// life.planned_stop(); // held while starting
+    /// assert_eq!(life.ready(), Step::Drain(StopCause::Marker, StopVerdict::Planned));
+    /// ```
     pub fn ready(&mut self) -> Step {
         if self.state() != RunnerState::Starting {
             return Step::Ignore("already past starting");
@@ -142,6 +208,14 @@ impl Lifecycle {
     }
 
     /// The watcher found a marker for us.
+    ///
+    /// ```
+    /// use planned_stop::lifecycle::{Lifecycle, Step};
+    /// let mut life = Lifecycle::new();
+    /// life.ready();
+    /// assert!(matches!(life.planned_stop(), Step::Drain(..)));
+    /// assert_eq!(life.planned_stop(), Step::Ignore("already stopping"));
+    /// ```
     pub fn planned_stop(&mut self) -> Step {
         match self.state() {
             RunnerState::Starting if self.verdict.is_none() => {
@@ -157,6 +231,16 @@ impl Lifecycle {
 
     /// A signal arrived; `marker_claimed` says whether our own marker was there to claim (only
     /// consulted when [`Lifecycle::awaits_classification`]).
+    ///
+    /// ```
+    /// use planned_stop::lifecycle::{Lifecycle, Step};
+    /// use planned_stop::{SignalKind, StopCause, StopVerdict};
+    /// let mut life = Lifecycle::new();
+    /// life.ready();
+    /// let step = life.signal(SignalKind::Terminate, true);
+    /// assert_eq!(step, Step::Drain(StopCause::Signal(SignalKind::Terminate), StopVerdict::Planned));
+    /// assert_eq!(life.signal(SignalKind::Interrupt, false), Step::Force);
+    /// ```
     pub fn signal(&mut self, kind: SignalKind, marker_claimed: bool) -> Step {
         match self.state() {
             RunnerState::Starting | RunnerState::Running => {
@@ -174,6 +258,14 @@ impl Lifecycle {
 
     /// The application asked to stop (`planned` says how to classify it); `force` cuts a running
     /// drain short.
+    ///
+    /// ```
+    /// use planned_stop::lifecycle::{Lifecycle, Step};
+    /// use planned_stop::{StopCause, StopVerdict};
+    /// let mut life = Lifecycle::new();
+    /// assert_eq!(life.request(false, false), Step::Drain(StopCause::Request, StopVerdict::Unexpected));
+    /// assert_eq!(life.request(true, true), Step::Force);
+    /// ```
     pub fn request(&mut self, planned: bool, force: bool) -> Step {
         match self.state() {
             RunnerState::Starting | RunnerState::Running => {
@@ -190,6 +282,14 @@ impl Lifecycle {
     }
 
     /// The drain is over (finished, timed out or forced). Returns the verdict to exit with.
+    ///
+    /// ```
+    /// use planned_stop::{lifecycle::Lifecycle, StopVerdict};
+    /// let mut life = Lifecycle::new();
+    /// assert_eq!(life.stopped(), None, "not draining");
+    /// life.request(true, false);
+    /// assert_eq!(life.stopped(), Some(StopVerdict::Planned));
+    /// ```
     pub fn stopped(&mut self) -> Option<StopVerdict> {
         if self.state() != RunnerState::Draining {
             return None;

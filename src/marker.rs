@@ -78,6 +78,11 @@ pub struct Marker {
 impl Marker {
     /// A marker for `target_pid` (with its start fingerprint, when known) written at `written_at`,
     /// with no request id, no reason, no stopper pid and `trigger_watcher: true`.
+    ///
+    /// ```
+    /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now());
+    /// assert!(m.trigger_watcher && m.reason.is_none());
+    /// ```
     pub fn new(target_pid: u32, target_start_time: Option<u64>, written_at: DateTime<Utc>) -> Self {
         Marker {
             target_pid,
@@ -91,24 +96,44 @@ impl Marker {
     }
 
     /// Sets the pid of the process writing the marker.
+    ///
+    /// ```
+    /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_stopper_pid(7);
+    /// assert_eq!(m.stopper_pid, Some(7));
+    /// ```
     pub fn with_stopper_pid(mut self, pid: u32) -> Self {
         self.stopper_pid = Some(pid);
         self
     }
 
     /// Sets the request id (at most [`MAX_REQUEST_ID_CHARS`] characters, checked by [`Marker::to_json`]).
+    ///
+    /// ```
+    /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_request_id("x".repeat(65));
+    /// assert!(m.to_json().is_err(), "too long");
+    /// ```
     pub fn with_request_id(mut self, id: impl Into<String>) -> Self {
         self.request_id = Some(id.into());
         self
     }
 
     /// Sets the reason (at most [`MAX_REASON_CHARS`] characters, checked by [`Marker::to_json`]).
+    ///
+    /// ```
+    /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_reason("deploy");
+    /// assert_eq!(m.reason.as_deref(), Some("deploy"));
+    /// ```
     pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());
         self
     }
 
     /// Sets `trigger_watcher` (see the field).
+    ///
+    /// ```
+    /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_trigger_watcher(false);
+    /// assert!(String::from_utf8(m.to_json().unwrap()).unwrap().contains("\"trigger_watcher\":false"));
+    /// ```
     pub fn with_trigger_watcher(mut self, trigger: bool) -> Self {
         self.trigger_watcher = trigger;
         self
@@ -116,6 +141,11 @@ impl Marker {
 
     /// Serialises the marker as compact JSON, after checking it is one [`Marker::parse`] accepts, so a
     /// writer can never leave a marker its reader would throw away.
+    ///
+    /// ```
+    /// let bytes = planned_stop::Marker::new(42, Some(9), chrono::Utc::now()).to_json().unwrap();
+    /// assert!(bytes.starts_with(b"{\"version\":1,\"target_pid\":42"));
+    /// ```
     pub fn to_json(&self) -> Result<Vec<u8>, MarkerError> {
         self.check_fields()?;
         let bytes = serde_json::to_vec(&Wire::from(self))
@@ -130,6 +160,13 @@ impl Marker {
     ///
     /// Accepts an optional UTF-8 byte-order mark. Every rule the module documentation lists is
     /// enforced here, and the error names the first one broken.
+    ///
+    /// ```
+    /// use planned_stop::{Marker, MarkerError};
+    /// assert!(matches!(Marker::parse(br#"{"target_pid":true}"#), Err(MarkerError::InvalidField { field: "target_pid", .. })));
+    /// let m = Marker::parse(br#"{"target_pid":5,"written_at":"2026-11-30T12:00:00Z"}"#).unwrap();
+    /// assert_eq!(m.target_start_time, None);
+    /// ```
     pub fn parse(bytes: &[u8]) -> Result<Marker, MarkerError> {
         if bytes.len() > MAX_MARKER_BYTES {
             return Err(MarkerError::TooLarge { len: bytes.len() });
@@ -234,6 +271,13 @@ impl Marker {
 }
 
 /// Why bytes are not a valid v1 marker. Each variant names one rule.
+///
+/// ```
+/// use planned_stop::{Marker, MarkerError};
+/// let err = Marker::parse(br#"{"target_pid":1,"target_pid":2}"#).unwrap_err();
+/// assert_eq!(err, MarkerError::DuplicateKey("target_pid".into()));
+/// assert_eq!(err.to_string(), "key `target_pid` appears more than once");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MarkerError {
     /// More than [`MAX_MARKER_BYTES`] bytes.

@@ -18,6 +18,11 @@ use serde::{Deserialize, Serialize};
 pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 
 /// How far the stop has got.
+///
+/// ```
+/// use planned_stop::outcome::Phase;
+/// assert_eq!(serde_json::to_string(&Phase::Draining).unwrap(), "\"draining\"");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
@@ -28,6 +33,12 @@ pub enum Phase {
 }
 
 /// The runner's acknowledgement and final outcome.
+///
+/// ```
+/// let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":null,"accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
+/// let outcome = planned_stop::outcome::Outcome::parse(bytes).unwrap();
+/// assert_eq!(outcome.exit_code, Some(0));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
     /// The process.
@@ -71,6 +82,10 @@ impl Outcome {
     }
 
     /// Parses an outcome file's bytes; `None` for anything that is not one.
+    ///
+    /// ```
+    /// assert_eq!(planned_stop::outcome::Outcome::parse(b"{}"), None);
+    /// ```
     pub fn parse(bytes: &[u8]) -> Option<Outcome> {
         if bytes.len() > MAX_OUTCOME_BYTES {
             return None;

@@ -20,6 +20,11 @@ pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 
 /// Work a drain participant left unfinished.
+///
+/// ```
+/// let u = planned_stop::Unfinished { participant: "jobs".into(), item: "job-3".into() };
+/// assert_eq!(serde_json::to_value(&u).unwrap()["item"], "job-3");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unfinished {
     /// The participant's name, as registered.
@@ -29,6 +34,12 @@ pub struct Unfinished {
 }
 
 /// What a stop left behind. Written once per process life by the runner.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// use planned_stop::StopRecord;
+/// assert_eq!(StopRecord::read(dir.path()).unwrap(), None, "no stop recorded yet");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopRecord {
     /// The process that stopped.
@@ -62,6 +73,13 @@ pub struct StopRecord {
 }
 
 /// Why a record could not be read or written.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// std::fs::write(planned_stop::StopRecord::path(dir.path()), b"{").unwrap();
+/// let err = planned_stop::StopRecord::read(dir.path()).unwrap_err();
+/// assert!(matches!(err, planned_stop::record::RecordError::Invalid { .. }));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     /// A file operation failed.
@@ -89,11 +107,27 @@ pub enum RecordError {
 
 impl StopRecord {
     /// The record's path in `state_dir`.
+    ///
+    /// ```
+    /// let path = planned_stop::StopRecord::path(std::path::Path::new("/var/lib/app"));
+    /// assert!(path.ends_with("planned-stop-record.json"));
+    /// ```
     pub fn path(state_dir: &Path) -> PathBuf {
         state_dir.join(RECORD_FILE_NAME)
     }
 
     /// Writes the record atomically into `state_dir` (created if missing), replacing any earlier one.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use planned_stop::{SignalKind, StopCause, StopRecord, StopVerdict};
+    /// let now = chrono::Utc::now();
+    /// let record = StopRecord { pid: 1, cause: StopCause::Signal(SignalKind::Interrupt), verdict: StopVerdict::Planned,
+    ///     request_id: None, reason: None, stopper_pid: None, accepted_at: now, drain_deadline: now, finished_at: now,
+    ///     drained_in_time: true, forced: false, unfinished: vec![], unanswered: vec![], exit_code: 0 };
+    /// record.write(dir.path()).unwrap();
+    /// assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record));
+    /// ```
     pub fn write(&self, state_dir: &Path) -> Result<PathBuf, RecordError> {
         let path = StopRecord::path(state_dir);
         fs::create_dir_all(state_dir).map_err(|source| RecordError::Io {
@@ -111,6 +145,11 @@ impl StopRecord {
     }
 
     /// Reads the record in `state_dir` without removing it; `None` when there is none.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// assert!(planned_stop::StopRecord::read(dir.path()).unwrap().is_none());
+    /// ```
     pub fn read(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
         read_file(&StopRecord::path(state_dir))
     }

@@ -36,6 +36,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// "This process was asked to stop, on purpose": the watcher found a marker for us.
+///
+/// ```
+/// let marker = planned_stop::Marker::new(4, None, chrono::Utc::now()).with_request_id("r-1");
+/// let stop = planned_stop::PlannedStop::from(&marker);
+/// assert_eq!(stop.request_id.as_deref(), Some("r-1"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct PlannedStop {
@@ -62,16 +68,55 @@ impl From<&Marker> for PlannedStop {
 
 /// The application is ready to serve (`Starting → Running`). A planned stop held during start-up is
 /// acted on now.
+///
+/// ```
+/// # use planned_stop::{Layout, PlannedStopService};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .handle_signals(false)
+///         .events(false)
+///         .start()
+///         .unwrap();
+///     service.runner().do_send(planned_stop::runner::Ready); // what `service.ready()` sends
+/// });
+/// ```
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
 pub struct Ready;
 
 /// An OS signal or console event arrived.
+///
+/// ```
+/// # use planned_stop::{Layout, PlannedStopService};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .handle_signals(false)
+///         .events(false)
+///         .start()
+///         .unwrap();
+///     service.runner().do_send(planned_stop::runner::OsSignal(planned_stop::SignalKind::Interrupt));
+/// });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct OsSignal(pub SignalKind);
 
 /// The application asks to stop.
+///
+/// ```
+/// # use planned_stop::{Layout, PlannedStopService};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .handle_signals(false)
+///         .events(false)
+///         .start()
+///         .unwrap();
+///     service.runner().do_send(planned_stop::runner::RequestStop { planned: true, force: false });
+/// });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct RequestStop {
@@ -82,6 +127,28 @@ pub struct RequestStop {
 }
 
 /// Registers a drain participant (also possible through the builder).
+///
+/// ```
+/// use actix::prelude::*;
+/// use planned_stop::{Drain, DrainReport};
+/// struct Jobs;
+/// impl Actor for Jobs { type Context = Context<Self>; }
+/// impl Handler<Drain> for Jobs {
+///     type Result = DrainReport;
+///     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport { DrainReport::default() }
+/// }
+/// # use planned_stop::{Layout, PlannedStopService};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .handle_signals(false)
+///         .events(false)
+///         .start()
+///         .unwrap();
+///     let add = planned_stop::runner::AddParticipant { name: "jobs".into(), recipient: Jobs.start().recipient() };
+///     service.runner().do_send(add);
+/// });
+/// ```
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct AddParticipant {
@@ -93,6 +160,21 @@ pub struct AddParticipant {
 
 /// Sent to each drain participant when the stop begins: stop taking work, finish what you can
 /// within `within`, and answer with what is left.
+///
+/// ```
+/// use actix::prelude::*;
+/// use planned_stop::{Drain, DrainReport};
+/// /// Hands back whatever is still queued.
+/// struct Queue(Vec<String>);
+/// impl Actor for Queue { type Context = Context<Self>; }
+/// impl Handler<Drain> for Queue {
+///     type Result = DrainReport;
+///     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> DrainReport {
+///         let _budget = drain.within; // finish what fits, then:
+///         DrainReport { unfinished: std::mem::take(&mut self.0) }
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
 #[rtype(result = "DrainReport")]
 pub struct Drain {
@@ -103,6 +185,11 @@ pub struct Drain {
 }
 
 /// A participant's answer to [`Drain`].
+///
+/// ```
+/// let report = planned_stop::DrainReport { unfinished: vec!["job-7".into()] };
+/// assert_eq!(report.unfinished.len(), 1);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
 pub struct DrainReport {
     /// Work left unfinished, to resume at the next start.
@@ -110,6 +197,12 @@ pub struct DrainReport {
 }
 
 /// What the runner publishes on its status channel.
+///
+/// ```
+/// let status = planned_stop::RunnerStatus::starting();
+/// assert_eq!(status.state, planned_stop::RunnerState::Starting);
+/// assert_eq!(status.exit_code, None);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerStatus {
     /// The lifecycle state.
@@ -125,6 +218,10 @@ pub struct RunnerStatus {
 
 impl RunnerStatus {
     /// The status of a runner that has not started yet.
+    ///
+    /// ```
+    /// assert!(planned_stop::RunnerStatus::starting().outcome.is_none());
+    /// ```
     pub fn starting() -> RunnerStatus {
         RunnerStatus {
             state: RunnerState::Starting,
@@ -166,12 +263,23 @@ impl Default for ExitCodes {
 
 impl ExitCodes {
     /// Uses `code` when a stop with `cause` reaches `verdict` (the last override given wins).
+    ///
+    /// ```
+    /// use planned_stop::{runner::ExitCodes, StopCause, StopVerdict};
+    /// let codes = ExitCodes::default().with(StopCause::Request, StopVerdict::Unexpected, 3);
+    /// assert_eq!(codes.code(StopCause::Request, StopVerdict::Unexpected), 3);
+    /// ```
     pub fn with(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
         self.overrides.push((cause, verdict, code));
         self
     }
 
     /// The code for a stop with `cause` and `verdict`.
+    ///
+    /// ```
+    /// use planned_stop::{runner::ExitCodes, StopCause, StopVerdict};
+    /// assert_eq!(ExitCodes::default().code(StopCause::Marker, StopVerdict::Unexpected), 1);
+    /// ```
     pub fn code(&self, cause: StopCause, verdict: StopVerdict) -> i32 {
         let mut overridden = self.overrides.iter().rev();
         match overridden.find(|(c, v, _)| *c == cause && *v == verdict) {
@@ -183,6 +291,11 @@ impl ExitCodes {
 }
 
 /// How the runner stops.
+///
+/// ```
+/// let config = planned_stop::runner::RunnerConfig { drain_deadline: std::time::Duration::from_secs(30), ..Default::default() };
+/// assert!(config.stop_system);
+/// ```
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
     /// How long the participants have to drain. Default 10 s.
@@ -243,6 +356,20 @@ struct DrainRun {
 
 /// The lifecycle actor. Build it with [`RunnerActor::new`], or let
 /// [`crate::service::PlannedStopService`] wire it up with the watcher.
+///
+/// ```
+/// use actix::prelude::*;
+/// use planned_stop::runner::{RunnerActor, RunnerConfig};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// actix::System::new().block_on(async {
+///     let runner = RunnerActor::new(store, me, RunnerConfig::default(), std::sync::Arc::new(planned_stop::clock::SystemClock));
+///     let status = runner.subscribe();
+///     let _addr = runner.start();
+///     assert_eq!(status.borrow().state, planned_stop::RunnerState::Starting);
+/// });
+/// ```
 pub struct RunnerActor {
     lifecycle: Lifecycle,
     store: MarkerStore,
@@ -257,6 +384,15 @@ pub struct RunnerActor {
 
 impl RunnerActor {
     /// A runner in `Starting` for the process `own`, claiming its markers from `store`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// let clock = std::sync::Arc::new(planned_stop::clock::SystemClock);
+    /// let runner = planned_stop::RunnerActor::new(store, me, Default::default(), clock);
+    /// assert_eq!(runner.subscribe().borrow().state, planned_stop::RunnerState::Starting);
+    /// ```
     pub fn new(
         store: MarkerStore,
         own: ProcessIdentity,
@@ -279,11 +415,38 @@ impl RunnerActor {
 
     /// A receiver of the runner's status (subscribe before starting the actor, or later through
     /// the service handle).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// let runner = planned_stop::RunnerActor::new(store, me, Default::default(), std::sync::Arc::new(planned_stop::clock::SystemClock));
+    /// let status = runner.subscribe();
+    /// assert!(status.borrow().verdict.is_none());
+    /// ```
     pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
         self.status.subscribe()
     }
 
     /// Registers a drain participant before the actor starts.
+    ///
+    /// ```
+    /// use actix::prelude::*;
+    /// use planned_stop::{Drain, DrainReport};
+    /// struct Jobs;
+    /// impl Actor for Jobs { type Context = Context<Self>; }
+    /// impl Handler<Drain> for Jobs {
+    ///     type Result = DrainReport;
+    ///     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport { DrainReport::default() }
+    /// }
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let mut runner = planned_stop::RunnerActor::new(store, me, Default::default(), std::sync::Arc::new(planned_stop::clock::SystemClock));
+    ///     runner.add_participant("jobs", Jobs.start().recipient());
+    /// });
+    /// ```
     pub fn add_participant(&mut self, name: impl Into<String>, recipient: Recipient<Drain>) {
         self.participants.push((name.into(), recipient));
     }

@@ -44,6 +44,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Why the service could not start.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// let err = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(dir.path().into())).start().unwrap_err();
+/// assert!(matches!(err, planned_stop::service::StartError::NoSystem));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// This process's identity could not be read.
@@ -61,12 +67,30 @@ pub enum StartError {
 }
 
 /// Entry point; see the module docs.
+///
+/// ```
+/// # use planned_stop::{Layout, PlannedStopService};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .handle_signals(false)
+///         .events(false)
+///         .start()
+///         .unwrap();
+///     service.ready();
+/// });
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct PlannedStopService;
 
 impl PlannedStopService {
     /// A builder with safe defaults: filesystem notifications plus 250 ms polling, 10 s drain, [`Policy::default`], exit codes
     /// 0 / 1, a private marker directory.
+    ///
+    /// ```
+    /// let builder = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()));
+    /// let _builder = builder.poll_interval(std::time::Duration::from_millis(500));
+    /// ```
     pub fn builder(layout: Layout) -> ServiceBuilder {
         ServiceBuilder {
             layout,
@@ -84,6 +108,14 @@ impl PlannedStopService {
 }
 
 /// Configures and starts the runner and the watcher.
+///
+/// ```
+/// use planned_stop::{Layout, PlannedStopService, StopCause, StopVerdict};
+/// let _builder = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+///     .state_dir("/var/lib/app")
+///     .drain_deadline(std::time::Duration::from_secs(20))
+///     .exit_code(StopCause::Request, StopVerdict::Unexpected, 3);
+/// ```
 pub struct ServiceBuilder {
     layout: Layout,
     policy: Policy,
@@ -102,12 +134,20 @@ impl ServiceBuilder {
     /// feed the runner (default `true`). Turn it off when something else owns the signals and
     /// forwards them with [`ServiceHandle::signal`]. Once installed, a handler stays for the life of
     /// the process.
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).handle_signals(false);
+    /// ```
     pub fn handle_signals(mut self, handle: bool) -> Self {
         self.handle_signals = handle;
         self
     }
 
     /// The application's state directory, where the stop record (resume list) is written.
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).state_dir("/var/lib/app");
+    /// ```
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.runner.state_dir = Some(dir.into());
         self
@@ -116,24 +156,42 @@ impl ServiceBuilder {
     /// Whether the watcher also reacts to filesystem notifications on the marker's directory
     /// (default `true`; falls back to polling alone, with a warning, where notifications are not
     /// available). The poll keeps running as a safety net either way.
+    ///
+    /// ```
+    /// let _poll_only = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).events(false);
+    /// ```
     pub fn events(mut self, events: bool) -> Self {
         self.events = events;
         self
     }
 
     /// How often the watcher probes. Default 250 ms.
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).poll_interval(std::time::Duration::from_secs(1));
+    /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
     }
 
     /// How long the drain participants have. Default 10 s.
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).drain_deadline(std::time::Duration::from_secs(30));
+    /// ```
     pub fn drain_deadline(mut self, deadline: Duration) -> Self {
         self.runner.drain_deadline = deadline;
         self
     }
 
     /// The marker policy (TTL, skew, start slack).
+    ///
+    /// ```
+    /// use planned_stop::{Layout, PlannedStopService, Policy};
+    /// let policy = Policy { ttl: std::time::Duration::from_secs(300), ..Policy::default() };
+    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).policy(policy);
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
@@ -141,42 +199,89 @@ impl ServiceBuilder {
 
     /// Accepts a marker directory writable by group or others (see
     /// [`crate::store::MarkerStoreBuilder::allow_shared_dir`]).
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/srv/shared".into())).allow_shared_dir(true);
+    /// ```
     pub fn allow_shared_dir(mut self, allow: bool) -> Self {
         self.allow_shared_dir = allow;
         self
     }
 
     /// Exit codes by verdict and cause.
+    ///
+    /// ```
+    /// use planned_stop::{runner::ExitCodes, Layout, PlannedStopService};
+    /// let mut codes = ExitCodes::default();
+    /// codes.unexpected = 75;
+    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).exit_codes(codes);
+    /// ```
     pub fn exit_codes(mut self, codes: ExitCodes) -> Self {
         self.runner.exit_codes = codes;
         self
     }
 
     /// Overrides one exit code: `code` when a stop with `cause` reaches `verdict`.
+    ///
+    /// ```
+    /// use planned_stop::{Layout, PlannedStopService, SignalKind, StopCause, StopVerdict};
+    /// // A SIGHUP is a clean stop for this application.
+    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+    ///     .exit_code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
+    /// ```
     pub fn exit_code(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
         self.runner.exit_codes = self.runner.exit_codes.with(cause, verdict, code);
         self
     }
 
     /// Registers a drain participant.
+    ///
+    /// ```
+    /// use actix::prelude::*;
+    /// use planned_stop::{Drain, DrainReport, Layout, PlannedStopService};
+    /// struct Jobs;
+    /// impl Actor for Jobs { type Context = Context<Self>; }
+    /// impl Handler<Drain> for Jobs {
+    ///     type Result = DrainReport;
+    ///     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport { DrainReport::default() }
+    /// }
+    /// actix::System::new().block_on(async {
+    ///     let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).participant("jobs", Jobs.start().recipient());
+    /// });
+    /// ```
     pub fn participant(mut self, name: impl Into<String>, recipient: Recipient<Drain>) -> Self {
         self.participants.push((name.into(), recipient));
         self
     }
 
     /// Whether the runner stops the actix system when stopped (default `true`).
+    ///
+    /// ```
+    /// // Run the runner inside a larger system that stops by other means.
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).stop_system(false);
+    /// ```
     pub fn stop_system(mut self, stop: bool) -> Self {
         self.runner.stop_system = stop;
         self
     }
 
     /// The wall clock for verdicts (tests pass one driven by tokio's paused clock).
+    ///
+    /// ```
+    /// let clock = std::sync::Arc::new(planned_stop::clock::SystemClock);
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).clock(clock);
+    /// ```
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
     /// The identity to act as, instead of this process's (tests).
+    ///
+    /// ```
+    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).identity(me);
+    /// ```
     pub fn identity(mut self, identity: ProcessIdentity) -> Self {
         self.identity = Some(identity);
         self
@@ -256,6 +361,19 @@ impl ServiceBuilder {
 }
 
 /// The running service: tell it when the application is ready, ask it to stop, watch its status.
+///
+/// ```
+/// # use planned_stop::{Layout, PlannedStopService};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .handle_signals(false)
+///         .events(false)
+///         .start()
+///         .unwrap();
+///     assert_eq!(service.identity().pid, std::process::id());
+/// });
+/// ```
 #[derive(Debug, Clone)]
 pub struct ServiceHandle {
     runner: Addr<RunnerActor>,
@@ -269,52 +387,183 @@ pub struct ServiceHandle {
 impl ServiceHandle {
     /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
     /// on now.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     service.ready();
+    /// });
+    /// ```
     pub fn ready(&self) {
         self.runner.do_send(Ready);
     }
 
     /// Asks to stop (see [`RequestStop`]).
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     service.request_stop(true, false);
+    /// });
+    /// ```
     pub fn request_stop(&self, planned: bool, force: bool) {
         self.runner.do_send(RequestStop { planned, force });
     }
 
     /// Feeds an OS signal to the runner, as the signal listener does for real signals.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     service.signal(planned_stop::runner::OsSignal(planned_stop::SignalKind::Terminate));
+    /// });
+    /// ```
     pub fn signal(&self, signal: OsSignal) {
         self.runner.do_send(signal);
     }
 
     /// The runner's current status.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert_eq!(service.status().verdict, None);
+    /// });
+    /// ```
     pub fn status(&self) -> RunnerStatus {
         self.status.borrow().clone()
     }
 
     /// A receiver that sees every status change.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     let status = service.subscribe();
+    ///     assert_eq!(status.borrow().state, planned_stop::RunnerState::Starting);
+    /// });
+    /// ```
     pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
         self.status.clone()
     }
 
     /// The runner's address.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert!(service.runner().connected());
+    /// });
+    /// ```
     pub fn runner(&self) -> &Addr<RunnerActor> {
         &self.runner
     }
 
     /// The watcher's address.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert!(service.watcher().connected());
+    /// });
+    /// ```
     pub fn watcher(&self) -> &Addr<MarkerWatcherActor> {
         &self.watcher
     }
 
     /// The marker store.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert!(service.store().dir().ends_with("run"));
+    /// });
+    /// ```
     pub fn store(&self) -> &MarkerStore {
         &self.store
     }
 
     /// This process's identity, as read at start-up.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert_eq!(service.identity(), planned_stop::ProcessIdentity::current().unwrap());
+    /// });
+    /// ```
     pub fn identity(&self) -> ProcessIdentity {
         self.own
     }
 
     /// Takes the previous life's stop record from the state directory, so its unfinished work can
     /// be resumed (exactly once). `None` without a state directory or record.
+    ///
+    /// ```
+    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// actix::System::new().block_on(async {
+    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///         .handle_signals(false)
+    ///         .events(false)
+    ///         .start()
+    ///         .unwrap();
+    ///     assert!(service.take_previous_record().unwrap().is_none(), "no state directory");
+    /// });
+    /// ```
     pub fn take_previous_record(&self) -> Result<Option<StopRecord>, RecordError> {
         match &self.state_dir {
             Some(dir) => StopRecord::take(dir),

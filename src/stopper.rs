@@ -21,6 +21,11 @@ use std::time::{Duration, Instant};
 pub const WAIT_POLL: Duration = Duration::from_millis(20);
 
 /// What to ask for.
+///
+/// ```
+/// let options = planned_stop::stopper::StopOptions { reason: Some("deploy".into()), signal: true, ..planned_stop::stopper::StopOptions::new() };
+/// assert!(options.trigger_watcher);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct StopOptions {
     /// Free text for the target's logs and stop record.
@@ -38,6 +43,11 @@ pub struct StopOptions {
 
 impl StopOptions {
     /// Options that trigger the watcher and send no signal.
+    ///
+    /// ```
+    /// let options = planned_stop::stopper::StopOptions::new();
+    /// assert!(options.trigger_watcher && !options.signal);
+    /// ```
     pub fn new() -> StopOptions {
         StopOptions {
             trigger_watcher: true,
@@ -47,6 +57,16 @@ impl StopOptions {
 }
 
 /// A stop request that was written.
+///
+/// ```
+/// # use planned_stop::{Layout, MarkerStore, ProcessIdentity};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
+/// // Ask this very process (nobody is watching here, so nothing stops).
+/// let r = planned_stop::stopper::request(&store, std::process::id(), &planned_stop::stopper::StopOptions::new()).unwrap();
+/// assert_eq!(r.target, ProcessIdentity::current().unwrap());
+/// assert!(r.slot.exists() && !r.signalled);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Requested {
     /// The target, as identified when the marker was written.
@@ -60,6 +80,15 @@ pub struct Requested {
 }
 
 /// Why a stop request could not be made.
+///
+/// ```
+/// use planned_stop::stopper::{request, StopOptions, StopperError};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let wrong = StopOptions { expect_start: Some(0), ..StopOptions::new() };
+/// let err = request(&store, std::process::id(), &wrong).unwrap_err();
+/// assert!(matches!(err, StopperError::WrongIdentity { .. }));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum StopperError {
     /// No process with that pid is running.
@@ -177,6 +206,16 @@ fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
 }
 
 /// How a wait ended.
+///
+/// ```
+/// use planned_stop::stopper::{wait, WaitOutcome};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// // This process has not accepted anything: not accepted at the deadline.
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let outcome = wait(&store, &me, std::time::Duration::from_millis(50), |_, _| {});
+/// assert_eq!(outcome, WaitOutcome::NotAccepted);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaitOutcome {
     /// The target exited after a planned stop.
@@ -204,6 +243,16 @@ pub enum WaitOutcome {
 }
 
 /// Where a wait stands, for a progress display.
+///
+/// ```
+/// use planned_stop::stopper::{wait, Progress};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let mut seen = Vec::new();
+/// wait(&store, &me, std::time::Duration::from_millis(50), |p, _| seen.push(p));
+/// assert!(seen.iter().all(|p| *p == Progress::Waiting));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Progress {
     /// The target has not acknowledged the request yet.

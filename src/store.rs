@@ -44,6 +44,15 @@ const TEMP_TAG: &str = ".tmp-";
 const TAKEN_TAG: &str = ".taken-";
 
 /// Where the markers are.
+///
+/// ```
+/// use planned_stop::{Layout, MarkerStore};
+/// # let dir = tempfile::tempdir().unwrap();
+/// let slots = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
+/// assert!(slots.slot_path(7).ends_with("planned-stop-7.json"));
+/// let single = MarkerStore::open(Layout::SingleFile(dir.path().join("stop.json"))).unwrap();
+/// assert_eq!(single.slot_path(7), single.slot_path(8));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
     /// One slot per target pid in this directory: `DIR/planned-stop-<PID>.json`.
@@ -53,6 +62,14 @@ pub enum Layout {
 }
 
 /// Why a store operation failed. Each variant names the path and what to do.
+///
+/// ```
+/// use planned_stop::{Layout, Marker, MarkerStore, StoreError};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let bad = Marker::new(1, None, chrono::Utc::now()).with_reason("a\nb");
+/// assert!(matches!(store.write(&bad), Err(StoreError::InvalidMarker(_))));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The marker directory could not be created or examined.
@@ -112,6 +129,15 @@ pub enum StoreError {
 }
 
 /// Opens a [`MarkerStore`] with options. Safe defaults: [`Policy::default`], private directory.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// let store = planned_stop::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().join("run")))
+///     .allow_shared_dir(false)
+///     .open()
+///     .unwrap();
+/// assert!(store.dir().is_dir());
+/// ```
 #[derive(Debug, Clone)]
 pub struct MarkerStoreBuilder {
     layout: Layout,
@@ -122,6 +148,13 @@ pub struct MarkerStoreBuilder {
 
 impl MarkerStoreBuilder {
     /// Sets the policy used for every verdict this store reaches.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let policy = planned_stop::Policy { future_skew: std::time::Duration::from_secs(30), ..Default::default() };
+    /// let store = planned_stop::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().into())).policy(policy).open().unwrap();
+    /// assert_eq!(store.policy().future_skew.as_secs(), 30);
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
@@ -129,6 +162,12 @@ impl MarkerStoreBuilder {
 
     /// Accepts a marker directory that group or others can write (default `false`). Only do this
     /// when everyone who can write there is trusted to stop the service.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = planned_stop::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().into())).allow_shared_dir(true).open();
+    /// assert!(store.is_ok());
+    /// ```
     pub fn allow_shared_dir(mut self, allow: bool) -> Self {
         self.allow_shared_dir = allow;
         self
@@ -137,12 +176,26 @@ impl MarkerStoreBuilder {
     /// Whether [`MarkerStoreBuilder::open`] creates a missing directory (default `true`). A reader
     /// that must change nothing (`planned-stop inspect`) passes `false`: a missing directory then
     /// simply holds no markers.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let missing = dir.path().join("not-yet");
+    /// let store = planned_stop::MarkerStore::builder(planned_stop::Layout::Slots(missing.clone())).create_dir(false).open().unwrap();
+    /// assert!(!missing.exists());
+    /// assert_eq!(store.inspect(1, chrono::Utc::now()), Ok(planned_stop::Verdict::Absent));
+    /// ```
     pub fn create_dir(mut self, create: bool) -> Self {
         self.create_dir = create;
         self
     }
 
     /// Creates the directory if missing (mode 0700) and checks its permissions.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = planned_stop::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().join("a/b"))).open().unwrap();
+    /// assert!(store.dir().is_dir());
+    /// ```
     pub fn open(self) -> Result<MarkerStore, StoreError> {
         let dir = match &self.layout {
             Layout::Slots(dir) => dir.clone(),
@@ -163,6 +216,13 @@ impl MarkerStoreBuilder {
 }
 
 /// What [`MarkerStore::sweep`] removed.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let report = store.sweep(chrono::Utc::now()).unwrap();
+/// assert_eq!(report, planned_stop::store::SweepReport::default());
+/// ```
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepReport {
     /// Slots removed as malformed or stale (their owner gone included).
@@ -172,6 +232,14 @@ pub struct SweepReport {
 }
 
 /// One slot as [`MarkerStore::entries`] lists it.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// std::fs::write(store.slot_path(3), b"junk").unwrap();
+/// let entries = store.entries(chrono::Utc::now()).unwrap();
+/// assert_eq!(entries[0].verdict.as_ref().map(|v| v.kind()), Ok("malformed"));
+/// ```
 #[derive(Debug, Clone)]
 pub struct SlotEntry {
     /// The slot's path.
@@ -205,6 +273,12 @@ pub struct MarkerStore {
 
 impl MarkerStore {
     /// Opens a store with the default policy and a private directory (see [`MarkerStoreBuilder`]).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().join("run"))).unwrap();
+    /// assert_eq!(store.policy(), &planned_stop::Policy::default());
+    /// ```
     pub fn open(layout: Layout) -> Result<MarkerStore, StoreError> {
         MarkerStore::builder(layout).open()
     }
@@ -231,21 +305,46 @@ impl MarkerStore {
     }
 
     /// The layout this store serves.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let layout = planned_stop::Layout::Slots(dir.path().into());
+    /// let store = planned_stop::MarkerStore::open(layout.clone()).unwrap();
+    /// assert_eq!(store.layout(), &layout);
+    /// ```
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
     /// The directory the markers live in.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = planned_stop::MarkerStore::open(planned_stop::Layout::SingleFile(dir.path().join("m.json"))).unwrap();
+    /// assert_eq!(store.dir(), dir.path());
+    /// ```
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The policy every verdict of this store uses.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.policy().ttl.as_secs(), 60);
+    /// ```
     pub fn policy(&self) -> &Policy {
         &self.policy
     }
 
     /// The slot a marker for `pid` goes to.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.slot_path(42), dir.path().join("planned-stop-42.json"));
+    /// ```
     pub fn slot_path(&self, pid: u32) -> PathBuf {
         match &self.layout {
             Layout::Slots(dir) => dir.join(slot_file_name(pid)),
@@ -255,11 +354,29 @@ impl MarkerStore {
 
     /// Where the runner of `pid` writes its [`Outcome`]: `DIR/planned-stop-<PID>.outcome.json`, in
     /// both layouts.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.outcome_path(42), dir.path().join("planned-stop-42.outcome.json"));
+    /// ```
     pub fn outcome_path(&self, pid: u32) -> PathBuf {
         self.dir.join(outcome_file_name(pid))
     }
 
     /// Writes the runner's outcome file, atomically.
+    ///
+    /// ```
+    /// # use planned_stop::outcome::{Outcome, Phase};
+    /// # use planned_stop::{StopCause, StopVerdict};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// let now = chrono::Utc::now();
+    /// let outcome = Outcome { pid: 42, start: 1, phase: Phase::Draining, cause: StopCause::Marker, verdict: StopVerdict::Planned,
+    ///     request_id: None, accepted_at: now, drain_deadline: now, finished_at: None, exit_code: None };
+    /// store.write_outcome(&outcome).unwrap();
+    /// assert_eq!(store.read_outcome(42), Some(outcome));
+    /// ```
     pub fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
         let path = self.outcome_path(outcome.pid);
         let bytes = serde_json::to_vec(outcome).map_err(|e| StoreError::Io {
@@ -273,6 +390,12 @@ impl MarkerStore {
 
     /// Reads the outcome file of `pid`; `None` when there is none or it is not an outcome. Check
     /// [`Outcome::is_from`] before trusting it: the pid may have had an earlier owner.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.read_outcome(42), None);
+    /// ```
     pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
         match read_bounded(&self.outcome_path(pid), MAX_OUTCOME_BYTES) {
             Found::Bytes(bytes) => Outcome::parse(&bytes),
@@ -281,6 +404,12 @@ impl MarkerStore {
     }
 
     /// Every readable outcome file in the directory, by pid.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert!(store.outcomes().is_empty());
+    /// ```
     pub fn outcomes(&self) -> Vec<Outcome> {
         let mut outcomes: Vec<Outcome> = self
             .outcome_files()
@@ -415,6 +544,14 @@ impl MarkerStore {
     }
 
     /// Every slot in the directory with the verdict its owner would reach, changing nothing.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// store.write(&planned_stop::Marker::new(9, None, chrono::Utc::now())).unwrap();
+    /// let entries = store.entries(chrono::Utc::now()).unwrap();
+    /// assert_eq!(entries.len(), 1);
+    /// ```
     pub fn entries(&self, now: DateTime<Utc>) -> Result<Vec<SlotEntry>, StoreError> {
         let mut entries = Vec::new();
         for path in self.slot_files()? {
@@ -425,6 +562,14 @@ impl MarkerStore {
     }
 
     /// Removes `pid`'s slot whatever it holds. Returns `false` when there was none.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// store.write(&planned_stop::Marker::new(9, None, chrono::Utc::now())).unwrap();
+    /// assert!(store.clear(9).unwrap());
+    /// assert!(!store.clear(9).unwrap());
+    /// ```
     pub fn clear(&self, pid: u32) -> Result<bool, StoreError> {
         let slot = self.slot_path(pid);
         let removed = match fs::symlink_metadata(&slot) {
@@ -659,16 +804,30 @@ impl MarkerStore {
 }
 
 /// `planned-stop-<PID>.json`.
+///
+/// ```
+/// assert_eq!(planned_stop::store::slot_file_name(42), "planned-stop-42.json");
+/// ```
 pub fn slot_file_name(pid: u32) -> String {
     format!("{SLOT_PREFIX}{pid}{SLOT_SUFFIX}")
 }
 
 /// `planned-stop-<PID>.outcome.json`.
+///
+/// ```
+/// assert_eq!(planned_stop::store::outcome_file_name(42), "planned-stop-42.outcome.json");
+/// ```
 pub fn outcome_file_name(pid: u32) -> String {
     format!("{SLOT_PREFIX}{pid}{OUTCOME_SUFFIX}")
 }
 
 /// The pid in an outcome file name, or `None` if `name` is not one.
+///
+/// ```
+/// use planned_stop::store::parse_outcome_file_name;
+/// assert_eq!(parse_outcome_file_name("planned-stop-42.outcome.json"), Some(42));
+/// assert_eq!(parse_outcome_file_name("planned-stop-42.json"), None);
+/// ```
 pub fn parse_outcome_file_name(name: &str) -> Option<u32> {
     let digits = name
         .strip_prefix(SLOT_PREFIX)?
@@ -677,6 +836,12 @@ pub fn parse_outcome_file_name(name: &str) -> Option<u32> {
 }
 
 /// The pid in a slot file name, or `None` if `name` is not one.
+///
+/// ```
+/// use planned_stop::store::parse_slot_file_name;
+/// assert_eq!(parse_slot_file_name("planned-stop-42.json"), Some(42));
+/// assert_eq!(parse_slot_file_name("planned-stop-0.json"), None);
+/// ```
 pub fn parse_slot_file_name(name: &str) -> Option<u32> {
     let digits = name.strip_prefix(SLOT_PREFIX)?.strip_suffix(SLOT_SUFFIX)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {

@@ -28,6 +28,11 @@ use std::time::Duration;
 /// The thresholds of the decision. The defaults are safe for a local stopper; raise the TTL for a
 /// slow one, and the skew where the stopper's clock may be ahead of ours (another host on a shared
 /// volume).
+///
+/// ```
+/// let policy = planned_stop::Policy::default();
+/// assert_eq!((policy.ttl.as_secs(), policy.future_skew.as_secs(), policy.start_slack.as_secs()), (60, 5, 2));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     /// A marker older than this is stale. Default 60 s.
@@ -51,6 +56,14 @@ impl Default for Policy {
 
 /// What was found at a slot, as the store read it (at most one byte more than
 /// [`crate::marker::MAX_MARKER_BYTES`]).
+///
+/// ```
+/// use planned_stop::verdict::{decide, SlotContent, Undecided};
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let found = SlotContent::Unreadable(std::io::ErrorKind::PermissionDenied);
+/// let v = decide(found, &me, chrono::Utc::now(), &Default::default());
+/// assert_eq!(v, Err(Undecided(std::io::ErrorKind::PermissionDenied)));
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub enum SlotContent<'a> {
     /// Nothing at the slot path.
@@ -64,6 +77,13 @@ pub enum SlotContent<'a> {
 }
 
 /// The kind of a non-regular file found at a slot.
+///
+/// ```
+/// use planned_stop::verdict::{decide, FileKind, Malformed, SlotContent};
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let v = decide(SlotContent::NotAFile(FileKind::Special), &me, chrono::Utc::now(), &Default::default());
+/// assert_eq!(v, Ok(planned_stop::Verdict::Malformed(Malformed::NotAFile(FileKind::Special))));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
     /// A symbolic link (never followed).
@@ -75,6 +95,15 @@ pub enum FileKind {
 }
 
 /// The decision for one slot.
+///
+/// ```
+/// use planned_stop::verdict::{decide, SlotContent};
+/// use planned_stop::{Marker, Verdict};
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let bytes = Marker::new(me.pid.wrapping_add(1).max(1), None, chrono::Utc::now()).to_json().unwrap();
+/// let v = decide(SlotContent::Bytes(&bytes), &me, chrono::Utc::now(), &Default::default()).unwrap();
+/// assert!(matches!(v, Verdict::Foreign(_)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// No marker: keep running.
@@ -91,11 +120,20 @@ pub enum Verdict {
 
 impl Verdict {
     /// `true` for the verdicts after which the slot file should be removed.
+    ///
+    /// ```
+    /// use planned_stop::Verdict;
+    /// assert!(!Verdict::Absent.is_removable());
+    /// ```
     pub fn is_removable(&self) -> bool {
         matches!(self, Verdict::Malformed(_) | Verdict::Stale(_))
     }
 
     /// A short lower-case name, as `inspect --json` prints it.
+    ///
+    /// ```
+    /// assert_eq!(planned_stop::Verdict::Absent.kind(), "absent");
+    /// ```
     pub fn kind(&self) -> &'static str {
         match self {
             Verdict::Absent => "absent",
@@ -108,6 +146,13 @@ impl Verdict {
 }
 
 /// Why a slot holds no marker.
+///
+/// ```
+/// use planned_stop::verdict::{decide, Malformed, SlotContent};
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let v = decide(SlotContent::Bytes(b"{}"), &me, chrono::Utc::now(), &Default::default()).unwrap();
+/// assert!(matches!(v, planned_stop::Verdict::Malformed(Malformed::Content(_))));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Malformed {
     /// The slot is not a regular file.
@@ -119,6 +164,16 @@ pub enum Malformed {
 }
 
 /// Why a well-formed marker no longer applies.
+///
+/// ```
+/// use planned_stop::verdict::{decide, SlotContent, Stale};
+/// use planned_stop::{Marker, Verdict};
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let old = chrono::Utc::now() - chrono::TimeDelta::minutes(5);
+/// let bytes = Marker::new(me.pid, Some(me.start), old).to_json().unwrap();
+/// let v = decide(SlotContent::Bytes(&bytes), &me, chrono::Utc::now(), &Default::default()).unwrap();
+/// assert!(matches!(v, Verdict::Stale(Stale::Expired { .. })));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Stale {
     /// Written more than the TTL ago.
@@ -165,6 +220,11 @@ pub enum Stale {
 
 /// No decision this time: the slot exists but could not be read (retry on the next tick; never take
 /// it as absent, never as a stop).
+///
+/// ```
+/// let e = planned_stop::verdict::Undecided(std::io::ErrorKind::PermissionDenied);
+/// assert!(e.to_string().contains("will retry"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the marker slot could not be read ({0}); will retry")]
 pub struct Undecided(pub std::io::ErrorKind);
