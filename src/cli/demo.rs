@@ -72,6 +72,18 @@ impl Service {
         }
     }
 
+    /// Waits for the `exit` event and the process's exit, prints the exit on the timeline that
+    /// started at `t0`, and checks the code is `want`.
+    fn expect_exit(&mut self, t0: Instant, what: &str, want: i32) -> DemoResult<()> {
+        let (at, exit) = self.expect("exit")?;
+        step(
+            t0,
+            at,
+            &format!("exit code {} ({})", exit["code"], exit["verdict"]),
+        );
+        expect_eq(what, self.exit_code()?, Some(want))
+    }
+
     fn exit_code(&mut self) -> DemoResult<Option<i32>> {
         self.child
             .wait()
@@ -183,14 +195,7 @@ impl Demo {
             at,
             "draining (jobs that cannot finish in 300 ms are handed back)",
         );
-        let (at, exit) = service.expect("exit")?;
-        let code = service.exit_code()?;
-        step(
-            t0,
-            at,
-            &format!("exit code {} ({})", exit["code"], exit["verdict"]),
-        );
-        expect_eq("exit code of a planned stop", code, Some(0))?;
+        service.expect_exit(t0, "exit code of a planned stop", 0)?;
 
         emit("\n2. the next start resumes what was left");
         let (service2, resumed) = self.start()?;
@@ -229,17 +234,7 @@ impl Demo {
             t0,
             &format!("marker written, SIGTERM sent: {}", requested.signalled),
         );
-        let (at, exit) = service.expect("exit")?;
-        step(
-            t0,
-            at,
-            &format!("exit code {} ({})", exit["code"], exit["verdict"]),
-        );
-        expect_eq(
-            "exit code of marker + SIGTERM",
-            service.exit_code()?,
-            Some(0),
-        )
+        service.expect_exit(t0, "exit code of marker + SIGTERM", 0)
     }
 
     fn hostile(&self, service: &Service) -> DemoResult<()> {
@@ -294,17 +289,7 @@ impl Demo {
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
         step(t0, t0, "SIGTERM sent, no marker");
-        let (at, exit) = service.expect("exit")?;
-        step(
-            t0,
-            at,
-            &format!("exit code {} ({})", exit["code"], exit["verdict"]),
-        );
-        expect_eq(
-            "exit code of an unmarked SIGTERM",
-            service.exit_code()?,
-            Some(1),
-        )
+        service.expect_exit(t0, "exit code of an unmarked SIGTERM", 1)
     }
 
     #[cfg(not(unix))]

@@ -96,18 +96,26 @@ impl LayoutArgs {
     }
 }
 
-/// Arguments of `inspect`.
+/// One slot: a slot or marker file, `--dir DIR --pid PID`, or `--marker FILE`.
 #[derive(Debug, Args)]
-pub struct InspectArgs {
-    /// A slot or marker file to inspect (instead of `--dir DIR --pid PID`).
+pub struct SlotArgs {
+    /// A slot or marker file (instead of `--dir DIR --pid PID`).
     #[arg(value_name = "FILE", conflicts_with_all = ["dir", "marker"])]
     pub file: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub layout: LayoutArgs,
-    /// The process whose slot to inspect (required with `--dir`).
+    /// The process whose slot it is (required with `--dir`).
     #[arg(long)]
     pub pid: Option<u32>,
+}
+
+/// Arguments of `inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub slot: SlotArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -130,15 +138,9 @@ pub struct StatusArgs {
 /// Arguments of `clear`.
 #[derive(Debug, Args)]
 pub struct ClearArgs {
-    /// A slot or marker file to remove (instead of `--dir DIR --pid PID`).
-    #[arg(value_name = "FILE", conflicts_with_all = ["dir", "marker"])]
-    pub file: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub layout: LayoutArgs,
-    /// The process whose slot to remove (required with `--dir`).
-    #[arg(long)]
-    pub pid: Option<u32>,
+    pub slot: SlotArgs,
 }
 
 /// Parses the process arguments and runs the verb.
@@ -168,30 +170,27 @@ fn emit(line: impl std::fmt::Display) {
     let _ = out.flush();
 }
 
-/// The layout and pid named by a file argument, `--dir DIR --pid PID` or `--marker FILE`.
-fn target_slot(
-    file: Option<PathBuf>,
-    layout: &LayoutArgs,
-    pid: Option<u32>,
-) -> Result<(Layout, Option<u32>), String> {
-    if let Some(file) = file {
+/// The layout and pid a [`SlotArgs`] names.
+fn target_slot(args: &SlotArgs) -> Result<(Layout, Option<u32>), String> {
+    if let Some(file) = &args.file {
         let slot_pid = file
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_slot_file_name);
         return Ok(match (slot_pid, file.parent()) {
             (Some(pid), Some(dir)) => (Layout::Slots(dir.to_path_buf()), Some(pid)),
-            _ => (Layout::SingleFile(file), pid),
+            _ => (Layout::SingleFile(file.clone()), args.pid),
         });
     }
-    match (layout.layout()?, pid) {
+    match (args.layout.layout()?, args.pid) {
         (Layout::Slots(_), None) => Err("--dir needs --pid (or give a slot file)".to_owned()),
         (layout, pid) => Ok((layout, pid)),
     }
 }
 
-/// A store for reading: creates nothing, accepts any directory mode (it only reads).
-fn reading_store(layout: Layout) -> Result<MarkerStore, String> {
+/// A store over what exists, for the operator's verbs: creates nothing, and accepts any directory
+/// mode (refusing a shared directory protects the service, not an operator looking at it).
+fn existing_store(layout: Layout) -> Result<MarkerStore, String> {
     MarkerStore::builder(layout)
         .create_dir(false)
         .allow_shared_dir(true)
@@ -200,8 +199,8 @@ fn reading_store(layout: Layout) -> Result<MarkerStore, String> {
 }
 
 fn inspect(args: InspectArgs) -> u8 {
-    let (store, pid) = match target_slot(args.file, &args.layout, args.pid)
-        .and_then(|(layout, pid)| Ok((reading_store(layout)?, pid)))
+    let (store, pid) = match target_slot(&args.slot)
+        .and_then(|(layout, pid)| Ok((existing_store(layout)?, pid)))
     {
         Ok(x) => x,
         Err(e) => return fail(e),
@@ -223,7 +222,7 @@ fn inspect(args: InspectArgs) -> u8 {
 }
 
 fn status(args: StatusArgs) -> u8 {
-    let store = match args.layout.layout().and_then(reading_store) {
+    let store = match args.layout.layout().and_then(existing_store) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
@@ -282,15 +281,12 @@ fn status(args: StatusArgs) -> u8 {
 }
 
 fn clear(args: ClearArgs) -> u8 {
-    let result = target_slot(args.file, &args.layout, args.pid).and_then(|(layout, pid)| {
-        let store = MarkerStore::builder(layout)
-            .create_dir(false)
-            .allow_shared_dir(true)
-            .open()
-            .map_err(|e| e.to_string())?;
-        let path = store.slot_path(pid.unwrap_or(1));
-        let removed = store.clear(pid.unwrap_or(1)).map_err(|e| e.to_string())?;
-        Ok((path, removed))
+    let result = target_slot(&args.slot).and_then(|(layout, pid)| {
+        let store = existing_store(layout)?;
+        // In the single-file layout any pid names the one file.
+        let pid = pid.unwrap_or(1);
+        let removed = store.clear(pid).map_err(|e| e.to_string())?;
+        Ok((store.slot_path(pid), removed))
     });
     match result {
         Ok((path, true)) => emit(format!("{}: removed", path.display())),
