@@ -24,6 +24,11 @@
 //! - [`runner`] and [`watcher`]: the two actors that act on those rules.
 //! - [`record`]: the stop record that lets the next start resume unfinished work.
 //! - [`service`]: the builder that wires it all into an actix application.
+//! - [`stopper`]: the other side — write a request for one process, wait, read its outcome.
+//! - [`signals`], [`events`] and (feature `systemd`) `systemd`: the OS inputs and outputs.
+//!
+//! The `planned-stop` binary's own code (`cli`) is public only so the binary can call it; it is not
+//! part of the library's API.
 //!
 //! ```
 //! use chrono::Utc;
@@ -44,6 +49,7 @@
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
 pub mod cli;
 pub mod clock;
 pub mod events;

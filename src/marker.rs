@@ -23,18 +23,48 @@ use serde_json::Value;
 use std::fmt;
 
 /// The only protocol version this crate reads and writes.
+///
+/// ```
+/// let json = planned_stop::Marker::new(1, None, chrono::Utc::now()).to_json().unwrap();
+/// let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+/// assert_eq!(v["version"], planned_stop::marker::MARKER_VERSION);
+/// ```
 pub const MARKER_VERSION: u64 = 1;
 
 /// Largest marker accepted, in bytes (a UTF-8 byte-order mark included).
+///
+/// ```
+/// use planned_stop::{marker::MAX_MARKER_BYTES, Marker, MarkerError};
+/// let padded = vec![b' '; MAX_MARKER_BYTES + 1];
+/// assert!(matches!(Marker::parse(&padded), Err(MarkerError::TooLarge { .. })));
+/// ```
 pub const MAX_MARKER_BYTES: usize = 4096;
 
 /// Deepest nesting of arrays and objects accepted; the marker itself is depth 1.
+///
+/// ```
+/// use planned_stop::{marker::MAX_NESTING, Marker, MarkerError};
+/// let deep = format!("{}{}", "[".repeat(MAX_NESTING + 1), "]".repeat(MAX_NESTING + 1));
+/// assert_eq!(Marker::parse(deep.as_bytes()), Err(MarkerError::TooDeep));
+/// ```
 pub const MAX_NESTING: usize = 8;
 
 /// Longest `request_id`, in characters.
+///
+/// ```
+/// use planned_stop::{marker::MAX_REQUEST_ID_CHARS, Marker};
+/// let ok = Marker::new(1, None, chrono::Utc::now()).with_request_id("r".repeat(MAX_REQUEST_ID_CHARS));
+/// assert!(ok.to_json().is_ok());
+/// ```
 pub const MAX_REQUEST_ID_CHARS: usize = 64;
 
 /// Longest `reason`, in characters.
+///
+/// ```
+/// use planned_stop::{marker::MAX_REASON_CHARS, Marker};
+/// let long = Marker::new(1, None, chrono::Utc::now()).with_reason("r".repeat(MAX_REASON_CHARS + 1));
+/// assert!(long.to_json().is_err());
+/// ```
 pub const MAX_REASON_CHARS: usize = 256;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";

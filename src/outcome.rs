@@ -15,6 +15,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Largest outcome file read, in bytes.
+///
+/// ```
+/// use planned_stop::outcome::{Outcome, MAX_OUTCOME_BYTES};
+/// assert_eq!(Outcome::parse(&vec![b' '; MAX_OUTCOME_BYTES + 1]), None);
+/// ```
 pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 
 /// How far the stop has got.

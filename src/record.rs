@@ -14,9 +14,21 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 /// The file name of the record inside the state directory.
+///
+/// ```
+/// use planned_stop::{record::RECORD_FILE_NAME, StopRecord};
+/// assert!(StopRecord::path(std::path::Path::new("/var/lib/app")).ends_with(RECORD_FILE_NAME));
+/// ```
 pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
 
 /// Largest record read back, in bytes; a larger file is refused rather than loaded.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// use planned_stop::{record::MAX_RECORD_BYTES, StopRecord};
+/// std::fs::write(StopRecord::path(dir.path()), vec![b' '; MAX_RECORD_BYTES as usize + 1]).unwrap();
+/// assert!(StopRecord::read(dir.path()).is_err(), "refused, not loaded");
+/// ```
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 
 /// Work a drain participant left unfinished.

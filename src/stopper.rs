@@ -18,6 +18,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// How often [`wait`] looks at the target.
+///
+/// ```
+/// assert!(planned_stop::stopper::WAIT_POLL <= std::time::Duration::from_millis(100));
+/// ```
 pub const WAIT_POLL: Duration = Duration::from_millis(20);
 
 /// What to ask for.

@@ -21,6 +21,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// How often the drain's timeout extension is renewed.
+///
+/// ```
+/// assert_eq!(planned_stop::systemd::EXTEND_EVERY.as_secs(), 1);
+/// ```
 pub const EXTEND_EVERY: Duration = Duration::from_secs(1);
 
 fn send(states: &[NotifyState<'_>]) {

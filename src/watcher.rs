@@ -36,6 +36,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// How often a persisting probe error is logged again.
+///
+/// ```
+/// assert_eq!(planned_stop::watcher::PROBE_ERROR_LOG_EVERY.as_secs(), 60);
+/// ```
 pub const PROBE_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// What the watcher probes: normally [`OwnSlot`], this process's slot in a [`MarkerStore`].
