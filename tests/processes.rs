@@ -202,8 +202,15 @@ fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted()
         (Some("not_accepted"), Some(4))
     );
 
-    // Stopped unexpectedly: it exits, but leaves no planned outcome.
+    // Stopped unexpectedly: it exits, but leaves no planned outcome. (The not-accepted request
+    // above left its marker; clear it so the next stopper's marker is the signal it is waiting.)
     let pid = sleeper.id().to_string();
+    assert_eq!(
+        run(&["clear", "--dir", s(&d.run), "--pid", &pid])
+            .status
+            .code(),
+        Some(0)
+    );
     let waiting = std::thread::spawn({
         let run_dir = d.run.clone();
         move || {
@@ -219,7 +226,18 @@ fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted()
             ])
         }
     });
-    std::thread::sleep(Duration::from_millis(100));
+    // Kill it once the stopper has written its marker, i.e. is waiting (an explicit event).
+    let slot = MarkerStore::open(Layout::Slots(d.run.clone()))
+        .unwrap()
+        .slot_path(sleeper.id());
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    while !slot.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stopper never wrote its marker"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let out = waiting.join().unwrap();

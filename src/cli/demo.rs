@@ -11,6 +11,7 @@ use crate::identity::ProcessIdentity;
 use crate::marker::Marker;
 use crate::stopper::{self, StopOptions};
 use crate::store::{Layout, MarkerStore};
+use crate::verdict::{SlotContent, decide};
 use chrono::Utc;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -264,10 +265,23 @@ impl Demo {
                 ))?,
             ),
         ];
+        let staging = self.run_dir.join("staging");
         for (what, bytes) in cases {
-            std::fs::write(&slot, &bytes).map_err(|e| e.to_string())?;
-            let judged = self.store.inspect(me.pid, Utc::now());
-            std::thread::sleep(Duration::from_millis(POLL_MS * 4));
+            // What the service will conclude: the same decision function it uses.
+            let judged = decide(
+                SlotContent::Bytes(&bytes),
+                &me,
+                Utc::now(),
+                self.store.policy(),
+            );
+            // Put in place the way a stopper does (write aside, rename), so it is seen whole.
+            std::fs::write(&staging, &bytes).map_err(|e| e.to_string())?;
+            std::fs::rename(&staging, &slot).map_err(|e| e.to_string())?;
+            // The service's watcher removes what it judged malformed or stale.
+            let deadline = Instant::now() + EVENT_TIMEOUT;
+            while slot.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             service.quiet()?;
             let alive = ProcessIdentity::of(me.pid) == Some(me);
             let removed = !slot.exists();
