@@ -9,6 +9,9 @@ WINE=${WINE:-/usr/lib/wine/wine64}
 EXE=target/x86_64-pc-windows-gnu/debug/planned-stop.exe
 HOLD=target/x86_64-pc-windows-gnu/hold.exe
 x86_64-w64-mingw32-gcc -O2 -o "$HOLD" ci/hold.c
+# Wine's services must already run, detached: started by the `$(...)` below they would hold its
+# pipe open and hang the script.
+"$WINE" wineboot </dev/null >/dev/null 2>&1
 
 work=$(mktemp -d)
 serve_pid=""

@@ -46,6 +46,9 @@ x86_64-w64-mingw32-gcc -shared -O2 -o "$WINEPREFIX/drive_c/windows/system32/bcry
   ci/bcryptprimitives.c ci/bcryptprimitives.def -ladvapi32
 "$WINESERVER" -p
 trap '"$WINESERVER" -k 2>/dev/null || true' EXIT
+# Start Wine's own services now, detached from this script's output: started later by a test
+# process they would inherit (and hold open) whatever pipe that process writes to.
+"$WINE" wineboot </dev/null >/dev/null 2>&1
 
 echo "== cargo clippy --target $TARGET --all-targets -- -D warnings"
 cargo clippy --target "$TARGET" --all-targets -- -D warnings

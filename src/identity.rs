@@ -9,6 +9,7 @@
 //! - Linux: field 22 (`starttime`, clock ticks since boot) of `/proc/<pid>/stat`, found by counting
 //!   fields after the *last* `)`, because the command name before it may itself contain spaces and
 //!   parentheses (hazard 9).
+//! - Windows: the creation time from `GetProcessTimes` (100 ns ticks since 1601).
 //! - Elsewhere: [`sysinfo`]'s process start time (seconds since the Unix epoch).
 //!
 //! The fingerprint is opaque and only compared for equality. [`ProcessIdentity::started_at`] is the
@@ -118,7 +119,8 @@ pub struct ProcStat {
 }
 
 /// The start time of `pid` as [`sysinfo`] reports it, in seconds since the Unix epoch, or `None` when
-/// the process is gone or a zombie. The fingerprint on every OS but Linux.
+/// the process is gone or a zombie. The fingerprint on every OS but Linux and Windows, and a
+/// cross-check of the finer ones in the tests.
 ///
 /// ```
 /// let me = std::process::id();
@@ -189,7 +191,59 @@ mod os {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(windows)]
+mod os {
+    use super::ProcessIdentity;
+    use chrono::DateTime;
+    use windows_sys::Win32::Foundation::{CloseHandle, FILETIME, STILL_ACTIVE};
+    use windows_sys::Win32::System::Threading::{
+        GetExitCodeProcess, GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    };
+
+    /// 1601-01-01 (the FILETIME epoch) to 1970-01-01, in 100 ns ticks.
+    const UNIX_EPOCH_TICKS: u64 = 116_444_736_000_000_000;
+
+    /// The creation time from `GetProcessTimes` (100 ns ticks since 1601, see "GetProcessTimes
+    /// function" and "FILETIME structure" in the Windows documentation): fine enough that a pid
+    /// Windows recycles within the same second still gets another fingerprint. A process whose
+    /// exit code is no longer `STILL_ACTIVE` is gone.
+    pub(super) fn identity_of(pid: u32) -> Option<ProcessIdentity> {
+        // SAFETY: OpenProcess has no memory preconditions; a null handle means failure.
+        let handle = unsafe { OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid) };
+        if handle.is_null() {
+            return None;
+        }
+        let zero = FILETIME {
+            dwLowDateTime: 0,
+            dwHighDateTime: 0,
+        };
+        let (mut creation, mut exit, mut kernel, mut user) = (zero, zero, zero, zero);
+        let mut code = 0u32;
+        // SAFETY: a valid process handle and pointers to locals; the handle is closed once.
+        let ok = unsafe {
+            let ok = GetProcessTimes(handle, &mut creation, &mut exit, &mut kernel, &mut user) != 0
+                && GetExitCodeProcess(handle, &mut code) != 0;
+            CloseHandle(handle);
+            ok
+        };
+        if !ok || code != STILL_ACTIVE as u32 {
+            return None;
+        }
+        let ticks = (u64::from(creation.dwHighDateTime) << 32) | u64::from(creation.dwLowDateTime);
+        let since_unix = ticks.checked_sub(UNIX_EPOCH_TICKS)?;
+        let started_at = DateTime::from_timestamp(
+            i64::try_from(since_unix / 10_000_000).ok()?,
+            u32::try_from(since_unix % 10_000_000 * 100).ok()?,
+        )?;
+        Some(ProcessIdentity {
+            pid,
+            start: ticks,
+            started_at,
+        })
+    }
+}
+
+#[cfg(not(any(target_os = "linux", windows)))]
 mod os {
     use super::{ProcessIdentity, sysinfo_start_time};
     use chrono::DateTime;

@@ -116,3 +116,18 @@ fn the_proc_wall_clock_agrees_with_sysinfo() {
         me.started_at
     );
 }
+
+#[cfg(windows)]
+#[test]
+fn the_windows_creation_time_agrees_with_sysinfo_and_is_finer() {
+    let me = ProcessIdentity::current().unwrap();
+    let sys = sysinfo_start_time(me.pid).unwrap() as i64;
+    let diff = (me.started_at.timestamp() - sys).abs();
+    assert!(
+        diff <= 2,
+        "GetProcessTimes says {}, sysinfo says {sys}",
+        me.started_at
+    );
+    // 100 ns ticks since 1601, not seconds since 1970.
+    assert!(me.start > 116_444_736_000_000_000, "{}", me.start);
+}
