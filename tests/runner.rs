@@ -450,3 +450,58 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
     let outcome = f.store().read_outcome(f.me.pid).unwrap();
     assert_eq!(outcome.request_id.as_deref(), Some("event"));
 }
+
+/// Fails while `failing` is set, then finds nothing.
+struct Flaky {
+    failing: Rc<Cell<bool>>,
+}
+
+impl MarkerProbe for Flaky {
+    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Verdict, planned_stop::StoreError> {
+        if self.failing.get() {
+            return Err(planned_stop::StoreError::Unreadable {
+                path: "slot".into(),
+                kind: std::io::ErrorKind::PermissionDenied,
+            });
+        }
+        Ok(Verdict::Absent)
+    }
+}
+
+/// A persisting probe error is logged once a minute, not once a tick, and its end is logged once.
+#[test]
+fn a_persisting_probe_error_is_logged_once_a_minute_and_its_recovery_once() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    paused_system().block_on(async {
+        let (_runner, rx) = tokio::sync::watch::channel(status(RunnerState::Running));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            seen,
+            state: rx.clone(),
+            forward: None,
+        }
+        .start();
+        let failing = Rc::new(Cell::new(true));
+        let probe = Flaky {
+            failing: failing.clone(),
+        };
+        let _watcher =
+            MarkerWatcherActor::new(probe, recorder.recipient(), rx, POLL, TokioClock::new())
+                .start();
+        // 125 s of failures at 10 probes a second: 1 250 failed probes.
+        for _ in 0..1_250 {
+            advance(POLL).await;
+        }
+        failing.set(false);
+        for _ in 0..10 {
+            advance(POLL).await;
+        }
+    });
+    let warned = logs.count(tracing::Level::WARN, "cannot probe the planned-stop marker");
+    assert_eq!(warned, 3, "at 0 s, 60 s and 120 s");
+    assert_eq!(
+        logs.count(tracing::Level::INFO, "marker probe works again"),
+        1
+    );
+}
