@@ -3,12 +3,11 @@
 
 mod common;
 
-use actix::prelude::*;
 use chrono::{DateTime, TimeDelta, Utc};
 use common::actors::*;
 use planned_stop::clock::Clock;
 use planned_stop::runner::RunnerStatus;
-use planned_stop::watcher::{MarkerWatcherActor, OwnSlot};
+use planned_stop::watcher::OwnSlot;
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -70,13 +69,10 @@ proptest! {
         let store = MarkerStore::open(Layout::Slots(dir.path().to_path_buf())).unwrap();
         let me = ProcessIdentity::current().unwrap();
         let clock = Arc::new(SteppedClock(Mutex::new(Utc::now())));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        paused_system().block_on(async {
-            let (_runner, rx) = tokio::sync::watch::channel(status(RunnerState::Running));
-            let recorder = Recorder { seen: seen.clone(), state: rx.clone(), forward: None }.start();
+        let delivered = paused_system().block_on(async {
             let poll = Duration::from_millis(100);
             let probe = OwnSlot { store: store.clone(), own: me };
-            let _watcher = MarkerWatcherActor::new(probe, recorder.recipient(), rx, poll, clock.clone()).start();
+            let w = Watched::start(probe, RunnerState::Running, poll, clock.clone(), None);
             for (jump_s, marker) in &steps {
                 let now = *clock.0.lock().unwrap() + TimeDelta::seconds(*jump_s);
                 *clock.0.lock().unwrap() = now;
@@ -85,8 +81,9 @@ proptest! {
                 }
                 advance(poll).await;
             }
+            w.deliveries()
         });
-        prop_assert!(seen.lock().unwrap().is_empty(), "a hostile marker stopped the process");
+        prop_assert!(delivered.is_empty(), "a hostile marker stopped the process");
     }
 
     /// The same at the store: whatever the clock says, a claim never takes a marker that is not ours.
@@ -118,22 +115,13 @@ fn a_clock_step_past_the_ttl_turns_our_pending_marker_stale_not_into_a_stop() {
     let store = MarkerStore::open(Layout::Slots(dir.path().to_path_buf())).unwrap();
     let me = ProcessIdentity::current().unwrap();
     let clock = Arc::new(SteppedClock(Mutex::new(Utc::now())));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    paused_system().block_on(async {
-        let (runner, rx) = tokio::sync::watch::channel(status(RunnerState::Starting));
-        let recorder = Recorder {
-            seen: seen.clone(),
-            state: rx.clone(),
-            forward: None,
-        }
-        .start();
+    let delivered = paused_system().block_on(async {
         let probe = OwnSlot {
             store: store.clone(),
             own: me,
         };
         let poll = Duration::from_millis(100);
-        let watcher =
-            MarkerWatcherActor::new(probe, recorder.recipient(), rx, poll, clock.clone()).start();
+        let w = Watched::start(probe, RunnerState::Starting, poll, clock.clone(), None);
         // Written now, for us, with trigger_watcher false: it waits for a signal that never comes.
         let marker = Marker::new(me.pid, Some(me.start), clock.now()).with_trigger_watcher(false);
         store.write(&marker).unwrap();
@@ -145,11 +133,13 @@ fn a_clock_step_past_the_ttl_turns_our_pending_marker_stale_not_into_a_stop() {
             !store.slot_path(me.pid).exists(),
             "expired by the step and removed"
         );
-        runner.send_modify(|s: &mut RunnerStatus| s.state = RunnerState::Running);
+        w.runner
+            .send_modify(|s: &mut RunnerStatus| s.state = RunnerState::Running);
         advance(poll * 3).await;
-        assert!(watcher.connected());
+        assert!(w.watcher.connected());
+        w.deliveries()
     });
-    assert!(seen.lock().unwrap().is_empty());
+    assert!(delivered.is_empty());
 }
 
 #[cfg(unix)]

@@ -7,14 +7,13 @@ use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
 use planned_stop::runner::OsSignal;
-use planned_stop::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot};
+use planned_stop::watcher::{MarkerProbe, OwnSlot};
 use planned_stop::{
     Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle,
     SignalKind, StopCause, StopRecord, StopVerdict, Unfinished, Verdict,
 };
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tempfile::TempDir;
 
@@ -233,14 +232,6 @@ impl MarkerProbe for Counting {
 fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
     let f = Fixture::new();
     paused_system().block_on(async {
-        let (runner, rx) = tokio::sync::watch::channel(status(RunnerState::Running));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let recorder = Recorder {
-            seen: seen.clone(),
-            state: rx.clone(),
-            forward: None,
-        }
-        .start();
         let probes = Rc::new(Cell::new(0));
         let probe = Counting {
             inner: OwnSlot {
@@ -249,8 +240,7 @@ fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
             },
             probes: probes.clone(),
         };
-        let clock = TokioClock::new();
-        let watcher = MarkerWatcherActor::new(probe, recorder.recipient(), rx, POLL, clock).start();
+        let w = Watched::start(probe, RunnerState::Running, POLL, TokioClock::new(), None);
         advance(POLL * 3).await;
         let before = probes.get();
         // A stall of 50 intervals: fixed delay means one tick afterwards, not fifty.
@@ -259,9 +249,8 @@ fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
         f.write_marker("after-stall");
         advance(POLL * 50).await;
         advance(POLL * 50).await;
-        assert_eq!(seen.lock().unwrap().len(), 1);
-        assert!(!watcher.connected());
-        drop(runner);
+        assert_eq!(w.deliveries().len(), 1);
+        assert!(!w.watcher.connected());
     });
 }
 
@@ -474,21 +463,11 @@ fn a_persisting_probe_error_is_logged_once_a_minute_and_its_recovery_once() {
     let logs = LogCapture::default();
     let _guard = logs.install();
     paused_system().block_on(async {
-        let (_runner, rx) = tokio::sync::watch::channel(status(RunnerState::Running));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let recorder = Recorder {
-            seen,
-            state: rx.clone(),
-            forward: None,
-        }
-        .start();
         let failing = Rc::new(Cell::new(true));
         let probe = Flaky {
             failing: failing.clone(),
         };
-        let _watcher =
-            MarkerWatcherActor::new(probe, recorder.recipient(), rx, POLL, TokioClock::new())
-                .start();
+        let _w = Watched::start(probe, RunnerState::Running, POLL, TokioClock::new(), None);
         // 125 s of failures at 10 probes a second: 1 250 failed probes.
         for _ in 0..1_250 {
             advance(POLL).await;

@@ -11,21 +11,17 @@
 
 mod common;
 
-use actix::prelude::*;
 use chrono::{TimeDelta, Utc};
 use common::actors::*;
 use common::*;
-use planned_stop::events::{SlotEvents, Wakeups};
-use planned_stop::runner::RunnerStatus;
+use planned_stop::events::SlotEvents;
 use planned_stop::store::StoreError;
-use planned_stop::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot};
+use planned_stop::watcher::{MarkerProbe, OwnSlot};
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 
 const POLL: Duration = Duration::from_millis(50);
 
@@ -56,64 +52,24 @@ enum Mode {
 
 const MODES: [Mode; 2] = [Mode::Poll, Mode::Events];
 
-/// A watcher under test with the pieces a seed test inspects.
-struct Watched {
-    watcher: Addr<MarkerWatcherActor>,
-    seen: Arc<Mutex<Vec<Delivery>>>,
-    runner: watch::Sender<RunnerStatus>,
-}
-
-impl Watched {
-    /// Starts a watcher; `wakeups` makes it event-driven.
-    fn start(
-        probe: impl MarkerProbe,
-        state: RunnerState,
-        poll: Duration,
-        wakeups: Option<(Wakeups, Option<SlotEvents>)>,
-    ) -> Watched {
-        let (runner, rx) = watch::channel(status(state));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let recorder = Recorder {
-            seen: seen.clone(),
-            state: rx.clone(),
-            forward: None,
+/// The seed's watcher and fake loop, on the seed's single marker file, in `mode`.
+fn on_file(path: &Path, state: RunnerState, poll: Duration, mode: Mode) -> Watched {
+    let store = MarkerStore::open(Layout::SingleFile(path.to_path_buf())).unwrap();
+    let own = ProcessIdentity::current().unwrap();
+    let wakeups = match mode {
+        Mode::Poll => None,
+        Mode::Events => {
+            let (events, wakeups) = SlotEvents::watch(path).expect("notifications on a temp dir");
+            Some((wakeups, Some(events)))
         }
-        .start();
-        let mut watcher =
-            MarkerWatcherActor::new(probe, recorder.recipient(), rx, poll, TokioClock::new());
-        if let Some((wakeups, events)) = wakeups {
-            watcher = watcher.with_wakeups(wakeups, events);
-        }
-        Watched {
-            watcher: watcher.start(),
-            seen,
-            runner,
-        }
-    }
-
-    /// A watcher of the seed's single marker file, in `mode`.
-    fn on_file(path: &Path, state: RunnerState, poll: Duration, mode: Mode) -> Watched {
-        let store = MarkerStore::open(Layout::SingleFile(path.to_path_buf())).unwrap();
-        let own = ProcessIdentity::current().unwrap();
-        let wakeups = match mode {
-            Mode::Poll => None,
-            Mode::Events => {
-                let (events, wakeups) =
-                    SlotEvents::watch(path).expect("notifications on a temp dir");
-                Some((wakeups, Some(events)))
-            }
-        };
-        Watched::start(OwnSlot { store, own }, state, poll, wakeups)
-    }
-
-    /// The seed's `stop_event.set()`.
-    fn stop_event(&self) {
-        self.runner.send_modify(|s| s.state = RunnerState::Stopped);
-    }
-
-    fn deliveries(&self) -> Vec<Delivery> {
-        self.seen.lock().unwrap().clone()
-    }
+    };
+    Watched::start(
+        OwnSlot { store, own },
+        state,
+        poll,
+        TokioClock::new(),
+        wakeups,
+    )
 }
 
 #[test]
@@ -123,7 +79,7 @@ fn test_watcher_fires_shutdown_when_marker_appears() {
         let marker = seed_marker(dir.path());
         let written = write_self_marker(&marker, false);
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, RunnerState::Running, POLL, mode);
             advance(POLL * 3).await;
             assert!(!w.watcher.connected(), "watcher should exit after firing");
             let seen = w.deliveries();
@@ -145,7 +101,7 @@ fn test_watcher_does_not_fire_when_marker_absent() {
         let dir = tempfile::tempdir().unwrap();
         let marker = seed_marker(dir.path());
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, RunnerState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await; // six polls
             assert!(
                 w.watcher.connected(),
@@ -170,7 +126,7 @@ fn test_watcher_skips_when_runner_already_draining() {
         let marker = seed_marker(dir.path());
         write_self_marker(&marker, false);
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Draining, POLL, mode);
+            let w = on_file(&marker, RunnerState::Draining, POLL, mode);
             advance(Duration::from_millis(200)).await;
             w.stop_event();
             settle().await;
@@ -196,7 +152,7 @@ fn test_watcher_skips_when_runner_not_started() {
         // The seed's marker from a previous instance...
         std::fs::write(&marker, r#"{"target_pid": 9999}"#).unwrap();
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Starting, POLL, mode);
+            let w = on_file(&marker, RunnerState::Starting, POLL, mode);
             advance(Duration::from_millis(200)).await;
             assert_eq!(
                 w.deliveries(),
@@ -225,7 +181,7 @@ fn test_watcher_responds_to_stop_event_promptly() {
         let dir = tempfile::tempdir().unwrap();
         let marker = seed_marker(dir.path());
         paused_system().block_on(async {
-            let w = Watched::on_file(
+            let w = on_file(
                 &marker,
                 RunnerState::Running,
                 Duration::from_millis(100),
@@ -252,7 +208,7 @@ fn test_watcher_fires_only_once_when_marker_persists() {
         let marker = seed_marker(dir.path());
         write_self_marker(&marker, false);
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, RunnerState::Running, POLL, mode);
             // The recorder does not consume the marker: it stays for many polls.
             for _ in 0..20 {
                 advance(POLL).await;
@@ -304,6 +260,7 @@ fn test_watcher_tolerates_marker_path_resolution_errors() {
                 },
                 RunnerState::Running,
                 POLL,
+                TokioClock::new(),
                 wakeups,
             );
             advance(Duration::from_millis(200)).await;
@@ -348,7 +305,7 @@ fn test_watcher_does_not_fire_for_foreign_pid_marker() {
             .with_stopper_pid(other.id());
         std::fs::write(&marker, record.to_json().unwrap()).unwrap();
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, RunnerState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await;
             w.stop_event();
             settle().await;
@@ -372,7 +329,7 @@ fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
         let marker = seed_marker(dir.path());
         write_self_marker(&marker, true);
         paused_system().block_on(async {
-            let w = Watched::on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, RunnerState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await;
             assert!(
                 w.watcher.connected(),

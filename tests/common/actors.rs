@@ -196,3 +196,59 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
             .push((*event.metadata().level(), m.0));
     }
 }
+
+/// A real watcher whose runner is a [`Recorder`] and whose runner state the test sets by hand (the
+/// seed's fake loop and flags).
+pub struct Watched {
+    pub watcher: Addr<planned_stop::watcher::MarkerWatcherActor>,
+    pub seen: Arc<Mutex<Vec<Delivery>>>,
+    pub runner: watch::Sender<RunnerStatus>,
+}
+
+impl Watched {
+    /// Starts a watcher on `probe` with the runner in `state`; `wakeups` makes it event-driven.
+    pub fn start(
+        probe: impl planned_stop::watcher::MarkerProbe,
+        state: RunnerState,
+        poll: Duration,
+        clock: Arc<dyn Clock>,
+        wakeups: Option<(
+            planned_stop::events::Wakeups,
+            Option<planned_stop::events::SlotEvents>,
+        )>,
+    ) -> Watched {
+        let (runner, rx) = watch::channel(status(state));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            seen: seen.clone(),
+            state: rx.clone(),
+            forward: None,
+        }
+        .start();
+        let mut watcher = planned_stop::watcher::MarkerWatcherActor::new(
+            probe,
+            recorder.recipient(),
+            rx,
+            poll,
+            clock,
+        );
+        if let Some((wakeups, events)) = wakeups {
+            watcher = watcher.with_wakeups(wakeups, events);
+        }
+        Watched {
+            watcher: watcher.start(),
+            seen,
+            runner,
+        }
+    }
+
+    /// The seed's `stop_event.set()`: the runner has stopped.
+    pub fn stop_event(&self) {
+        self.runner.send_modify(|s| s.state = RunnerState::Stopped);
+    }
+
+    /// Every `PlannedStop` delivered so far.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.seen.lock().unwrap().clone()
+    }
+}
