@@ -27,9 +27,6 @@
 //! - [`stopper`]: the other side — write a request for one process, wait, read its outcome.
 //! - [`signals`], [`events`] and (feature `systemd`) `systemd`: the OS inputs and outputs.
 //!
-//! The `planned-stop` binary's own code (`cli`) is public only so the binary can call it; it is not
-//! part of the library's API.
-//!
 //! ```
 //! use chrono::Utc;
 //! use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, Verdict};
@@ -49,8 +46,6 @@
 
 #![warn(missing_docs)]
 
-#[doc(hidden)]
-pub mod cli;
 pub mod clock;
 pub mod events;
 pub mod identity;

@@ -1,4 +1,9 @@
-//! The `planned-stop` binary; see [`planned_stop::cli`].
+//! The `planned-stop` binary: the command line over the library (see `docs/cli.md`).
+//!
+//! Everything here is the binary's own; the library knows nothing of argument parsing, terminal
+//! output or exit codes, so an application that depends on the library compiles none of it.
+
+mod cli;
 
 fn main() -> std::process::ExitCode {
     use std::io::IsTerminal;
@@ -10,5 +15,5 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    planned_stop::cli::main()
+    cli::main()
 }

@@ -7,12 +7,12 @@
 //! It checks each outcome, exits 0 only if all were as designed, and removes its files.
 
 use super::{EXIT_OK, EXIT_UNEXPECTED, emit};
-use crate::identity::ProcessIdentity;
-use crate::marker::Marker;
-use crate::stopper::{self, StopOptions};
-use crate::store::{Layout, MarkerStore};
-use crate::verdict::{SlotContent, decide};
 use chrono::Utc;
+use planned_stop::identity::ProcessIdentity;
+use planned_stop::marker::Marker;
+use planned_stop::stopper::{self, StopOptions};
+use planned_stop::store::{Layout, MarkerStore};
+use planned_stop::verdict::{SlotContent, decide};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

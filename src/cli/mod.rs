@@ -1,6 +1,6 @@
 //! The `planned-stop` command line: argument parsing, output and exit codes.
 //!
-//! Every verdict it prints comes from [`crate::verdict`] through the [`crate::store`]; nothing here
+//! Every verdict it prints comes from the library's one verdict function through its marker store; nothing here
 //! decides. Output for people goes to stdout as text, for scripts as JSON (`--json`, and the
 //! `serve` lifecycle events); logs go to stderr through `tracing` (`RUST_LOG`).
 //!
@@ -21,10 +21,10 @@ mod demo;
 mod serve;
 mod stop;
 
-use crate::store::{Layout, MarkerStore, parse_slot_file_name};
-use crate::verdict::{Undecided, Verdict};
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
+use planned_stop::store::{Layout, MarkerStore, parse_slot_file_name};
+use planned_stop::verdict::{Undecided, Verdict};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -231,7 +231,7 @@ fn status(args: StatusArgs) -> u8 {
         Err(e) => return fail(e),
     };
     let outcomes = store.outcomes();
-    let record = match args.state.as_deref().map(crate::record::StopRecord::read) {
+    let record = match args.state.as_deref().map(planned_stop::StopRecord::read) {
         Some(Ok(r)) => r,
         Some(Err(e)) => return fail(e),
         None => None,

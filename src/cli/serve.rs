@@ -12,13 +12,13 @@
 //! - `{"event":"exit","code":C,"verdict":"planned"|"unexpected"}`
 
 use super::{EXIT_USAGE, LayoutArgs, emit, fail};
-use crate::lifecycle::{RunnerState, StopVerdict};
-use crate::record::StopRecord;
-use crate::runner::{Drain, DrainReport, RunnerStatus};
-use crate::service::{PlannedStopService, ServiceHandle};
 use actix::clock::Instant;
 use actix::prelude::*;
 use clap::Args;
+use planned_stop::lifecycle::{RunnerState, StopVerdict};
+use planned_stop::record::StopRecord;
+use planned_stop::runner::{Drain, DrainReport, RunnerStatus};
+use planned_stop::service::{PlannedStopService, ServiceHandle};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,7 +126,7 @@ pub fn run(args: ServeArgs) -> u8 {
     u8::try_from(code).unwrap_or(EXIT_USAGE)
 }
 
-fn start(args: &ServeArgs, layout: crate::store::Layout) -> Result<ServiceHandle, String> {
+fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle, String> {
     let previous = match &args.state {
         Some(dir) => StopRecord::take(dir).map_err(|e| e.to_string())?,
         None => None,

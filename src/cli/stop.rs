@@ -4,9 +4,9 @@ use super::{
     EXIT_GONE, EXIT_NOT_ACCEPTED, EXIT_OK, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED,
     EXIT_USAGE, LayoutArgs, emit, fail,
 };
-use crate::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
-use crate::store::MarkerStore;
 use clap::Args;
+use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
+use planned_stop::store::MarkerStore;
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
