@@ -6,8 +6,8 @@
 use actix::prelude::*;
 use chrono::Utc;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use planned_stop::runner::PlannedStop;
-use planned_stop::watcher::{MarkerProbe, OwnSlot, WatchStep, next_step};
+use planned_stop::PlannedStop;
+use planned_stop::internals::{MarkerProbe, OwnSlot, WatchStep, next_step};
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
 use std::hint::black_box;
 

@@ -40,10 +40,8 @@ impl Handler<Drain> for Http {
         Box::pin(async move {
             // Graceful: stop accepting, let in-flight requests finish (bounded by the deadline).
             match actix::clock::timeout(drain.within, server.stop(true)).await {
-                Ok(()) => DrainReport::default(),
-                Err(_) => DrainReport {
-                    unfinished: vec!["in-flight HTTP requests".into()],
-                },
+                Ok(()) => DrainReport::done(),
+                Err(_) => DrainReport::unfinished(["in-flight HTTP requests"]),
             }
         })
     }

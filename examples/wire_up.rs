@@ -26,9 +26,7 @@ impl Handler<Drain> for Jobs {
 
     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport {
         // A real actor would finish what it can within `drain.within`; this one hands it all back.
-        DrainReport {
-            unfinished: std::mem::take(&mut self.in_flight),
-        }
+        DrainReport::unfinished(std::mem::take(&mut self.in_flight))
     }
 }
 

@@ -17,12 +17,6 @@ use std::path::Path;
 use tokio::sync::mpsc;
 
 /// A live directory watch; dropping it stops the notifications.
-///
-/// ```
-/// # let dir = tempfile::tempdir().unwrap();
-/// let (events, _wakeups) = planned_stop::events::SlotEvents::watch(&dir.path().join("planned-stop-1.json")).unwrap();
-/// drop(events); // stops the notifications
-/// ```
 pub struct SlotEvents {
     _watcher: RecommendedWatcher,
 }
@@ -34,32 +28,12 @@ impl std::fmt::Debug for SlotEvents {
 }
 
 /// Wake-ups from [`SlotEvents`]: one `()` per relevant event (the watcher coalesces bursts).
-///
-/// ```
-/// # let dir = tempfile::tempdir().unwrap();
-/// let (_events, mut wakeups) = planned_stop::events::SlotEvents::watch(&dir.path().join("s.json")).unwrap();
-/// assert!(wakeups.try_recv().is_err(), "nothing happened yet");
-/// ```
 pub type Wakeups = mpsc::UnboundedReceiver<()>;
 
 impl SlotEvents {
     /// Watches the directory of `slot` for changes to `slot`. Fails where the OS has no
     /// notifications for that file system, or the directory cannot be watched; callers fall back to
     /// polling alone.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// use planned_stop::events::SlotEvents;
-    /// let slot = dir.path().join("planned-stop-42.json");
-    /// let (_events, mut wakeups) = SlotEvents::watch(&slot).unwrap();
-    /// std::fs::write(&slot, b"{}").unwrap();
-    /// // A wake-up arrives from the OS's notification thread.
-    /// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    /// while wakeups.try_recv().is_err() {
-    ///     assert!(std::time::Instant::now() < deadline);
-    ///     std::thread::yield_now();
-    /// }
-    /// ```
     pub fn watch(slot: &Path) -> Result<(SlotEvents, Wakeups), notify::Error> {
         let dir = match slot.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

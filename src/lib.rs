@@ -13,19 +13,32 @@
 //! [`Marker`] in a directory works on every OS. It names its target by pid *and* start fingerprint
 //! ([`ProcessIdentity`]), so it can never stop a later process that inherited the pid.
 //!
+//! ## What you use
+//!
+//! - In the service: [`PlannedStopService::builder`] starts the runner and the marker watcher on the
+//!   current actix `System`; the [`ServiceHandle`] says when the application is ready and reads the
+//!   [`StopRecord`] the previous process left. Actors with work to finish take part in the drain:
+//!   they handle [`Drain`] and answer with a [`DrainReport`].
+//! - On the stopper's side: [`stopper::request`] writes a [`Marker`] for exactly one
+//!   [`ProcessIdentity`], and [`stopper::wait`] follows that process to its [`Outcome`].
+//! - To look without acting: a [`MarkerStore`] reads, judges ([`Verdict`]), sweeps and clears slots.
+//!
+//! ## Cargo features
+//!
+//! - `cli` (default): the `planned-stop` command-line tool. A library user sets
+//!   `default-features = false` and compiles none of its dependencies (clap, indicatif,
+//!   tracing-subscriber).
+//! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
+//!
 //! ## How the pieces fit
 //!
-//! - [`marker`]: the schema and its strict, bounded parser (pure).
-//! - [`identity`]: the pid-reuse-proof identity of a process, read one way on both sides.
-//! - [`verdict`]: the **one** decision function every other part calls (pure).
-//! - [`store`]: the files: atomic symlink-safe writes, a probe that never consumes our own marker, a
-//!   claim that exactly one racer wins.
-//! - [`lifecycle`]: the runner's rules — states, causes, the verdict latch (pure).
-//! - [`runner`] and [`watcher`]: the two actors that act on those rules.
-//! - [`record`]: the stop record that lets the next start resume unfinished work.
-//! - [`service`]: the builder that wires it all into an actix application.
-//! - [`stopper`]: the other side — write a request for one process, wait, read its outcome.
-//! - [`signals`], [`events`] and (feature `systemd`) `systemd`: the OS inputs and outputs.
+//! Inside, dependencies point one way. The marker schema and its bounded parser, and the **one**
+//! verdict function, are pure; the store and the process identity read the file system and the OS
+//! and hold no policy of their own; the runner's rules (states, causes, the verdict latch) are pure
+//! too, and two actors, the runner and the watcher, act on them; the service wires everything
+//! together, and the stopper is the other side. Only the types above are public, so every other
+//! piece can change without breaking an application. `docs/design.md` in the repository walks
+//! through each piece.
 //!
 //! ```
 //! use chrono::Utc;
@@ -45,29 +58,68 @@
 //! ```
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod clock;
-pub mod events;
-pub mod identity;
-pub mod lifecycle;
-pub mod marker;
-pub mod outcome;
-pub mod record;
-pub mod runner;
-pub mod service;
-pub mod signals;
+mod clock;
+mod error_chain;
+mod events;
+mod identity;
+mod lifecycle;
+mod marker;
+mod outcome;
+mod record;
+mod runner;
+mod service;
+mod signals;
 pub mod stopper;
-pub mod store;
+mod store;
 #[cfg(all(unix, feature = "systemd"))]
-pub mod systemd;
-pub mod verdict;
-pub mod watcher;
+mod systemd;
+mod verdict;
+mod watcher;
 
+pub use clock::{Clock, SystemClock};
 pub use identity::{IdentityError, ProcessIdentity};
-pub use lifecycle::{RunnerState, SignalKind, StopCause, StopVerdict};
+pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use marker::{Marker, MarkerError};
-pub use record::{StopRecord, Unfinished};
-pub use runner::{Drain, DrainReport, PlannedStop, RunnerActor, RunnerStatus};
-pub use service::{PlannedStopService, ServiceBuilder, ServiceHandle};
-pub use store::{Layout, MarkerStore, MarkerStoreBuilder, StoreError};
-pub use verdict::{Policy, Verdict};
+pub use outcome::{Outcome, Phase};
+pub use record::{RecordError, StopRecord, Unfinished};
+pub use runner::{Drain, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus};
+pub use service::{PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
+pub use store::{Layout, MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
+pub use verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};
+
+/// The crate's own pieces, for its tests, benchmarks and fuzz targets only.
+///
+/// Behind the `internals` feature, which no application should enable: nothing here is part of
+/// the API and any of it may change in any release.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::events::{SlotEvents, Wakeups};
+    pub use crate::identity::parse_proc_stat;
+    pub use crate::lifecycle::{Lifecycle, Step};
+    pub use crate::marker::{MAX_MARKER_BYTES, MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS};
+    pub use crate::runner::{Ready, RequestStop, RunnerConfig};
+    pub use crate::verdict::{SlotContent, decide, decide_as_owner};
+    pub use crate::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot, WatchStep, next_step};
+
+    /// A runner outside the service, with its drain participants, and its status channel.
+    pub fn runner(
+        store: crate::MarkerStore,
+        own: crate::ProcessIdentity,
+        config: RunnerConfig,
+        clock: std::sync::Arc<dyn crate::Clock>,
+        participants: Vec<(String, actix::Recipient<crate::Drain>)>,
+    ) -> (
+        crate::RunnerActor,
+        tokio::sync::watch::Receiver<crate::RunnerStatus>,
+    ) {
+        let mut runner = crate::RunnerActor::new(store, own, config, clock);
+        for (name, recipient) in participants {
+            runner.add_participant(name, recipient);
+        }
+        let status = runner.subscribe();
+        (runner, status)
+    }
+}

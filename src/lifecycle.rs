@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RunnerState {
     /// Started, not yet ready: stop requests from the watcher are held.
     Starting,
@@ -47,6 +48,7 @@ pub enum RunnerState {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StopVerdict {
     /// Someone asked this very process to stop: exit 0 by default.
     Planned,
@@ -63,6 +65,7 @@ pub enum StopVerdict {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SignalKind {
     /// SIGTERM; on Windows the console's close and shutdown events. Planned only with a marker.
     Terminate,
@@ -93,21 +96,30 @@ impl SignalKind {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "signal")]
+#[non_exhaustive]
 pub enum StopCause {
-    /// The marker watcher delivered a [`crate::runner::PlannedStop`].
+    /// The marker watcher delivered a [`crate::PlannedStop`].
     Marker,
     /// An OS signal or console event.
     Signal(SignalKind),
-    /// The application asked ([`crate::runner::RequestStop`]).
+    /// The application asked ([`crate::ServiceHandle::request_stop`]).
     Request,
 }
 
+/// What the application asks for with [`crate::ServiceHandle::request_stop`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopRequest {
+    /// Stop on purpose: drain, record, exit with the planned code.
+    Planned,
+    /// Stop because something is wrong: drain, record, exit with the unexpected code.
+    Unexpected,
+    /// Cut a drain in progress short; the verdict stays. Before a drain has begun it is ignored
+    /// (ask for [`StopRequest::Planned`] or [`StopRequest::Unexpected`] first).
+    Force,
+}
+
 /// What the runner must do after an event.
-///
-/// ```
-/// use planned_stop::lifecycle::{Lifecycle, Step};
-/// assert_eq!(Lifecycle::new().planned_stop(), Step::Hold);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Nothing; the reason is for the log.
@@ -120,15 +132,6 @@ pub enum Step {
     Force,
 }
 
-/// ```
-/// use planned_stop::lifecycle::{Lifecycle, SignalKind, Step, StopCause, StopVerdict};
-/// let mut life = Lifecycle::new();
-/// life.ready();
-/// assert_eq!(life.planned_stop(), Step::Drain(StopCause::Marker, StopVerdict::Planned));
-/// // A SIGTERM after the watcher's planned stop stays planned (the latch).
-/// assert_eq!(life.signal(SignalKind::Terminate, false), Step::Ignore("already stopping"));
-/// assert_eq!(life.stopped(), Some(StopVerdict::Planned));
-/// ```
 ///
 /// The runner's state and latch. Pure: events in, [`Step`]s out.
 #[derive(Debug, Clone, Default)]
@@ -140,61 +143,26 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     /// A lifecycle in `Starting`.
-    ///
-    /// ```
-    /// let life = planned_stop::lifecycle::Lifecycle::new();
-    /// assert_eq!(life.state(), planned_stop::RunnerState::Starting);
-    /// ```
     pub fn new() -> Self {
         Lifecycle::default()
     }
 
     /// The current state.
-    ///
-    /// ```
-    /// let mut life = planned_stop::lifecycle::Lifecycle::new();
-    /// life.ready();
-    /// assert_eq!(life.state(), planned_stop::RunnerState::Running);
-    /// ```
     pub fn state(&self) -> RunnerState {
         self.state.unwrap_or(RunnerState::Starting)
     }
 
     /// The latched verdict, once there is one.
-    ///
-    /// ```
-    /// use planned_stop::{lifecycle::Lifecycle, SignalKind, StopVerdict};
-    /// let mut life = Lifecycle::new();
-    /// assert_eq!(life.verdict(), None);
-    /// life.signal(SignalKind::Terminate, false);
-    /// assert_eq!(life.verdict(), Some(StopVerdict::Unexpected));
-    /// ```
     pub fn verdict(&self) -> Option<StopVerdict> {
         self.verdict
     }
 
     /// Whether a signal now would be classified (and so whether the marker should be claimed).
-    ///
-    /// ```
-    /// use planned_stop::{lifecycle::Lifecycle, SignalKind};
-    /// let mut life = Lifecycle::new();
-    /// assert!(life.awaits_classification());
-    /// life.signal(SignalKind::Interrupt, false);
-    /// assert!(!life.awaits_classification());
-    /// ```
     pub fn awaits_classification(&self) -> bool {
         self.verdict.is_none() && self.state() <= RunnerState::Running
     }
 
     /// The application is ready. Returns the held planned stop, if one was waiting.
-    ///
-    /// ```
-    /// use planned_stop::lifecycle::{Lifecycle, Step};
-    /// use planned_stop::{StopCause, StopVerdict};
-    /// let mut life = Lifecycle::new();
-    /// life.planned_stop(); // held while starting
-    /// assert_eq!(life.ready(), Step::Drain(StopCause::Marker, StopVerdict::Planned));
-    /// ```
     pub fn ready(&mut self) -> Step {
         if self.state() != RunnerState::Starting {
             return Step::Ignore("already past starting");
@@ -208,14 +176,6 @@ impl Lifecycle {
     }
 
     /// The watcher found a marker for us.
-    ///
-    /// ```
-    /// use planned_stop::lifecycle::{Lifecycle, Step};
-    /// let mut life = Lifecycle::new();
-    /// life.ready();
-    /// assert!(matches!(life.planned_stop(), Step::Drain(..)));
-    /// assert_eq!(life.planned_stop(), Step::Ignore("already stopping"));
-    /// ```
     pub fn planned_stop(&mut self) -> Step {
         match self.state() {
             RunnerState::Starting if self.verdict.is_none() => {
@@ -231,16 +191,6 @@ impl Lifecycle {
 
     /// A signal arrived; `marker_claimed` says whether our own marker was there to claim (only
     /// consulted when [`Lifecycle::awaits_classification`]).
-    ///
-    /// ```
-    /// use planned_stop::lifecycle::{Lifecycle, Step};
-    /// use planned_stop::{SignalKind, StopCause, StopVerdict};
-    /// let mut life = Lifecycle::new();
-    /// life.ready();
-    /// let step = life.signal(SignalKind::Terminate, true);
-    /// assert_eq!(step, Step::Drain(StopCause::Signal(SignalKind::Terminate), StopVerdict::Planned));
-    /// assert_eq!(life.signal(SignalKind::Interrupt, false), Step::Force);
-    /// ```
     pub fn signal(&mut self, kind: SignalKind, marker_claimed: bool) -> Step {
         match self.state() {
             RunnerState::Starting | RunnerState::Running => {
@@ -256,40 +206,27 @@ impl Lifecycle {
         }
     }
 
-    /// The application asked to stop (`planned` says how to classify it); `force` cuts a running
-    /// drain short.
-    ///
-    /// ```
-    /// use planned_stop::lifecycle::{Lifecycle, Step};
-    /// use planned_stop::{StopCause, StopVerdict};
-    /// let mut life = Lifecycle::new();
-    /// assert_eq!(life.request(false, false), Step::Drain(StopCause::Request, StopVerdict::Unexpected));
-    /// assert_eq!(life.request(true, true), Step::Force);
-    /// ```
-    pub fn request(&mut self, planned: bool, force: bool) -> Step {
-        match self.state() {
-            RunnerState::Starting | RunnerState::Running => {
-                let verdict = if planned {
-                    StopVerdict::Planned
-                } else {
-                    StopVerdict::Unexpected
-                };
-                self.drain(StopCause::Request, verdict)
+    /// The application asked to stop ([`StopRequest`]).
+    pub fn request(&mut self, request: StopRequest) -> Step {
+        let verdict = match (self.state(), request) {
+            (RunnerState::Starting | RunnerState::Running, StopRequest::Planned) => {
+                StopVerdict::Planned
             }
-            RunnerState::Draining if force => Step::Force,
-            RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
-        }
+            (RunnerState::Starting | RunnerState::Running, StopRequest::Unexpected) => {
+                StopVerdict::Unexpected
+            }
+            (RunnerState::Starting | RunnerState::Running, StopRequest::Force) => {
+                return Step::Ignore("nothing to force: no drain in progress");
+            }
+            (RunnerState::Draining, StopRequest::Force) => return Step::Force,
+            (RunnerState::Draining | RunnerState::Stopped, _) => {
+                return Step::Ignore("already stopping");
+            }
+        };
+        self.drain(StopCause::Request, verdict)
     }
 
     /// The drain is over (finished, timed out or forced). Returns the verdict to exit with.
-    ///
-    /// ```
-    /// use planned_stop::{lifecycle::Lifecycle, StopVerdict};
-    /// let mut life = Lifecycle::new();
-    /// assert_eq!(life.stopped(), None, "not draining");
-    /// life.request(true, false);
-    /// assert_eq!(life.stopped(), Some(StopVerdict::Planned));
-    /// ```
     pub fn stopped(&mut self) -> Option<StopVerdict> {
         if self.state() != RunnerState::Draining {
             return None;

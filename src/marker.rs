@@ -23,48 +23,18 @@ use serde_json::Value;
 use std::fmt;
 
 /// The only protocol version this crate reads and writes.
-///
-/// ```
-/// let json = planned_stop::Marker::new(1, None, chrono::Utc::now()).to_json().unwrap();
-/// let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
-/// assert_eq!(v["version"], planned_stop::marker::MARKER_VERSION);
-/// ```
 pub const MARKER_VERSION: u64 = 1;
 
 /// Largest marker accepted, in bytes (a UTF-8 byte-order mark included).
-///
-/// ```
-/// use planned_stop::{marker::MAX_MARKER_BYTES, Marker, MarkerError};
-/// let padded = vec![b' '; MAX_MARKER_BYTES + 1];
-/// assert!(matches!(Marker::parse(&padded), Err(MarkerError::TooLarge { .. })));
-/// ```
 pub const MAX_MARKER_BYTES: usize = 4096;
 
 /// Deepest nesting of arrays and objects accepted; the marker itself is depth 1.
-///
-/// ```
-/// use planned_stop::{marker::MAX_NESTING, Marker, MarkerError};
-/// let deep = format!("{}{}", "[".repeat(MAX_NESTING + 1), "]".repeat(MAX_NESTING + 1));
-/// assert_eq!(Marker::parse(deep.as_bytes()), Err(MarkerError::TooDeep));
-/// ```
 pub const MAX_NESTING: usize = 8;
 
 /// Longest `request_id`, in characters.
-///
-/// ```
-/// use planned_stop::{marker::MAX_REQUEST_ID_CHARS, Marker};
-/// let ok = Marker::new(1, None, chrono::Utc::now()).with_request_id("r".repeat(MAX_REQUEST_ID_CHARS));
-/// assert!(ok.to_json().is_ok());
-/// ```
 pub const MAX_REQUEST_ID_CHARS: usize = 64;
 
 /// Longest `reason`, in characters.
-///
-/// ```
-/// use planned_stop::{marker::MAX_REASON_CHARS, Marker};
-/// let long = Marker::new(1, None, chrono::Utc::now()).with_reason("r".repeat(MAX_REASON_CHARS + 1));
-/// assert!(long.to_json().is_err());
-/// ```
 pub const MAX_REASON_CHARS: usize = 256;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -90,7 +60,7 @@ pub struct Marker {
     pub target_pid: u32,
     /// The target's start fingerprint, as [`crate::ProcessIdentity::of`] read it, or `None` when the
     /// stopper could not read it. A marker without a fingerprint only fires when it was written after
-    /// the target started (see [`crate::verdict`]).
+    /// the target started (see `docs/protocol.md`).
     pub target_start_time: Option<u64>,
     /// The process that wrote the marker, for the record.
     pub stopper_pid: Option<u32>,
@@ -113,6 +83,7 @@ impl Marker {
     /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now());
     /// assert!(m.trigger_watcher && m.reason.is_none());
     /// ```
+    #[must_use]
     pub fn new(target_pid: u32, target_start_time: Option<u64>, written_at: DateTime<Utc>) -> Self {
         Marker {
             target_pid,
@@ -131,28 +102,31 @@ impl Marker {
     /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_stopper_pid(7);
     /// assert_eq!(m.stopper_pid, Some(7));
     /// ```
+    #[must_use]
     pub fn with_stopper_pid(mut self, pid: u32) -> Self {
         self.stopper_pid = Some(pid);
         self
     }
 
-    /// Sets the request id (at most [`MAX_REQUEST_ID_CHARS`] characters, checked by [`Marker::to_json`]).
+    /// Sets the request id (at most 64 characters, checked by [`Marker::to_json`]).
     ///
     /// ```
     /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_request_id("x".repeat(65));
     /// assert!(m.to_json().is_err(), "too long");
     /// ```
+    #[must_use]
     pub fn with_request_id(mut self, id: impl Into<String>) -> Self {
         self.request_id = Some(id.into());
         self
     }
 
-    /// Sets the reason (at most [`MAX_REASON_CHARS`] characters, checked by [`Marker::to_json`]).
+    /// Sets the reason (at most 256 characters, checked by [`Marker::to_json`]).
     ///
     /// ```
     /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_reason("deploy");
     /// assert_eq!(m.reason.as_deref(), Some("deploy"));
     /// ```
+    #[must_use]
     pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());
         self
@@ -164,6 +138,7 @@ impl Marker {
     /// let m = planned_stop::Marker::new(42, None, chrono::Utc::now()).with_trigger_watcher(false);
     /// assert!(String::from_utf8(m.to_json().unwrap()).unwrap().contains("\"trigger_watcher\":false"));
     /// ```
+    #[must_use]
     pub fn with_trigger_watcher(mut self, trigger: bool) -> Self {
         self.trigger_watcher = trigger;
         self
@@ -309,8 +284,9 @@ impl Marker {
 /// assert_eq!(err.to_string(), "key `target_pid` appears more than once");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MarkerError {
-    /// More than [`MAX_MARKER_BYTES`] bytes.
+    /// More than 4,096 bytes.
     #[error("marker is {len} bytes, more than the {MAX_MARKER_BYTES} allowed")]
     TooLarge {
         /// Bytes seen (the reader stops at one past the limit).
@@ -325,7 +301,7 @@ pub enum MarkerError {
     /// Nothing but white space.
     #[error("marker file is empty")]
     Empty,
-    /// Arrays or objects nested deeper than [`MAX_NESTING`].
+    /// Arrays or objects nested deeper than 8 levels.
     #[error("marker nests deeper than {MAX_NESTING} levels")]
     TooDeep,
     /// Not JSON at all (the message is the JSON parser's).

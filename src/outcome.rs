@@ -15,21 +15,17 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Largest outcome file read, in bytes.
-///
-/// ```
-/// use planned_stop::outcome::{Outcome, MAX_OUTCOME_BYTES};
-/// assert_eq!(Outcome::parse(&vec![b' '; MAX_OUTCOME_BYTES + 1]), None);
-/// ```
 pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 
 /// How far the stop has got.
 ///
 /// ```
-/// use planned_stop::outcome::Phase;
+/// use planned_stop::Phase;
 /// assert_eq!(serde_json::to_string(&Phase::Draining).unwrap(), "\"draining\"");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Phase {
     /// Accepted; the participants are draining.
     Draining,
@@ -41,10 +37,11 @@ pub enum Phase {
 ///
 /// ```
 /// let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":null,"accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
-/// let outcome = planned_stop::outcome::Outcome::parse(bytes).unwrap();
+/// let outcome = planned_stop::Outcome::parse(bytes).unwrap();
 /// assert_eq!(outcome.exit_code, Some(0));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Outcome {
     /// The process.
     pub pid: u32,
@@ -70,18 +67,6 @@ pub struct Outcome {
 
 impl Outcome {
     /// Whether this outcome was written by the process `identity` (not an earlier one with its pid).
-    ///
-    /// ```
-    /// # use planned_stop::outcome::{Outcome, Phase};
-    /// # use planned_stop::{ProcessIdentity, StopCause, StopVerdict};
-    /// let me = ProcessIdentity::current().unwrap();
-    /// let now = chrono::Utc::now();
-    /// let o = Outcome { pid: me.pid, start: me.start, phase: Phase::Draining, cause: StopCause::Marker,
-    ///     verdict: StopVerdict::Planned, request_id: None, accepted_at: now, drain_deadline: now,
-    ///     finished_at: None, exit_code: None };
-    /// assert!(o.is_from(&me));
-    /// assert!(!o.is_from(&ProcessIdentity { start: me.start + 1, ..me }));
-    /// ```
     pub fn is_from(&self, identity: &ProcessIdentity) -> bool {
         self.pid == identity.pid && self.start == identity.start
     }
@@ -89,7 +74,7 @@ impl Outcome {
     /// Parses an outcome file's bytes; `None` for anything that is not one.
     ///
     /// ```
-    /// assert_eq!(planned_stop::outcome::Outcome::parse(b"{}"), None);
+    /// assert_eq!(planned_stop::Outcome::parse(b"{}"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Outcome> {
         if bytes.len() > MAX_OUTCOME_BYTES {

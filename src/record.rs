@@ -14,30 +14,14 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 /// The file name of the record inside the state directory.
-///
-/// ```
-/// use planned_stop::{record::RECORD_FILE_NAME, StopRecord};
-/// assert!(StopRecord::path(std::path::Path::new("/var/lib/app")).ends_with(RECORD_FILE_NAME));
-/// ```
 pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
 
 /// Largest record read back, in bytes; a larger file is refused rather than loaded.
-///
-/// ```
-/// # let dir = tempfile::tempdir().unwrap();
-/// use planned_stop::{record::MAX_RECORD_BYTES, StopRecord};
-/// std::fs::write(StopRecord::path(dir.path()), vec![b' '; MAX_RECORD_BYTES as usize + 1]).unwrap();
-/// assert!(StopRecord::read(dir.path()).is_err(), "refused, not loaded");
-/// ```
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 
 /// Work a drain participant left unfinished.
-///
-/// ```
-/// let u = planned_stop::Unfinished { participant: "jobs".into(), item: "job-3".into() };
-/// assert_eq!(serde_json::to_value(&u).unwrap()["item"], "job-3");
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Unfinished {
     /// The participant's name, as registered.
     pub participant: String,
@@ -53,6 +37,7 @@ pub struct Unfinished {
 /// assert_eq!(StopRecord::read(dir.path()).unwrap(), None, "no stop recorded yet");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StopRecord {
     /// The process that stopped.
     pub pid: u32,
@@ -90,12 +75,13 @@ pub struct StopRecord {
 /// # let dir = tempfile::tempdir().unwrap();
 /// std::fs::write(planned_stop::StopRecord::path(dir.path()), b"{").unwrap();
 /// let err = planned_stop::StopRecord::read(dir.path()).unwrap_err();
-/// assert!(matches!(err, planned_stop::record::RecordError::Invalid { .. }));
+/// assert!(matches!(err, planned_stop::RecordError::Invalid { .. }));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
     /// A file operation failed.
-    #[error("cannot {op} stop record {path}: {source}")]
+    #[error("cannot {op} stop record {path}")]
     Io {
         /// What was being done.
         op: &'static str,
@@ -129,18 +115,7 @@ impl StopRecord {
     }
 
     /// Writes the record atomically into `state_dir` (created if missing), replacing any earlier one.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// use planned_stop::{SignalKind, StopCause, StopRecord, StopVerdict};
-    /// let now = chrono::Utc::now();
-    /// let record = StopRecord { pid: 1, cause: StopCause::Signal(SignalKind::Interrupt), verdict: StopVerdict::Planned,
-    ///     request_id: None, reason: None, stopper_pid: None, accepted_at: now, drain_deadline: now, finished_at: now,
-    ///     drained_in_time: true, forced: false, unfinished: vec![], unanswered: vec![], exit_code: 0 };
-    /// record.write(dir.path()).unwrap();
-    /// assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record));
-    /// ```
-    pub fn write(&self, state_dir: &Path) -> Result<PathBuf, RecordError> {
+    pub(crate) fn write(&self, state_dir: &Path) -> Result<PathBuf, RecordError> {
         let path = StopRecord::path(state_dir);
         fs::create_dir_all(state_dir).map_err(|source| RecordError::Io {
             op: "create the directory of",

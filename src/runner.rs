@@ -21,8 +21,11 @@
 //! as such; its work is unknown.
 
 use crate::clock::Clock;
+use crate::error_chain::ErrorChain;
 use crate::identity::ProcessIdentity;
-use crate::lifecycle::{Lifecycle, RunnerState, SignalKind, Step, StopCause, StopVerdict};
+use crate::lifecycle::{
+    Lifecycle, RunnerState, SignalKind, Step, StopCause, StopRequest, StopVerdict,
+};
 use crate::marker::Marker;
 use crate::outcome::{Outcome, Phase};
 use crate::record::{StopRecord, Unfinished};
@@ -44,6 +47,7 @@ use tokio::sync::watch;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
+#[non_exhaustive]
 pub struct PlannedStop {
     /// The stopper's request id.
     pub request_id: Option<String>,
@@ -68,87 +72,21 @@ impl From<&Marker> for PlannedStop {
 
 /// The application is ready to serve (`Starting → Running`). A planned stop held during start-up is
 /// acted on now.
-///
-/// ```
-/// # use planned_stop::{Layout, PlannedStopService};
-/// # let dir = tempfile::tempdir().unwrap();
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-///         .handle_signals(false)
-///         .events(false)
-///         .start()
-///         .unwrap();
-///     service.runner().do_send(planned_stop::runner::Ready); // what `service.ready()` sends
-/// });
-/// ```
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
 pub struct Ready;
 
 /// An OS signal or console event arrived.
-///
-/// ```
-/// # use planned_stop::{Layout, PlannedStopService};
-/// # let dir = tempfile::tempdir().unwrap();
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-///         .handle_signals(false)
-///         .events(false)
-///         .start()
-///         .unwrap();
-///     service.runner().do_send(planned_stop::runner::OsSignal(planned_stop::SignalKind::Interrupt));
-/// });
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct OsSignal(pub SignalKind);
 
-/// The application asks to stop.
-///
-/// ```
-/// # use planned_stop::{Layout, PlannedStopService};
-/// # let dir = tempfile::tempdir().unwrap();
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-///         .handle_signals(false)
-///         .events(false)
-///         .start()
-///         .unwrap();
-///     service.runner().do_send(planned_stop::runner::RequestStop { planned: true, force: false });
-/// });
-/// ```
+/// The application asks to stop ([`crate::ServiceHandle::request_stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
-pub struct RequestStop {
-    /// Classify the stop as planned (exit 0 by default) or unexpected.
-    pub planned: bool,
-    /// While draining: cut the drain short.
-    pub force: bool,
-}
+pub struct RequestStop(pub StopRequest);
 
 /// Registers a drain participant (also possible through the builder).
-///
-/// ```
-/// use actix::prelude::*;
-/// use planned_stop::{Drain, DrainReport};
-/// struct Jobs;
-/// impl Actor for Jobs { type Context = Context<Self>; }
-/// impl Handler<Drain> for Jobs {
-///     type Result = DrainReport;
-///     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport { DrainReport::default() }
-/// }
-/// # use planned_stop::{Layout, PlannedStopService};
-/// # let dir = tempfile::tempdir().unwrap();
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-///         .handle_signals(false)
-///         .events(false)
-///         .start()
-///         .unwrap();
-///     let add = planned_stop::runner::AddParticipant { name: "jobs".into(), recipient: Jobs.start().recipient() };
-///     service.runner().do_send(add);
-/// });
-/// ```
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct AddParticipant {
@@ -171,12 +109,13 @@ pub struct AddParticipant {
 ///     type Result = DrainReport;
 ///     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> DrainReport {
 ///         let _budget = drain.within; // finish what fits, then:
-///         DrainReport { unfinished: std::mem::take(&mut self.0) }
+///         DrainReport::unfinished(std::mem::take(&mut self.0))
 ///     }
 /// }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Message)]
 #[rtype(result = "DrainReport")]
+#[non_exhaustive]
 pub struct Drain {
     /// How long the participant has before the runner records it as unfinished.
     pub within: Duration,
@@ -184,16 +123,33 @@ pub struct Drain {
     pub verdict: StopVerdict,
 }
 
-/// A participant's answer to [`Drain`].
-///
-/// ```
-/// let report = planned_stop::DrainReport { unfinished: vec!["job-7".into()] };
-/// assert_eq!(report.unfinished.len(), 1);
-/// ```
+/// A participant's answer to [`Drain`]: [`DrainReport::done`] or [`DrainReport::unfinished`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+#[non_exhaustive]
 pub struct DrainReport {
     /// Work left unfinished, to resume at the next start.
     pub unfinished: Vec<String>,
+}
+
+impl DrainReport {
+    /// Everything finished; nothing to resume.
+    #[must_use]
+    pub fn done() -> DrainReport {
+        DrainReport::default()
+    }
+
+    /// These items were left unfinished, to resume at the next start.
+    ///
+    /// ```
+    /// let report = planned_stop::DrainReport::unfinished(["job-7", "job-9"]);
+    /// assert_eq!(report.unfinished, ["job-7", "job-9"]);
+    /// ```
+    #[must_use]
+    pub fn unfinished(items: impl IntoIterator<Item = impl Into<String>>) -> DrainReport {
+        DrainReport {
+            unfinished: items.into_iter().map(Into::into).collect(),
+        }
+    }
 }
 
 /// What the runner publishes on its status channel.
@@ -204,6 +160,7 @@ pub struct DrainReport {
 /// assert_eq!(status.exit_code, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunnerStatus {
     /// The lifecycle state.
     pub state: RunnerState,
@@ -233,7 +190,7 @@ impl RunnerStatus {
 }
 
 /// ```
-/// use planned_stop::runner::ExitCodes;
+/// use planned_stop::ExitCodes;
 /// use planned_stop::{SignalKind, StopCause, StopVerdict};
 /// let codes = ExitCodes::default().with(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 75);
 /// assert_eq!(codes.code(StopCause::Marker, StopVerdict::Planned), 0);
@@ -243,6 +200,7 @@ impl RunnerStatus {
 ///
 /// Exit codes by verdict, with overrides per cause. Defaults: planned 0, unexpected 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ExitCodes {
     /// The code of a planned stop.
     pub planned: i32,
@@ -265,7 +223,7 @@ impl ExitCodes {
     /// Uses `code` when a stop with `cause` reaches `verdict` (the last override given wins).
     ///
     /// ```
-    /// use planned_stop::{runner::ExitCodes, StopCause, StopVerdict};
+    /// use planned_stop::{ExitCodes, StopCause, StopVerdict};
     /// let codes = ExitCodes::default().with(StopCause::Request, StopVerdict::Unexpected, 3);
     /// assert_eq!(codes.code(StopCause::Request, StopVerdict::Unexpected), 3);
     /// ```
@@ -277,7 +235,7 @@ impl ExitCodes {
     /// The code for a stop with `cause` and `verdict`.
     ///
     /// ```
-    /// use planned_stop::{runner::ExitCodes, StopCause, StopVerdict};
+    /// use planned_stop::{ExitCodes, StopCause, StopVerdict};
     /// assert_eq!(ExitCodes::default().code(StopCause::Marker, StopVerdict::Unexpected), 1);
     /// ```
     pub fn code(&self, cause: StopCause, verdict: StopVerdict) -> i32 {
@@ -291,11 +249,6 @@ impl ExitCodes {
 }
 
 /// How the runner stops.
-///
-/// ```
-/// let config = planned_stop::runner::RunnerConfig { drain_deadline: std::time::Duration::from_secs(30), ..Default::default() };
-/// assert!(config.stop_system);
-/// ```
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
     /// How long the participants have to drain. Default 10 s.
@@ -354,22 +307,8 @@ struct DrainRun {
     forced: bool,
 }
 
-/// The lifecycle actor. Build it with [`RunnerActor::new`], or let
-/// [`crate::service::PlannedStopService`] wire it up with the watcher.
-///
-/// ```
-/// use actix::prelude::*;
-/// use planned_stop::runner::{RunnerActor, RunnerConfig};
-/// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
-/// actix::System::new().block_on(async {
-///     let runner = RunnerActor::new(store, me, RunnerConfig::default(), std::sync::Arc::new(planned_stop::clock::SystemClock));
-///     let status = runner.subscribe();
-///     let _addr = runner.start();
-///     assert_eq!(status.borrow().state, planned_stop::RunnerState::Starting);
-/// });
-/// ```
+/// The lifecycle actor. [`crate::PlannedStopService`] starts it with the watcher; its address,
+/// [`crate::ServiceHandle::runner`], takes [`OsSignal`] and [`PlannedStop`] messages.
 pub struct RunnerActor {
     lifecycle: Lifecycle,
     store: MarkerStore,
@@ -384,16 +323,7 @@ pub struct RunnerActor {
 
 impl RunnerActor {
     /// A runner in `Starting` for the process `own`, claiming its markers from `store`.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let me = planned_stop::ProcessIdentity::current().unwrap();
-    /// let clock = std::sync::Arc::new(planned_stop::clock::SystemClock);
-    /// let runner = planned_stop::RunnerActor::new(store, me, Default::default(), clock);
-    /// assert_eq!(runner.subscribe().borrow().state, planned_stop::RunnerState::Starting);
-    /// ```
-    pub fn new(
+    pub(crate) fn new(
         store: MarkerStore,
         own: ProcessIdentity,
         config: RunnerConfig,
@@ -415,39 +345,12 @@ impl RunnerActor {
 
     /// A receiver of the runner's status (subscribe before starting the actor, or later through
     /// the service handle).
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let me = planned_stop::ProcessIdentity::current().unwrap();
-    /// let runner = planned_stop::RunnerActor::new(store, me, Default::default(), std::sync::Arc::new(planned_stop::clock::SystemClock));
-    /// let status = runner.subscribe();
-    /// assert!(status.borrow().verdict.is_none());
-    /// ```
-    pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
         self.status.subscribe()
     }
 
     /// Registers a drain participant before the actor starts.
-    ///
-    /// ```
-    /// use actix::prelude::*;
-    /// use planned_stop::{Drain, DrainReport};
-    /// struct Jobs;
-    /// impl Actor for Jobs { type Context = Context<Self>; }
-    /// impl Handler<Drain> for Jobs {
-    ///     type Result = DrainReport;
-    ///     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport { DrainReport::default() }
-    /// }
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let me = planned_stop::ProcessIdentity::current().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let mut runner = planned_stop::RunnerActor::new(store, me, Default::default(), std::sync::Arc::new(planned_stop::clock::SystemClock));
-    ///     runner.add_participant("jobs", Jobs.start().recipient());
-    /// });
-    /// ```
-    pub fn add_participant(&mut self, name: impl Into<String>, recipient: Recipient<Drain>) {
+    pub(crate) fn add_participant(&mut self, name: impl Into<String>, recipient: Recipient<Drain>) {
         self.participants.push((name.into(), recipient));
     }
 
@@ -463,7 +366,7 @@ impl RunnerActor {
     /// Writes the outcome file and publishes it with the status.
     fn publish_outcome(&self, outcome: Outcome) {
         if let Err(e) = self.store.write_outcome(&outcome) {
-            tracing::warn!(error = %e, "cannot write the outcome file; stoppers cannot see the progress");
+            tracing::warn!(error = %ErrorChain(&e), "cannot write the outcome file; stoppers cannot see the progress");
         }
         let outcome = Arc::new(outcome);
         self.status.send_modify(|status| {
@@ -479,7 +382,7 @@ impl RunnerActor {
         match self.store.claim(&self.own, self.clock.now()) {
             Ok(marker) => marker,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot claim the planned-stop marker");
+                tracing::warn!(error = %ErrorChain(&e), "cannot claim the planned-stop marker");
                 None
             }
         }
@@ -584,7 +487,9 @@ impl RunnerActor {
                     }));
                 run.answered.push(name);
             }
-            Err(e) => tracing::warn!(participant = %name, error = %e, "drain participant is gone"),
+            Err(e) => {
+                tracing::warn!(participant = %name, error = %ErrorChain(&e), "drain participant is gone")
+            }
         }
         let answered = run.answered.len();
         if answered == self.participants.len() {
@@ -634,7 +539,7 @@ impl RunnerActor {
                     tracing::info!(path = %path.display(), unfinished = record.unfinished.len(), "stop record written")
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot write the stop record; unfinished work will not be resumed")
+                    tracing::error!(error = %ErrorChain(&e), "cannot write the stop record; unfinished work will not be resumed")
                 }
             }
         }
@@ -729,7 +634,7 @@ impl Handler<RequestStop> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, request: RequestStop, ctx: &mut Context<Self>) {
-        let step = self.lifecycle.request(request.planned, request.force);
+        let step = self.lifecycle.request(request.0);
         self.act(step, Requester::default(), ctx);
     }
 }

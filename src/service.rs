@@ -27,9 +27,10 @@
 //! process as planned.
 
 use crate::clock::{Clock, SystemClock};
+use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
 use crate::identity::{IdentityError, ProcessIdentity};
-use crate::lifecycle::{StopCause, StopVerdict};
+use crate::lifecycle::{StopCause, StopRequest, StopVerdict};
 use crate::record::{RecordError, StopRecord};
 use crate::runner::{
     Drain, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor, RunnerConfig, RunnerStatus,
@@ -48,9 +49,10 @@ use tokio::sync::watch;
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
 /// let err = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(dir.path().into())).start().unwrap_err();
-/// assert!(matches!(err, planned_stop::service::StartError::NoSystem));
+/// assert!(matches!(err, planned_stop::StartError::NoSystem));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// This process's identity could not be read.
     #[error(transparent)]
@@ -59,27 +61,14 @@ pub enum StartError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The signal handlers could not be installed.
-    #[error("cannot install signal handlers: {0}")]
-    Signals(std::io::Error),
+    #[error("cannot install signal handlers")]
+    Signals(#[source] std::io::Error),
     /// `start` was called outside a running actix system.
     #[error("PlannedStopService::start must be called inside a running actix System")]
     NoSystem,
 }
 
 /// Entry point; see the module docs.
-///
-/// ```
-/// # use planned_stop::{Layout, PlannedStopService};
-/// # let dir = tempfile::tempdir().unwrap();
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-///         .handle_signals(false)
-///         .events(false)
-///         .start()
-///         .unwrap();
-///     service.ready();
-/// });
-/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct PlannedStopService;
 
@@ -116,6 +105,7 @@ impl PlannedStopService {
 ///     .drain_deadline(std::time::Duration::from_secs(20))
 ///     .exit_code(StopCause::Request, StopVerdict::Unexpected, 3);
 /// ```
+#[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ServiceBuilder {
     layout: Layout,
     policy: Policy,
@@ -189,7 +179,7 @@ impl ServiceBuilder {
     ///
     /// ```
     /// use planned_stop::{Layout, PlannedStopService, Policy};
-    /// let policy = Policy { ttl: std::time::Duration::from_secs(300), ..Policy::default() };
+    /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).policy(policy);
     /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
@@ -211,7 +201,7 @@ impl ServiceBuilder {
     /// Exit codes by verdict and cause.
     ///
     /// ```
-    /// use planned_stop::{runner::ExitCodes, Layout, PlannedStopService};
+    /// use planned_stop::{ExitCodes, Layout, PlannedStopService};
     /// let mut codes = ExitCodes::default();
     /// codes.unexpected = 75;
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).exit_codes(codes);
@@ -268,7 +258,7 @@ impl ServiceBuilder {
     /// The wall clock for verdicts (tests pass one driven by tokio's paused clock).
     ///
     /// ```
-    /// let clock = std::sync::Arc::new(planned_stop::clock::SystemClock);
+    /// let clock = std::sync::Arc::new(planned_stop::SystemClock);
     /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).clock(clock);
     /// ```
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -317,7 +307,7 @@ impl ServiceBuilder {
                 tracing::info!(?report, "swept markers of earlier processes")
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot sweep the marker directory"),
+            Err(e) => tracing::warn!(error = %ErrorChain(&e), "cannot sweep the marker directory"),
         }
         let state_dir = self.runner.state_dir.clone();
         let mut runner = RunnerActor::new(store.clone(), own, self.runner, self.clock.clone());
@@ -344,14 +334,13 @@ impl ServiceBuilder {
         if self.events {
             match SlotEvents::watch(&store.slot_path(own.pid)) {
                 Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),
-                Err(e) => tracing::warn!(error = %e,
+                Err(e) => tracing::warn!(error = %ErrorChain(&e),
                     "no filesystem notifications for the marker directory; polling only"),
             }
         }
-        let watcher = watcher.start();
+        watcher.start();
         Ok(ServiceHandle {
             runner,
-            watcher,
             status,
             store,
             own,
@@ -361,23 +350,9 @@ impl ServiceBuilder {
 }
 
 /// The running service: tell it when the application is ready, ask it to stop, watch its status.
-///
-/// ```
-/// # use planned_stop::{Layout, PlannedStopService};
-/// # let dir = tempfile::tempdir().unwrap();
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-///         .handle_signals(false)
-///         .events(false)
-///         .start()
-///         .unwrap();
-///     assert_eq!(service.identity().pid, std::process::id());
-/// });
-/// ```
 #[derive(Debug, Clone)]
 pub struct ServiceHandle {
     runner: Addr<RunnerActor>,
-    watcher: Addr<MarkerWatcherActor>,
     status: watch::Receiver<RunnerStatus>,
     store: MarkerStore,
     own: ProcessIdentity,
@@ -387,164 +362,42 @@ pub struct ServiceHandle {
 impl ServiceHandle {
     /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
     /// on now.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     service.ready();
-    /// });
-    /// ```
     pub fn ready(&self) {
         self.runner.do_send(Ready);
     }
 
-    /// Asks to stop (see [`RequestStop`]).
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     service.request_stop(true, false);
-    /// });
-    /// ```
-    pub fn request_stop(&self, planned: bool, force: bool) {
-        self.runner.do_send(RequestStop { planned, force });
+    /// Asks the runner to stop: [`StopRequest::Planned`] (exit 0 by default),
+    /// [`StopRequest::Unexpected`], or [`StopRequest::Force`] to cut a drain in progress short.
+    pub fn request_stop(&self, request: StopRequest) {
+        self.runner.do_send(RequestStop(request));
     }
 
     /// Feeds an OS signal to the runner, as the signal listener does for real signals.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     service.signal(planned_stop::runner::OsSignal(planned_stop::SignalKind::Terminate));
-    /// });
-    /// ```
     pub fn signal(&self, signal: OsSignal) {
         self.runner.do_send(signal);
     }
 
     /// The runner's current status.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     assert_eq!(service.status().verdict, None);
-    /// });
-    /// ```
     pub fn status(&self) -> RunnerStatus {
         self.status.borrow().clone()
     }
 
     /// A receiver that sees every status change.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     let status = service.subscribe();
-    ///     assert_eq!(status.borrow().state, planned_stop::RunnerState::Starting);
-    /// });
-    /// ```
     pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
         self.status.clone()
     }
 
     /// The runner's address.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     assert!(service.runner().connected());
-    /// });
-    /// ```
     pub fn runner(&self) -> &Addr<RunnerActor> {
         &self.runner
     }
 
-    /// The watcher's address.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     assert!(service.watcher().connected());
-    /// });
-    /// ```
-    pub fn watcher(&self) -> &Addr<MarkerWatcherActor> {
-        &self.watcher
-    }
-
     /// The marker store.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     assert!(service.store().dir().ends_with("run"));
-    /// });
-    /// ```
     pub fn store(&self) -> &MarkerStore {
         &self.store
     }
 
     /// This process's identity, as read at start-up.
-    ///
-    /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     assert_eq!(service.identity(), planned_stop::ProcessIdentity::current().unwrap());
-    /// });
-    /// ```
     pub fn identity(&self) -> ProcessIdentity {
         self.own
     }

@@ -25,18 +25,6 @@ use std::io;
 
 /// Starts forwarding signals to `runner` on the current actix system. Errors when a handler cannot
 /// be installed (for example, no signal support on this platform).
-///
-/// ```no_run
-/// # use planned_stop::{Layout, PlannedStopService};
-/// actix::System::new().block_on(async {
-///     // What `ServiceBuilder::start` does unless `handle_signals(false)`:
-///     let service = PlannedStopService::builder(Layout::Slots("/run/app".into()))
-///         .handle_signals(false)
-///         .start()
-///         .unwrap();
-///     planned_stop::signals::listen(service.runner().clone().recipient()).unwrap();
-/// });
-/// ```
 pub fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
     os::listen(runner)
 }

@@ -18,19 +18,19 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// How often [`wait`] looks at the target.
-///
-/// ```
-/// assert!(planned_stop::stopper::WAIT_POLL <= std::time::Duration::from_millis(100));
-/// ```
-pub const WAIT_POLL: Duration = Duration::from_millis(20);
+const WAIT_POLL: Duration = Duration::from_millis(20);
 
-/// What to ask for.
+/// What to ask for: [`StopOptions::new`] (or `default()`, the same) and the `with_` setters.
 ///
 /// ```
-/// let options = planned_stop::stopper::StopOptions { reason: Some("deploy".into()), signal: true, ..planned_stop::stopper::StopOptions::new() };
-/// assert!(options.trigger_watcher);
+/// use planned_stop::stopper::StopOptions;
+/// let options = StopOptions::new().with_reason("deploy").with_signal(true);
+/// assert!(options.trigger_watcher && options.signal);
+/// assert_eq!(options.reason.as_deref(), Some("deploy"));
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+#[must_use = "a builder or value that is dropped configures nothing"]
 pub struct StopOptions {
     /// Free text for the target's logs and stop record.
     pub reason: Option<String>,
@@ -47,16 +47,51 @@ pub struct StopOptions {
 
 impl StopOptions {
     /// Options that trigger the watcher and send no signal.
-    ///
-    /// ```
-    /// let options = planned_stop::stopper::StopOptions::new();
-    /// assert!(options.trigger_watcher && !options.signal);
-    /// ```
     pub fn new() -> StopOptions {
         StopOptions {
+            reason: None,
+            request_id: None,
             trigger_watcher: true,
-            ..StopOptions::default()
+            expect_start: None,
+            signal: false,
         }
+    }
+
+    /// Free text for the target's logs and stop record.
+    pub fn with_reason(mut self, reason: impl Into<String>) -> StopOptions {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// The request id to write instead of a generated one.
+    pub fn with_request_id(mut self, request_id: impl Into<String>) -> StopOptions {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// `false` leaves the marker to classify a signal that follows (systemd `ExecStop`).
+    pub fn with_trigger_watcher(mut self, trigger: bool) -> StopOptions {
+        self.trigger_watcher = trigger;
+        self
+    }
+
+    /// Refuse unless the target's start fingerprint is `start`.
+    pub fn with_expected_start(mut self, start: u64) -> StopOptions {
+        self.expect_start = Some(start);
+        self
+    }
+
+    /// Send SIGTERM after writing the marker (Unix only).
+    pub fn with_signal(mut self, signal: bool) -> StopOptions {
+        self.signal = signal;
+        self
+    }
+}
+
+/// The same as [`StopOptions::new`]: a stop that triggers the target's watcher.
+impl Default for StopOptions {
+    fn default() -> Self {
+        StopOptions::new()
     }
 }
 
@@ -72,6 +107,7 @@ impl StopOptions {
 /// assert!(r.slot.exists() && !r.signalled);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Requested {
     /// The target, as identified when the marker was written.
     pub target: ProcessIdentity,
@@ -89,11 +125,12 @@ pub struct Requested {
 /// use planned_stop::stopper::{request, StopOptions, StopperError};
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-/// let wrong = StopOptions { expect_start: Some(0), ..StopOptions::new() };
+/// let wrong = StopOptions::new().with_expected_start(0);
 /// let err = request(&store, std::process::id(), &wrong).unwrap_err();
 /// assert!(matches!(err, StopperError::WrongIdentity { .. }));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StopperError {
     /// No process with that pid is running.
     #[error("no process with pid {pid} is running (already gone?)")]
@@ -118,7 +155,7 @@ pub enum StopperError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// SIGTERM could not be sent (the marker was written).
-    #[error("the marker was written, but SIGTERM to process {pid} failed: {source}")]
+    #[error("the marker was written, but SIGTERM to process {pid} failed")]
     Signal {
         /// The target.
         pid: u32,
@@ -221,6 +258,7 @@ fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitOutcome {
     /// The target exited after a planned stop.
     StoppedPlanned {
@@ -258,6 +296,7 @@ pub enum WaitOutcome {
 /// assert!(seen.iter().all(|p| *p == Progress::Waiting));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Progress {
     /// The target has not acknowledged the request yet.
     Waiting,

@@ -54,11 +54,42 @@ const TAKEN_TAG: &str = ".taken-";
 /// assert_eq!(single.slot_path(7), single.slot_path(8));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Layout {
     /// One slot per target pid in this directory: `DIR/planned-stop-<PID>.json`.
     Slots(PathBuf),
     /// One file shared by all processes (the seed's layout).
     SingleFile(PathBuf),
+}
+
+impl Layout {
+    /// The layout and pid a marker path names, as an operator gives it: a per-process slot
+    /// `DIR/planned-stop-<PID>.json` is [`Layout::Slots`] of `DIR` and that pid; any other file is
+    /// [`Layout::SingleFile`], whose owner is whoever its marker names (`None`).
+    ///
+    /// ```
+    /// use planned_stop::Layout;
+    /// use std::path::Path;
+    /// assert_eq!(
+    ///     Layout::of_marker_path(Path::new("/run/app/planned-stop-42.json")),
+    ///     (Layout::Slots("/run/app".into()), Some(42))
+    /// );
+    /// assert_eq!(
+    ///     Layout::of_marker_path(Path::new("/run/app/stop.json")),
+    ///     (Layout::SingleFile("/run/app/stop.json".into()), None)
+    /// );
+    /// ```
+    #[must_use]
+    pub fn of_marker_path(path: &Path) -> (Layout, Option<u32>) {
+        let slot_pid = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_slot_file_name);
+        match (slot_pid, path.parent()) {
+            (Some(pid), Some(dir)) => (Layout::Slots(dir.to_path_buf()), Some(pid)),
+            _ => (Layout::SingleFile(path.to_path_buf()), None),
+        }
+    }
 }
 
 /// Why a store operation failed. Each variant names the path and what to do.
@@ -71,9 +102,10 @@ pub enum Layout {
 /// assert!(matches!(store.write(&bad), Err(StoreError::InvalidMarker(_))));
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The marker directory could not be created or examined.
-    #[error("cannot use marker directory {path}: {source}")]
+    #[error("cannot use marker directory {path}")]
     Directory {
         /// The directory.
         path: PathBuf,
@@ -95,7 +127,7 @@ pub enum StoreError {
         mode: u32,
     },
     /// A file operation failed.
-    #[error("cannot {op} {path}: {source}")]
+    #[error("cannot {op} {path}")]
     Io {
         /// What was being done (`write`, `rename`, `remove`, ...).
         op: &'static str,
@@ -105,7 +137,7 @@ pub enum StoreError {
         source: io::Error,
     },
     /// The marker to write is not valid.
-    #[error("refusing to write an invalid marker: {0}")]
+    #[error("refusing to write an invalid marker")]
     InvalidMarker(#[from] MarkerError),
     /// The slot could not be read this time; nothing was decided. Retry later.
     #[error("cannot read marker {path} right now ({kind}); nothing was decided, retry later")]
@@ -139,6 +171,7 @@ pub enum StoreError {
 /// assert!(store.dir().is_dir());
 /// ```
 #[derive(Debug, Clone)]
+#[must_use = "a builder or value that is dropped configures nothing"]
 pub struct MarkerStoreBuilder {
     layout: Layout,
     policy: Policy,
@@ -151,7 +184,7 @@ impl MarkerStoreBuilder {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let policy = planned_stop::Policy { future_skew: std::time::Duration::from_secs(30), ..Default::default() };
+    /// let policy = planned_stop::Policy::default().with_future_skew(std::time::Duration::from_secs(30));
     /// let store = planned_stop::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().into())).policy(policy).open().unwrap();
     /// assert_eq!(store.policy().future_skew.as_secs(), 30);
     /// ```
@@ -221,9 +254,10 @@ impl MarkerStoreBuilder {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
 /// let report = store.sweep(chrono::Utc::now()).unwrap();
-/// assert_eq!(report, planned_stop::store::SweepReport::default());
+/// assert_eq!(report, planned_stop::SweepReport::default());
 /// ```
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Slots removed as malformed or stale (their owner gone included).
     pub removed_slots: Vec<PathBuf>,
@@ -241,6 +275,7 @@ pub struct SweepReport {
 /// assert_eq!(entries[0].verdict.as_ref().map(|v| v.kind()), Ok("malformed"));
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SlotEntry {
     /// The slot's path.
     pub path: PathBuf,
@@ -288,7 +323,7 @@ impl MarkerStore {
     /// ```
     /// # use planned_stop::{Layout, MarkerStore, Policy};
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let policy = Policy { ttl: std::time::Duration::from_secs(300), ..Policy::default() };
+    /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
     /// let store = MarkerStore::builder(Layout::Slots(dir.path().join("run")))
     ///     .policy(policy)
     ///     .open()
@@ -365,19 +400,7 @@ impl MarkerStore {
     }
 
     /// Writes the runner's outcome file, atomically.
-    ///
-    /// ```
-    /// # use planned_stop::outcome::{Outcome, Phase};
-    /// # use planned_stop::{StopCause, StopVerdict};
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let now = chrono::Utc::now();
-    /// let outcome = Outcome { pid: 42, start: 1, phase: Phase::Draining, cause: StopCause::Marker, verdict: StopVerdict::Planned,
-    ///     request_id: None, accepted_at: now, drain_deadline: now, finished_at: None, exit_code: None };
-    /// store.write_outcome(&outcome).unwrap();
-    /// assert_eq!(store.read_outcome(42), Some(outcome));
-    /// ```
-    pub fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
+    pub(crate) fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
         let path = self.outcome_path(outcome.pid);
         let bytes = serde_json::to_vec(outcome).map_err(|e| StoreError::Io {
             op: "serialise",
@@ -804,30 +827,16 @@ impl MarkerStore {
 }
 
 /// `planned-stop-<PID>.json`.
-///
-/// ```
-/// assert_eq!(planned_stop::store::slot_file_name(42), "planned-stop-42.json");
-/// ```
 pub fn slot_file_name(pid: u32) -> String {
     format!("{SLOT_PREFIX}{pid}{SLOT_SUFFIX}")
 }
 
 /// `planned-stop-<PID>.outcome.json`.
-///
-/// ```
-/// assert_eq!(planned_stop::store::outcome_file_name(42), "planned-stop-42.outcome.json");
-/// ```
 pub fn outcome_file_name(pid: u32) -> String {
     format!("{SLOT_PREFIX}{pid}{OUTCOME_SUFFIX}")
 }
 
 /// The pid in an outcome file name, or `None` if `name` is not one.
-///
-/// ```
-/// use planned_stop::store::parse_outcome_file_name;
-/// assert_eq!(parse_outcome_file_name("planned-stop-42.outcome.json"), Some(42));
-/// assert_eq!(parse_outcome_file_name("planned-stop-42.json"), None);
-/// ```
 pub fn parse_outcome_file_name(name: &str) -> Option<u32> {
     let digits = name
         .strip_prefix(SLOT_PREFIX)?
@@ -836,12 +845,6 @@ pub fn parse_outcome_file_name(name: &str) -> Option<u32> {
 }
 
 /// The pid in a slot file name, or `None` if `name` is not one.
-///
-/// ```
-/// use planned_stop::store::parse_slot_file_name;
-/// assert_eq!(parse_slot_file_name("planned-stop-42.json"), Some(42));
-/// assert_eq!(parse_slot_file_name("planned-stop-0.json"), None);
-/// ```
 pub fn parse_slot_file_name(name: &str) -> Option<u32> {
     let digits = name.strip_prefix(SLOT_PREFIX)?.strip_suffix(SLOT_SUFFIX)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {

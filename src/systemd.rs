@@ -21,10 +21,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// How often the drain's timeout extension is renewed.
-///
-/// ```
-/// assert_eq!(planned_stop::systemd::EXTEND_EVERY.as_secs(), 1);
-/// ```
 pub const EXTEND_EVERY: Duration = Duration::from_secs(1);
 
 fn send(states: &[NotifyState<'_>]) {
@@ -41,15 +37,6 @@ fn extension(drain: Duration, began: Instant) -> u32 {
 }
 
 /// Follows `status` on the current actix system and notifies systemd (see the module docs).
-///
-/// ```no_run
-/// # use planned_stop::{Layout, PlannedStopService};
-/// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots("/run/app".into())).start().unwrap();
-///     // The builder already does this when the feature is on; a no-op without $NOTIFY_SOCKET.
-///     planned_stop::systemd::follow(service.subscribe());
-/// });
-/// ```
 pub fn follow(mut status: watch::Receiver<RunnerStatus>) {
     actix::spawn(async move {
         let mut sent = RunnerState::Starting;

@@ -34,6 +34,8 @@ use std::time::Duration;
 /// assert_eq!((policy.ttl.as_secs(), policy.future_skew.as_secs(), policy.start_slack.as_secs()), (60, 5, 2));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "a builder or value that is dropped configures nothing"]
 pub struct Policy {
     /// A marker older than this is stale. Default 60 s.
     pub ttl: Duration,
@@ -42,6 +44,26 @@ pub struct Policy {
     /// A marker without a fingerprint must be written no earlier than this before our start.
     /// Default 2 s (the wall-clock start time is known to about a second).
     pub start_slack: Duration,
+}
+
+impl Policy {
+    /// A marker older than `ttl` is stale.
+    pub fn with_ttl(mut self, ttl: Duration) -> Policy {
+        self.ttl = ttl;
+        self
+    }
+
+    /// A marker dated more than `skew` in the future is stale.
+    pub fn with_future_skew(mut self, skew: Duration) -> Policy {
+        self.future_skew = skew;
+        self
+    }
+
+    /// How long before our start a marker without a fingerprint may have been written.
+    pub fn with_start_slack(mut self, slack: Duration) -> Policy {
+        self.start_slack = slack;
+        self
+    }
 }
 
 impl Default for Policy {
@@ -56,14 +78,6 @@ impl Default for Policy {
 
 /// What was found at a slot, as the store read it (at most one byte more than
 /// [`crate::marker::MAX_MARKER_BYTES`]).
-///
-/// ```
-/// use planned_stop::verdict::{decide, SlotContent, Undecided};
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
-/// let found = SlotContent::Unreadable(std::io::ErrorKind::PermissionDenied);
-/// let v = decide(found, &me, chrono::Utc::now(), &Default::default());
-/// assert_eq!(v, Err(Undecided(std::io::ErrorKind::PermissionDenied)));
-/// ```
 #[derive(Debug, Clone, Copy)]
 pub enum SlotContent<'a> {
     /// Nothing at the slot path.
@@ -79,12 +93,17 @@ pub enum SlotContent<'a> {
 /// The kind of a non-regular file found at a slot.
 ///
 /// ```
-/// use planned_stop::verdict::{decide, FileKind, Malformed, SlotContent};
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
-/// let v = decide(SlotContent::NotAFile(FileKind::Special), &me, chrono::Utc::now(), &Default::default());
-/// assert_eq!(v, Ok(planned_stop::Verdict::Malformed(Malformed::NotAFile(FileKind::Special))));
+/// use planned_stop::{FileKind, Layout, Malformed, MarkerStore, Verdict};
+/// # let dir = tempfile::tempdir()?;
+/// let store = MarkerStore::open(Layout::Slots(dir.path().join("run")))?;
+/// // Something that is not a marker file sits at process 42's slot: never a stop, never opened.
+/// std::fs::create_dir(store.slot_path(42))?;
+/// let v = store.inspect(42, chrono::Utc::now());
+/// assert!(matches!(v, Ok(Verdict::Malformed(Malformed::NotAFile(FileKind::Directory)))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FileKind {
     /// A symbolic link (never followed).
     Symlink,
@@ -97,14 +116,15 @@ pub enum FileKind {
 /// The decision for one slot.
 ///
 /// ```
-/// use planned_stop::verdict::{decide, SlotContent};
-/// use planned_stop::{Marker, Verdict};
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
-/// let bytes = Marker::new(me.pid.wrapping_add(1).max(1), None, chrono::Utc::now()).to_json().unwrap();
-/// let v = decide(SlotContent::Bytes(&bytes), &me, chrono::Utc::now(), &Default::default()).unwrap();
-/// assert!(matches!(v, Verdict::Foreign(_)));
+/// use planned_stop::{Marker, Policy, ProcessIdentity, Verdict};
+/// let me = ProcessIdentity::current().unwrap();
+/// let now = chrono::Utc::now();
+/// // In the single-file layout a marker for another process is left for it.
+/// let bytes = Marker::new(me.pid.wrapping_add(1).max(1), None, now).to_json().unwrap();
+/// assert!(matches!(Verdict::judge(&bytes, &me, now, &Policy::default()), Verdict::Foreign(_)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// No marker: keep running.
     Absent,
@@ -119,6 +139,38 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// What a process `own` concludes at `now` about `bytes` found at its marker slot: the same
+    /// decision the service's watcher and runner make, without touching any file. For tools and
+    /// tests that want to know how a marker will be judged before they put it in place.
+    ///
+    /// ```
+    /// use chrono::{TimeDelta, Utc};
+    /// use planned_stop::{Marker, Policy, ProcessIdentity, Verdict};
+    ///
+    /// let me = ProcessIdentity::current()?;
+    /// let now = Utc::now();
+    /// let fresh = Marker::new(me.pid, Some(me.start), now).to_json()?;
+    /// assert!(matches!(Verdict::judge(&fresh, &me, now, &Policy::default()), Verdict::ForSelf(_)));
+    /// // The same request two minutes later is stale, and a recycled pid is never ours.
+    /// let later = now + TimeDelta::minutes(2);
+    /// assert!(matches!(Verdict::judge(&fresh, &me, later, &Policy::default()), Verdict::Stale(_)));
+    /// let reused = Marker::new(me.pid, Some(me.start + 1), now).to_json()?;
+    /// assert!(matches!(Verdict::judge(&reused, &me, now, &Policy::default()), Verdict::Stale(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn judge(
+        bytes: &[u8],
+        own: &ProcessIdentity,
+        now: DateTime<Utc>,
+        policy: &Policy,
+    ) -> Verdict {
+        match Marker::parse(bytes) {
+            Ok(marker) => judge(marker, own, now, policy),
+            Err(e) => Verdict::Malformed(e.into()),
+        }
+    }
+
     /// `true` for the verdicts after which the slot file should be removed.
     ///
     /// ```
@@ -148,12 +200,13 @@ impl Verdict {
 /// Why a slot holds no marker.
 ///
 /// ```
-/// use planned_stop::verdict::{decide, Malformed, SlotContent};
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
-/// let v = decide(SlotContent::Bytes(b"{}"), &me, chrono::Utc::now(), &Default::default()).unwrap();
-/// assert!(matches!(v, planned_stop::Verdict::Malformed(Malformed::Content(_))));
+/// use planned_stop::{Malformed, Policy, ProcessIdentity, Verdict};
+/// let me = ProcessIdentity::current().unwrap();
+/// let v = Verdict::judge(b"{}", &me, chrono::Utc::now(), &Policy::default());
+/// assert!(matches!(v, Verdict::Malformed(Malformed::Content(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Malformed {
     /// The slot is not a regular file.
     #[error("the slot is a {0:?}, not a regular file")]
@@ -166,15 +219,15 @@ pub enum Malformed {
 /// Why a well-formed marker no longer applies.
 ///
 /// ```
-/// use planned_stop::verdict::{decide, SlotContent, Stale};
-/// use planned_stop::{Marker, Verdict};
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// use planned_stop::{Marker, Policy, ProcessIdentity, Stale, Verdict};
+/// let me = ProcessIdentity::current().unwrap();
 /// let old = chrono::Utc::now() - chrono::TimeDelta::minutes(5);
 /// let bytes = Marker::new(me.pid, Some(me.start), old).to_json().unwrap();
-/// let v = decide(SlotContent::Bytes(&bytes), &me, chrono::Utc::now(), &Default::default()).unwrap();
+/// let v = Verdict::judge(&bytes, &me, chrono::Utc::now(), &Policy::default());
 /// assert!(matches!(v, Verdict::Stale(Stale::Expired { .. })));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Stale {
     /// Written more than the TTL ago.
     #[error("written {age_secs} s ago, past the {ttl_secs} s time-to-live")]
@@ -202,7 +255,7 @@ pub enum Stale {
         /// Our fingerprint.
         ours: u64,
     },
-    /// The process that owns the slot is no longer running (only [`decide_as_owner`] says this).
+    /// The process that owns the slot is no longer running (only an inspection by someone other than the owner says this: [`crate::MarkerStore::inspect`], `entries` and `sweep`).
     #[error("process {pid}, which the marker is for, is no longer running")]
     OwnerGone {
         /// The owner's pid.
@@ -222,7 +275,7 @@ pub enum Stale {
 /// it as absent, never as a stop).
 ///
 /// ```
-/// let e = planned_stop::verdict::Undecided(std::io::ErrorKind::PermissionDenied);
+/// let e = planned_stop::Undecided(std::io::ErrorKind::PermissionDenied);
 /// assert!(e.to_string().contains("will retry"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -231,18 +284,6 @@ pub struct Undecided(pub std::io::ErrorKind);
 
 /// Decides what `own` does with `found` at time `now` under `policy`. See the module docs for the
 /// rules; this is the only place they live.
-///
-/// ```
-/// use chrono::Utc;
-/// use planned_stop::{Marker, Policy, ProcessIdentity, Verdict};
-/// use planned_stop::verdict::{decide, SlotContent};
-///
-/// let me = ProcessIdentity::current().unwrap();
-/// let now = Utc::now();
-/// let bytes = Marker::new(me.pid, Some(me.start), now).to_json().unwrap();
-/// let verdict = decide(SlotContent::Bytes(&bytes), &me, now, &Policy::default()).unwrap();
-/// assert!(matches!(verdict, Verdict::ForSelf(_)));
-/// ```
 pub fn decide(
     found: SlotContent<'_>,
     own: &ProcessIdentity,
@@ -260,16 +301,6 @@ pub fn decide(
 /// per pid), else the pid the marker names (the single shared file). `lookup` reads the owner's
 /// identity ([`ProcessIdentity::of`] in production); an owner that is gone makes the marker
 /// [`Stale::OwnerGone`], since nobody is left to act on it.
-///
-/// ```
-/// use planned_stop::verdict::{decide_as_owner, SlotContent, Stale};
-/// use planned_stop::{Marker, Policy, Verdict};
-/// let now = chrono::Utc::now();
-/// let bytes = Marker::new(4242, Some(1), now).to_json().unwrap();
-/// // The process the marker names is gone: nobody is left to act on it.
-/// let v = decide_as_owner(SlotContent::Bytes(&bytes), None, |_| None, now, &Policy::default());
-/// assert_eq!(v, Ok(Verdict::Stale(Stale::OwnerGone { pid: 4242 })));
-/// ```
 pub fn decide_as_owner(
     found: SlotContent<'_>,
     slot_owner: Option<u32>,

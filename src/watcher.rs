@@ -22,6 +22,7 @@
 //! The probe is non-destructive for our own marker; the runner claims it when it acts.
 
 use crate::clock::Clock;
+use crate::error_chain::ErrorChain;
 use crate::events::{SlotEvents, Wakeups};
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::RunnerState;
@@ -36,38 +37,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// How often a persisting probe error is logged again.
-///
-/// ```
-/// assert_eq!(planned_stop::watcher::PROBE_ERROR_LOG_EVERY.as_secs(), 60);
-/// ```
 pub const PROBE_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// What the watcher probes: normally [`OwnSlot`], this process's slot in a [`MarkerStore`].
-///
-/// ```
-/// use planned_stop::watcher::MarkerProbe;
-/// use planned_stop::{StoreError, Verdict};
-/// /// A probe that never finds anything (for a test double).
-/// struct Nothing;
-/// impl MarkerProbe for Nothing {
-///     fn probe(&self, _: chrono::DateTime<chrono::Utc>) -> Result<Verdict, StoreError> { Ok(Verdict::Absent) }
-/// }
-/// assert_eq!(Nothing.probe(chrono::Utc::now()).unwrap(), Verdict::Absent);
-/// ```
 pub trait MarkerProbe: 'static {
     /// Judges the slot at `now` (see [`MarkerStore::probe`]).
     fn probe(&self, now: DateTime<Utc>) -> Result<Verdict, StoreError>;
 }
 
 /// This process's slot in a store.
-///
-/// ```
-/// use planned_stop::watcher::{MarkerProbe, OwnSlot};
-/// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-/// let probe = OwnSlot { store, own: planned_stop::ProcessIdentity::current().unwrap() };
-/// assert_eq!(probe.probe(chrono::Utc::now()).unwrap(), planned_stop::Verdict::Absent);
-/// ```
 #[derive(Debug, Clone)]
 pub struct OwnSlot {
     /// The store.
@@ -83,11 +61,6 @@ impl MarkerProbe for OwnSlot {
 }
 
 /// What the watcher does with one probe's verdict while the runner is in `state`.
-///
-/// ```
-/// use planned_stop::watcher::{next_step, WatchStep};
-/// assert_eq!(next_step(&planned_stop::Verdict::Absent, planned_stop::RunnerState::Running), WatchStep::Continue);
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchStep {
     /// Send this planned stop now and stop watching.
@@ -102,15 +75,6 @@ pub enum WatchStep {
 
 /// The watcher's rule, pure: a marker for us that asks the watcher to act is delivered when the
 /// runner runs, held while it starts, and dropped once it is stopping.
-///
-/// ```
-/// use planned_stop::watcher::{next_step, WatchStep};
-/// use planned_stop::{Marker, RunnerState, Verdict};
-/// let mine = Verdict::ForSelf(Marker::new(1, Some(2), chrono::Utc::now()));
-/// assert!(matches!(next_step(&mine, RunnerState::Starting), WatchStep::Hold(_)));
-/// assert!(matches!(next_step(&mine, RunnerState::Running), WatchStep::Deliver(_)));
-/// assert_eq!(next_step(&mine, RunnerState::Draining), WatchStep::Exit);
-/// ```
 pub fn next_step(verdict: &Verdict, state: RunnerState) -> WatchStep {
     match (state, verdict) {
         (RunnerState::Draining | RunnerState::Stopped, _) => WatchStep::Exit,
@@ -136,11 +100,11 @@ impl ProbeErrors {
             .last_logged
             .is_none_or(|t| now.duration_since(t) >= PROBE_ERROR_LOG_EVERY)
         {
-            tracing::warn!(%error, consecutive = self.consecutive,
+            tracing::warn!(error = %ErrorChain(error), consecutive = self.consecutive,
                 "cannot probe the planned-stop marker; will keep trying");
             self.last_logged = Some(now);
         } else {
-            tracing::debug!(%error, consecutive = self.consecutive, "marker probe failed again");
+            tracing::debug!(error = %ErrorChain(error), consecutive = self.consecutive, "marker probe failed again");
         }
     }
 
@@ -153,24 +117,6 @@ impl ProbeErrors {
 }
 
 /// The watcher actor. See the module docs.
-///
-/// ```
-/// use actix::prelude::*;
-/// use planned_stop::watcher::{MarkerWatcherActor, OwnSlot};
-/// use planned_stop::{PlannedStop, RunnerStatus};
-/// struct Runner;
-/// impl Actor for Runner { type Context = Context<Self>; }
-/// impl Handler<PlannedStop> for Runner { type Result = (); fn handle(&mut self, _: PlannedStop, _: &mut Context<Self>) {} }
-/// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-/// let own = planned_stop::ProcessIdentity::current().unwrap();
-/// actix::System::new().block_on(async {
-///     let (_status, rx) = tokio::sync::watch::channel(RunnerStatus::starting());
-///     let watcher = MarkerWatcherActor::new(OwnSlot { store, own }, Runner.start().recipient(), rx,
-///         std::time::Duration::from_millis(250), std::sync::Arc::new(planned_stop::clock::SystemClock));
-///     let _addr = watcher.start();
-/// });
-/// ```
 pub struct MarkerWatcherActor {
     probe: Box<dyn MarkerProbe>,
     target: Recipient<PlannedStop>,
@@ -187,23 +133,6 @@ pub struct MarkerWatcherActor {
 impl MarkerWatcherActor {
     /// A watcher probing `probe` every `interval`, delivering to `target`, following the runner's
     /// status on `runner`.
-    ///
-    /// ```
-    /// use actix::prelude::*;
-    /// use planned_stop::watcher::{MarkerWatcherActor, OwnSlot};
-    /// use planned_stop::{PlannedStop, RunnerStatus};
-    /// struct Runner;
-    /// impl Actor for Runner { type Context = Context<Self>; }
-    /// impl Handler<PlannedStop> for Runner { type Result = (); fn handle(&mut self, _: PlannedStop, _: &mut Context<Self>) {} }
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let own = planned_stop::ProcessIdentity::current().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let (_status, rx) = tokio::sync::watch::channel(RunnerStatus::starting());
-    ///     let _watcher = MarkerWatcherActor::new(OwnSlot { store, own }, Runner.start().recipient(), rx,
-    ///         std::time::Duration::from_secs(1), std::sync::Arc::new(planned_stop::clock::SystemClock));
-    /// });
-    /// ```
     pub fn new(
         probe: impl MarkerProbe,
         target: Recipient<PlannedStop>,
@@ -227,27 +156,6 @@ impl MarkerWatcherActor {
 
     /// Probes at once whenever `wakeups` yields (a filesystem event), besides polling. `events`, if
     /// given, is kept alive as long as the watcher runs.
-    ///
-    /// ```
-    /// use actix::prelude::*;
-    /// use planned_stop::events::SlotEvents;
-    /// use planned_stop::watcher::{MarkerWatcherActor, OwnSlot};
-    /// use planned_stop::{PlannedStop, RunnerStatus};
-    /// struct Runner;
-    /// impl Actor for Runner { type Context = Context<Self>; }
-    /// impl Handler<PlannedStop> for Runner { type Result = (); fn handle(&mut self, _: PlannedStop, _: &mut Context<Self>) {} }
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let own = planned_stop::ProcessIdentity::current().unwrap();
-    /// let (events, wakeups) = SlotEvents::watch(&store.slot_path(own.pid)).unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let (_status, rx) = tokio::sync::watch::channel(RunnerStatus::starting());
-    ///     let _watcher = MarkerWatcherActor::new(OwnSlot { store, own }, Runner.start().recipient(), rx,
-    ///         std::time::Duration::from_secs(1), std::sync::Arc::new(planned_stop::clock::SystemClock))
-    ///         .with_wakeups(wakeups, Some(events))
-    ///         .start();
-    /// });
-    /// ```
     pub fn with_wakeups(mut self, wakeups: Wakeups, events: Option<SlotEvents>) -> Self {
         self.wakeups = Some(wakeups);
         self.events = events;
@@ -278,7 +186,7 @@ impl MarkerWatcherActor {
                 next_step(&verdict, state)
             }
             Err(e) if state >= RunnerState::Draining => {
-                tracing::debug!(error = %e, "probe failed while the runner stops");
+                tracing::debug!(error = %ErrorChain(&e), "probe failed while the runner stops");
                 WatchStep::Exit
             }
             Err(e) => {

@@ -5,9 +5,9 @@ mod common;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use common::actors::*;
-use planned_stop::clock::Clock;
-use planned_stop::runner::RunnerStatus;
-use planned_stop::watcher::OwnSlot;
+use planned_stop::Clock;
+use planned_stop::RunnerStatus;
+use planned_stop::internals::OwnSlot;
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,8 @@
 //! Property tests of the marker codec: every marker round-trips, no input panics the parser.
 
 use chrono::{DateTime, Utc};
-use planned_stop::marker::{MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS};
-use planned_stop::verdict::{SlotContent, decide};
+use planned_stop::internals::{MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS};
+use planned_stop::internals::{SlotContent, decide};
 use planned_stop::{Marker, Policy, ProcessIdentity};
 use proptest::prelude::*;
 

@@ -6,11 +6,11 @@ mod common;
 use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
-use planned_stop::runner::OsSignal;
-use planned_stop::watcher::{MarkerProbe, OwnSlot};
+use planned_stop::OsSignal;
+use planned_stop::internals::{MarkerProbe, OwnSlot};
 use planned_stop::{
     Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle,
-    SignalKind, StopCause, StopRecord, StopVerdict, Unfinished, Verdict,
+    SignalKind, StopCause, StopRecord, StopVerdict, Verdict,
 };
 use std::cell::Cell;
 use std::rc::Rc;
@@ -106,7 +106,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
     // The outcome file next to the slot tells a stopper how it ended.
     let outcome = f.store().read_outcome(f.me.pid).expect("an outcome file");
     assert!(outcome.is_from(&f.me));
-    assert_eq!(outcome.phase, planned_stop::outcome::Phase::Stopped);
+    assert_eq!(outcome.phase, planned_stop::Phase::Stopped);
     assert_eq!(
         (outcome.verdict, outcome.exit_code),
         (StopVerdict::Planned, Some(0))
@@ -127,7 +127,7 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
             .store()
             .read_outcome(f.me.pid)
             .expect("an acknowledgement while draining");
-        assert_eq!(ack.phase, planned_stop::outcome::Phase::Draining);
+        assert_eq!(ack.phase, planned_stop::Phase::Draining);
         assert_eq!(ack.request_id.as_deref(), Some("ack"));
         assert_eq!(ack.exit_code, None);
         assert_eq!(
@@ -289,19 +289,12 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
     assert_eq!(code, 0, "planned, even though the drain ran out of time");
     let record = f.record();
     assert!(!record.drained_in_time);
-    assert_eq!(
-        record.unfinished,
-        vec![
-            Unfinished {
-                participant: "fast".into(),
-                item: "job-7".into()
-            },
-            Unfinished {
-                participant: "fast".into(),
-                item: "job-9".into()
-            },
-        ]
-    );
+    let unfinished: Vec<(&str, &str)> = record
+        .unfinished
+        .iter()
+        .map(|u| (u.participant.as_str(), u.item.as_str()))
+        .collect();
+    assert_eq!(unfinished, [("fast", "job-7"), ("fast", "job-9")]);
     assert_eq!(record.unanswered, vec!["slow".to_string()]);
     // The next start takes the record once.
     assert_eq!(StopRecord::take(&f.state()).unwrap(), Some(record));

@@ -23,12 +23,13 @@ mod common;
 use actix::prelude::*;
 use chrono::TimeDelta;
 use common::actors::*;
-use planned_stop::clock::Clock;
-use planned_stop::runner::{OsSignal, PlannedStop, Ready, RunnerActor, RunnerConfig, RunnerStatus};
-use planned_stop::watcher::{MarkerWatcherActor, OwnSlot};
+use planned_stop::Clock;
+use planned_stop::internals::{MarkerWatcherActor, OwnSlot};
+use planned_stop::internals::{Ready, RunnerConfig};
 use planned_stop::{
     Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, SignalKind, StopVerdict,
 };
+use planned_stop::{OsSignal, PlannedStop, RunnerActor, RunnerStatus};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 use std::sync::{Arc, Mutex};
@@ -406,10 +407,14 @@ impl StateMachineTest for RunnerAndWatcher {
                 stop_system: false,
                 ..RunnerConfig::default()
             };
-            let mut runner = RunnerActor::new(store.clone(), me, config, clock.clone());
             let (participant, control) = ParticipantControl::start();
-            runner.add_participant("jobs", participant);
-            let status = runner.subscribe();
+            let (runner, status) = planned_stop::internals::runner(
+                store.clone(),
+                me,
+                config,
+                clock.clone(),
+                vec![("jobs".to_owned(), participant)],
+            );
             let runner = runner.start();
             let deliveries = Arc::new(Mutex::new(Vec::new()));
             let recorder = Recorder {

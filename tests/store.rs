@@ -5,7 +5,7 @@ mod common;
 
 use chrono::{TimeDelta, Utc};
 use common::*;
-use planned_stop::store::SweepReport;
+use planned_stop::SweepReport;
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, StoreError, Verdict};
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -801,6 +801,7 @@ fn sweep_removes_old_leftovers_and_dead_slots_and_keeps_the_rest() {
     let SweepReport {
         mut removed_slots,
         mut removed_leftovers,
+        ..
     } = store.sweep(now).unwrap();
     removed_slots.sort();
     removed_leftovers.sort();
@@ -836,25 +837,25 @@ fn clear_removes_whatever_is_at_the_slot() {
 
 #[test]
 fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
-    use planned_stop::outcome::{Outcome, Phase};
     let dir = tempfile::tempdir().unwrap();
     let store = slots_store(dir.path());
     let me = ProcessIdentity::current().unwrap();
-    let outcome = |pid, start| Outcome {
-        pid,
-        start,
-        phase: Phase::Stopped,
-        cause: planned_stop::StopCause::Marker,
-        verdict: planned_stop::StopVerdict::Planned,
-        request_id: None,
-        accepted_at: Utc::now(),
-        drain_deadline: Utc::now(),
-        finished_at: Some(Utc::now()),
-        exit_code: Some(0),
+    // Outcome files as docs/protocol.md describes them, written as the runner writes them.
+    let write_outcome = |pid: u32, start: u64| {
+        let now = Utc::now();
+        let json = serde_json::json!({
+            "pid": pid, "start": start, "phase": "stopped",
+            "cause": { "kind": "marker" }, "verdict": "planned", "request_id": null,
+            "accepted_at": now, "drain_deadline": now, "finished_at": now, "exit_code": 0,
+        });
+        let path = store.outcome_path(pid);
+        fs::write(&path, json.to_string()).unwrap();
+        assert!(store.read_outcome(pid).is_some(), "a valid outcome file");
+        path
     };
-    let ours = store.write_outcome(&outcome(me.pid, me.start)).unwrap();
-    let gone = store.write_outcome(&outcome(u32::MAX - 1, 1)).unwrap();
-    let fresh_gone = store.write_outcome(&outcome(u32::MAX - 2, 1)).unwrap();
+    let ours = write_outcome(me.pid, me.start);
+    let gone = write_outcome(u32::MAX - 1, 1);
+    let fresh_gone = write_outcome(u32::MAX - 2, 1);
     let old = std::time::SystemTime::now() - Duration::from_secs(61);
     let age = |p: &PathBuf| {
         fs::File::options()
@@ -875,10 +876,7 @@ fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
         "fresh outcomes stay for stoppers still waiting"
     );
     // An old outcome at our pid from an earlier process (another start) goes.
-    assert_eq!(
-        store.write_outcome(&outcome(me.pid, me.start + 1)).unwrap(),
-        ours
-    );
+    assert_eq!(write_outcome(me.pid, me.start + 1), ours);
     age(&ours);
     assert_eq!(
         store.sweep(Utc::now()).unwrap().removed_leftovers,

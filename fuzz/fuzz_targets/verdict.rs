@@ -5,7 +5,7 @@
 use arbitrary::Arbitrary;
 use chrono::{DateTime, TimeDelta, Utc};
 use libfuzzer_sys::fuzz_target;
-use planned_stop::verdict::{SlotContent, decide};
+use planned_stop::internals::{SlotContent, decide};
 use planned_stop::{Marker, Policy, ProcessIdentity, Verdict};
 use std::time::Duration;
 
@@ -40,11 +40,10 @@ fn time(ms: i64) -> DateTime<Utc> {
 fuzz_target!(|input: Input| {
     let own = ProcessIdentity { pid: input.pid.max(1), start: input.start, started_at: time(input.started_ms) };
     let now = time(input.now_ms);
-    let policy = Policy {
-        ttl: Duration::from_millis(input.ttl_ms.into()),
-        future_skew: Duration::from_millis(input.skew_ms.into()),
-        start_slack: Duration::from_millis(input.slack_ms.into()),
-    };
+    let policy = Policy::default()
+        .with_ttl(Duration::from_millis(input.ttl_ms.into()))
+        .with_future_skew(Duration::from_millis(input.skew_ms.into()))
+        .with_start_slack(Duration::from_millis(input.slack_ms.into()));
     let bytes = match input.bytes {
         Bytes::Raw(b) => b,
         Bytes::Built { other_pid, start, offset_ms, trigger } => {

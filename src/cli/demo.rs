@@ -6,13 +6,12 @@
 //! ignored, an unmarked SIGTERM (exit 1, Unix), and a marker followed at once by SIGTERM (exit 0).
 //! It checks each outcome, exits 0 only if all were as designed, and removes its files.
 
-use super::{EXIT_OK, EXIT_UNEXPECTED, emit};
+use super::{EXIT_OK, EXIT_UNEXPECTED, chain, emit};
 use chrono::Utc;
-use planned_stop::identity::ProcessIdentity;
-use planned_stop::marker::Marker;
+use planned_stop::Marker;
+use planned_stop::ProcessIdentity;
 use planned_stop::stopper::{self, StopOptions};
-use planned_stop::store::{Layout, MarkerStore};
-use planned_stop::verdict::{SlotContent, decide};
+use planned_stop::{Layout, MarkerStore, Verdict};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -86,10 +85,7 @@ impl Service {
     }
 
     fn exit_code(&mut self) -> DemoResult<Option<i32>> {
-        self.child
-            .wait()
-            .map(|s| s.code())
-            .map_err(|e| e.to_string())
+        self.child.wait().map(|s| s.code()).map_err(|e| chain(&e))
     }
 }
 
@@ -109,7 +105,7 @@ struct Demo {
 impl Demo {
     fn new(dir: &Path) -> DemoResult<Demo> {
         let run_dir = dir.join("run");
-        let store = MarkerStore::open(Layout::Slots(run_dir.clone())).map_err(|e| e.to_string())?;
+        let store = MarkerStore::open(Layout::Slots(run_dir.clone())).map_err(|e| chain(&e))?;
         Ok(Demo {
             run_dir,
             state_dir: dir.join("state"),
@@ -118,7 +114,7 @@ impl Demo {
     }
 
     fn start(&self) -> DemoResult<(Service, Value)> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = std::env::current_exe().map_err(|e| chain(&e))?;
         let mut child = Command::new(exe)
             .arg("serve")
             .arg("--dir")
@@ -177,12 +173,9 @@ impl Demo {
             "   service running as pid {}",
             service.identity.pid
         ));
-        let options = StopOptions {
-            reason: Some("demo: planned stop".into()),
-            ..StopOptions::new()
-        };
+        let options = StopOptions::new().with_reason("demo: planned stop");
         let t0 = Instant::now();
-        stopper::request(&self.store, service.identity.pid, &options).map_err(|e| e.to_string())?;
+        stopper::request(&self.store, service.identity.pid, &options).map_err(|e| chain(&e))?;
         step(t0, t0, "marker written");
         let (at, accepted) = service.expect("stop_accepted")?;
         step(
@@ -223,13 +216,10 @@ impl Demo {
             "   resumed {} jobs after the unexpected stop",
             resumed["jobs"]
         ));
-        let options = StopOptions {
-            signal: true,
-            ..StopOptions::new()
-        };
+        let options = StopOptions::new().with_signal(true);
         let t0 = Instant::now();
-        let requested = stopper::request(&self.store, service.identity.pid, &options)
-            .map_err(|e| e.to_string())?;
+        let requested =
+            stopper::request(&self.store, service.identity.pid, &options).map_err(|e| chain(&e))?;
         step(
             t0,
             t0,
@@ -268,15 +258,10 @@ impl Demo {
         let staging = self.run_dir.join("staging");
         for (what, bytes) in cases {
             // What the service will conclude: the same decision function it uses.
-            let judged = decide(
-                SlotContent::Bytes(&bytes),
-                &me,
-                Utc::now(),
-                self.store.policy(),
-            );
+            let judged = Ok(Verdict::judge(&bytes, &me, Utc::now(), self.store.policy()));
             // Put in place the way a stopper does (write aside, rename), so it is seen whole.
-            std::fs::write(&staging, &bytes).map_err(|e| e.to_string())?;
-            std::fs::rename(&staging, &slot).map_err(|e| e.to_string())?;
+            std::fs::write(&staging, &bytes).map_err(|e| chain(&e))?;
+            std::fs::rename(&staging, &slot).map_err(|e| chain(&e))?;
             // The service's watcher removes what it judged malformed or stale.
             let deadline = Instant::now() + EVENT_TIMEOUT;
             while slot.exists() && Instant::now() < deadline {
@@ -299,7 +284,7 @@ impl Demo {
     #[cfg(unix)]
     fn unmarked_sigterm(&self, service: &mut Service) -> DemoResult<()> {
         let t0 = Instant::now();
-        let pid = libc::pid_t::try_from(service.identity.pid).map_err(|e| e.to_string())?;
+        let pid = libc::pid_t::try_from(service.identity.pid).map_err(|e| chain(&e))?;
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
         step(t0, t0, "SIGTERM sent, no marker");
@@ -310,14 +295,14 @@ impl Demo {
     fn unmarked_sigterm(&self, service: &mut Service) -> DemoResult<()> {
         emit("   (no SIGTERM on this OS; stopping through the marker instead)");
         stopper::request(&self.store, service.identity.pid, &StopOptions::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| chain(&e))?;
         service.expect("exit")?;
         expect_eq("exit code", service.exit_code()?, Some(0))
     }
 }
 
 fn to_json(marker: Marker) -> DemoResult<Vec<u8>> {
-    marker.to_json().map_err(|e| e.to_string())
+    marker.to_json().map_err(|e| chain(&e))
 }
 
 fn step(t0: Instant, at: Instant, what: &str) {

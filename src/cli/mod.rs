@@ -23,8 +23,8 @@ mod stop;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
-use planned_stop::store::{Layout, MarkerStore, parse_slot_file_name};
-use planned_stop::verdict::{Undecided, Verdict};
+use planned_stop::{Layout, MarkerStore};
+use planned_stop::{Undecided, Verdict};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -163,6 +163,19 @@ fn fail(message: impl std::fmt::Display) -> u8 {
     EXIT_USAGE
 }
 
+/// An error and its causes on one line. The library's errors leave their cause to the source
+/// chain, so a person sees `cannot use marker directory /x: Permission denied (os error 13)`.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        line.push_str(": ");
+        line.push_str(&next.to_string());
+        cause = next.source();
+    }
+    line
+}
+
 /// Writes one line to stdout and flushes it; a closed stdout is not an error worth dying for.
 fn emit(line: impl std::fmt::Display) {
     let mut out = std::io::stdout().lock();
@@ -173,13 +186,9 @@ fn emit(line: impl std::fmt::Display) {
 /// The layout and pid a [`SlotArgs`] names.
 fn target_slot(args: &SlotArgs) -> Result<(Layout, Option<u32>), String> {
     if let Some(file) = &args.file {
-        let slot_pid = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(parse_slot_file_name);
-        return Ok(match (slot_pid, file.parent()) {
-            (Some(pid), Some(dir)) => (Layout::Slots(dir.to_path_buf()), Some(pid)),
-            _ => (Layout::SingleFile(file.clone()), args.pid),
+        return Ok(match Layout::of_marker_path(file) {
+            (layout @ Layout::Slots(_), pid) => (layout, pid),
+            (layout, _) => (layout, args.pid),
         });
     }
     match (args.layout.layout()?, args.pid) {
@@ -195,7 +204,7 @@ fn existing_store(layout: Layout) -> Result<MarkerStore, String> {
         .create_dir(false)
         .allow_shared_dir(true)
         .open()
-        .map_err(|e| e.to_string())
+        .map_err(|e| chain(&e))
 }
 
 fn inspect(args: InspectArgs) -> u8 {
@@ -228,12 +237,12 @@ fn status(args: StatusArgs) -> u8 {
     };
     let entries = match store.entries(Utc::now()) {
         Ok(e) => e,
-        Err(e) => return fail(e),
+        Err(e) => return fail(chain(&e)),
     };
     let outcomes = store.outcomes();
     let record = match args.state.as_deref().map(planned_stop::StopRecord::read) {
         Some(Ok(r)) => r,
-        Some(Err(e)) => return fail(e),
+        Some(Err(e)) => return fail(chain(&e)),
         None => None,
     };
     if args.json {
@@ -285,7 +294,7 @@ fn clear(args: ClearArgs) -> u8 {
         let store = existing_store(layout)?;
         // In the single-file layout any pid names the one file.
         let pid = pid.unwrap_or(1);
-        let removed = store.clear(pid).map_err(|e| e.to_string())?;
+        let removed = store.clear(pid).map_err(|e| chain(&e))?;
         Ok((store.slot_path(pid), removed))
     });
     match result {
@@ -318,6 +327,7 @@ pub fn describe(verdict: &Result<Verdict, Undecided>) -> String {
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         ),
+        Ok(other) => other.kind().to_owned(),
     }
 }
 

@@ -11,14 +11,14 @@
 //! - `{"event":"draining","deadline_ms":D}`
 //! - `{"event":"exit","code":C,"verdict":"planned"|"unexpected"}`
 
-use super::{EXIT_USAGE, LayoutArgs, emit, fail};
+use super::{EXIT_USAGE, LayoutArgs, chain, emit, fail};
 use actix::clock::Instant;
 use actix::prelude::*;
 use clap::Args;
-use planned_stop::lifecycle::{RunnerState, StopVerdict};
-use planned_stop::record::StopRecord;
-use planned_stop::runner::{Drain, DrainReport, RunnerStatus};
-use planned_stop::service::{PlannedStopService, ServiceHandle};
+use planned_stop::StopRecord;
+use planned_stop::{Drain, DrainReport, RunnerStatus};
+use planned_stop::{PlannedStopService, ServiceHandle};
+use planned_stop::{RunnerState, StopVerdict};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,9 +88,7 @@ impl Handler<Drain> for Job {
                     if finishes {
                         DrainReport::default()
                     } else {
-                        DrainReport {
-                            unfinished: vec![job.name.clone()],
-                        }
+                        DrainReport::unfinished([job.name.clone()])
                     }
                 }),
         )
@@ -128,7 +126,7 @@ pub fn run(args: ServeArgs) -> u8 {
 
 fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle, String> {
     let previous = match &args.state {
-        Some(dir) => StopRecord::take(dir).map_err(|e| e.to_string())?,
+        Some(dir) => StopRecord::take(dir).map_err(|e| chain(&e))?,
         None => None,
     };
     let mut names: Vec<String> = previous
@@ -158,7 +156,7 @@ fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle
         .start();
         builder = builder.participant(name.clone(), job.recipient());
     }
-    let handle = builder.start().map_err(|e| e.to_string())?;
+    let handle = builder.start().map_err(|e| chain(&e))?;
     if args.state.is_some() {
         let items = &names[..resumed];
         emit(json!({ "event": "resumed", "jobs": resumed, "items": items }));

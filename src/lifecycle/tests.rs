@@ -90,9 +90,12 @@ fn while_draining_only_an_escalation_does_anything() {
     let mut l = running();
     l.signal(Terminate, false);
     assert_eq!(l.signal(Terminate, true), Step::Ignore("already stopping"));
-    assert_eq!(l.request(true, false), Step::Ignore("already stopping"));
+    assert_eq!(
+        l.request(StopRequest::Planned),
+        Step::Ignore("already stopping")
+    );
     assert_eq!(l.signal(Interrupt, false), Step::Force);
-    assert_eq!(l.request(true, true), Step::Force);
+    assert_eq!(l.request(StopRequest::Force), Step::Force);
     assert_eq!(
         l.verdict(),
         Some(Unexpected),
@@ -100,19 +103,36 @@ fn while_draining_only_an_escalation_does_anything() {
     );
     l.stopped();
     assert_eq!(l.signal(Interrupt, false), Step::Ignore("already stopping"));
-    assert_eq!(l.request(true, true), Step::Ignore("already stopping"));
+    assert_eq!(
+        l.request(StopRequest::Force),
+        Step::Ignore("already stopping")
+    );
     assert_eq!(l.stopped(), None, "stopped once");
 }
 
 #[test]
 fn programmatic_requests_carry_their_own_classification() {
     assert_eq!(
-        running().request(true, false),
+        running().request(StopRequest::Planned),
         Step::Drain(StopCause::Request, Planned)
     );
     assert_eq!(
-        running().request(false, false),
+        running().request(StopRequest::Unexpected),
         Step::Drain(StopCause::Request, Unexpected)
+    );
+}
+
+#[test]
+fn a_force_before_any_drain_is_ignored_and_decides_nothing() {
+    let mut l = running();
+    assert_eq!(
+        l.request(StopRequest::Force),
+        Step::Ignore("nothing to force: no drain in progress")
+    );
+    assert_eq!((l.state(), l.verdict()), (Running, None));
+    assert_eq!(
+        l.request(StopRequest::Planned),
+        Step::Drain(StopCause::Request, Planned)
     );
 }
 

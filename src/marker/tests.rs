@@ -228,3 +228,17 @@ fn invalid_utf8_is_refused() {
         Err(MarkerError::NotUtf8 { offset: 16 })
     );
 }
+
+#[test]
+fn the_limits_the_public_docs_state_are_the_limits_enforced() {
+    // `Marker::with_reason`, `with_request_id` and `MarkerError` name these numbers in words.
+    assert_eq!(
+        (
+            MAX_REQUEST_ID_CHARS,
+            MAX_REASON_CHARS,
+            MAX_MARKER_BYTES,
+            MAX_NESTING
+        ),
+        (64, 256, 4096, 8)
+    );
+}

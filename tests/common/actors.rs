@@ -3,8 +3,8 @@
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
-use planned_stop::clock::Clock;
-use planned_stop::runner::{Drain, DrainReport, PlannedStop, RunnerStatus};
+use planned_stop::Clock;
+use planned_stop::{Drain, DrainReport, PlannedStop, RunnerStatus};
 use planned_stop::{RunnerState, StopVerdict};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,10 +67,9 @@ impl Clock for TokioClock {
 
 /// A runner status for tests that set the runner's state by hand.
 pub fn status(state: RunnerState) -> RunnerStatus {
-    RunnerStatus {
-        state,
-        ..RunnerStatus::starting()
-    }
+    let mut status = RunnerStatus::starting();
+    status.state = state;
+    status
 }
 
 /// One delivery seen by a [`Recorder`]: the message and the runner's state at that moment.
@@ -145,9 +144,7 @@ impl ParticipantControl {
     pub fn finish(&self, unfinished: &[&str]) -> bool {
         match self.pending.lock().unwrap().take() {
             Some(tx) => {
-                let _ = tx.send(DrainReport {
-                    unfinished: unfinished.iter().map(|s| s.to_string()).collect(),
-                });
+                let _ = tx.send(DrainReport::unfinished(unfinished.iter().copied()));
                 true
             }
             None => false,
@@ -200,7 +197,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
 /// A real watcher whose runner is a [`Recorder`] and whose runner state the test sets by hand (the
 /// seed's fake loop and flags).
 pub struct Watched {
-    pub watcher: Addr<planned_stop::watcher::MarkerWatcherActor>,
+    pub watcher: Addr<planned_stop::internals::MarkerWatcherActor>,
     pub seen: Arc<Mutex<Vec<Delivery>>>,
     pub runner: watch::Sender<RunnerStatus>,
 }
@@ -208,13 +205,13 @@ pub struct Watched {
 impl Watched {
     /// Starts a watcher on `probe` with the runner in `state`; `wakeups` makes it event-driven.
     pub fn start(
-        probe: impl planned_stop::watcher::MarkerProbe,
+        probe: impl planned_stop::internals::MarkerProbe,
         state: RunnerState,
         poll: Duration,
         clock: Arc<dyn Clock>,
         wakeups: Option<(
-            planned_stop::events::Wakeups,
-            Option<planned_stop::events::SlotEvents>,
+            planned_stop::internals::Wakeups,
+            Option<planned_stop::internals::SlotEvents>,
         )>,
     ) -> Watched {
         let (runner, rx) = watch::channel(status(state));
@@ -225,7 +222,7 @@ impl Watched {
             forward: None,
         }
         .start();
-        let mut watcher = planned_stop::watcher::MarkerWatcherActor::new(
+        let mut watcher = planned_stop::internals::MarkerWatcherActor::new(
             probe,
             recorder.recipient(),
             rx,
