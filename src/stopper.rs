@@ -207,7 +207,7 @@ pub fn request(
     }
     let slot = store.write(&marker)?;
     tracing::info!(pid, slot = %slot.display(), request_id = marker.request_id.as_deref(), "marker written");
-    let signalled = options.signal && send_terminate(&target)?;
+    let signalled = options.signal && os::send_terminate(&target)?;
     Ok(Requested {
         target,
         marker,
@@ -216,34 +216,45 @@ pub fn request(
     })
 }
 
-/// Sends SIGTERM to `target` if the process at its pid is still that process. Returns whether it
-/// was sent. (The check and the kill are two steps; the window between them is microseconds.)
 #[cfg(unix)]
-fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
-    if ProcessIdentity::of(target.pid) != Some(*target) {
-        return Ok(false);
-    }
-    let pid = libc::pid_t::try_from(target.pid)
-        .map_err(|_| StopperError::NotRunning { pid: target.pid })?;
-    // SAFETY: kill(2) has no memory preconditions; the pid was checked to be our target.
-    if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
-        Ok(true)
-    } else {
-        Err(StopperError::Signal {
-            pid: target.pid,
-            source: std::io::Error::last_os_error(),
-        })
+mod os {
+    use super::StopperError;
+    use crate::identity::ProcessIdentity;
+
+    /// Sends SIGTERM (`kill(2)`) to `target` if the process at its pid is still that process.
+    /// Returns whether it was sent. (The check and the kill are two steps; the window between
+    /// them is microseconds.)
+    pub(super) fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
+        if ProcessIdentity::of(target.pid) != Some(*target) {
+            return Ok(false);
+        }
+        let pid = libc::pid_t::try_from(target.pid)
+            .map_err(|_| StopperError::NotRunning { pid: target.pid })?;
+        // SAFETY: kill(2) has no memory preconditions; the pid was checked to be our target.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+            Ok(true)
+        } else {
+            Err(StopperError::Signal {
+                pid: target.pid,
+                source: std::io::Error::last_os_error(),
+            })
+        }
     }
 }
 
-/// Windows has no SIGTERM; the marker is the only channel.
 #[cfg(not(unix))]
-fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
-    tracing::warn!(
-        pid = target.pid,
-        "--signal is not supported on this OS; the marker alone will stop the target"
-    );
-    Ok(false)
+mod os {
+    use super::StopperError;
+    use crate::identity::ProcessIdentity;
+
+    /// Windows has no SIGTERM; the marker is the only channel.
+    pub(super) fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
+        tracing::warn!(
+            pid = target.pid,
+            "--signal is not supported on this OS; the marker alone will stop the target"
+        );
+        Ok(false)
+    }
 }
 
 /// How a wait ended.

@@ -1,0 +1,92 @@
+//! How the runner is set up: deadlines, exit codes per cause and verdict, where to record.
+
+use crate::lifecycle::{StopCause, StopVerdict};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// ```
+/// use planned_stop::ExitCodes;
+/// use planned_stop::{SignalKind, StopCause, StopVerdict};
+/// let codes = ExitCodes::default().with(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 75);
+/// assert_eq!(codes.code(StopCause::Marker, StopVerdict::Planned), 0);
+/// assert_eq!(codes.code(StopCause::Signal(SignalKind::Terminate), StopVerdict::Unexpected), 1);
+/// assert_eq!(codes.code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected), 75);
+/// ```
+///
+/// Exit codes by verdict, with overrides per cause. Defaults: planned 0, unexpected 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder or value that is dropped configures nothing"]
+pub struct ExitCodes {
+    /// The code of a planned stop.
+    pub planned: i32,
+    /// The code of an unexpected stop.
+    pub unexpected: i32,
+    overrides: Vec<(StopCause, StopVerdict, i32)>,
+}
+
+impl Default for ExitCodes {
+    fn default() -> Self {
+        ExitCodes {
+            planned: 0,
+            unexpected: 1,
+            overrides: Vec::new(),
+        }
+    }
+}
+
+impl ExitCodes {
+    /// Uses `code` when a stop with `cause` reaches `verdict` (the last override given wins).
+    ///
+    /// ```
+    /// use planned_stop::{ExitCodes, StopCause, StopVerdict};
+    /// let codes = ExitCodes::default().with(StopCause::Request, StopVerdict::Unexpected, 3);
+    /// assert_eq!(codes.code(StopCause::Request, StopVerdict::Unexpected), 3);
+    /// ```
+    pub fn with(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
+        self.overrides.push((cause, verdict, code));
+        self
+    }
+
+    /// The code for a stop with `cause` and `verdict`.
+    ///
+    /// ```
+    /// use planned_stop::{ExitCodes, StopCause, StopVerdict};
+    /// assert_eq!(ExitCodes::default().code(StopCause::Marker, StopVerdict::Unexpected), 1);
+    /// ```
+    pub fn code(&self, cause: StopCause, verdict: StopVerdict) -> i32 {
+        let mut overridden = self.overrides.iter().rev();
+        match overridden.find(|(c, v, _)| *c == cause && *v == verdict) {
+            Some(&(_, _, code)) => code,
+            None if verdict == StopVerdict::Planned => self.planned,
+            None => self.unexpected,
+        }
+    }
+}
+
+/// How the runner stops.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// How long the participants have to drain. Default 10 s.
+    pub drain_deadline: Duration,
+    /// How long after the deadline an answer is still waited for (answers sent exactly at the
+    /// deadline). Default 100 ms.
+    pub answer_grace: Duration,
+    /// Exit codes.
+    pub exit_codes: ExitCodes,
+    /// Where to write the stop record; `None` writes none.
+    pub state_dir: Option<PathBuf>,
+    /// Stop the actix `System` with the exit code when stopped. Default `true`.
+    pub stop_system: bool,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            drain_deadline: Duration::from_secs(10),
+            answer_grace: Duration::from_millis(100),
+            exit_codes: ExitCodes::default(),
+            state_dir: None,
+            stop_system: true,
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! What can go wrong in the store, each variant naming the path and what to do.
+//!
+//! The OS error is the variant's `source`, not part of its message: a caller that prints the chain
+//! (as the CLI and the logs do) shows it once.
+
+use crate::marker::MarkerError;
+use crate::verdict::Undecided;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why a store operation failed. Each variant names the path and what to do.
+///
+/// ```
+/// use planned_stop::{Layout, Marker, MarkerStore, StoreError};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let bad = Marker::new(1, None, chrono::Utc::now()).with_reason("a\nb");
+/// assert!(matches!(store.write(&bad), Err(StoreError::InvalidMarker(_))));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The marker directory could not be created or examined.
+    #[error("cannot use marker directory {path}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The marker "directory" is something else.
+    #[error("marker directory {0} exists but is not a directory")]
+    NotADirectory(PathBuf),
+    /// The directory is writable by group or others.
+    #[error(
+        "marker directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
+         write there can stop the service; run `chmod 700 {path}` or opt in to a shared directory"
+    )]
+    SharedDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A file operation failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done (`write`, `rename`, `remove`, ...).
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The marker to write is not valid.
+    #[error("refusing to write an invalid marker")]
+    InvalidMarker(#[from] MarkerError),
+    /// The slot could not be read this time; nothing was decided. Retry later.
+    #[error("cannot read marker {path} right now ({kind}); nothing was decided, retry later")]
+    Unreadable {
+        /// The slot.
+        path: PathBuf,
+        /// The OS error kind.
+        kind: io::ErrorKind,
+    },
+    /// The shared single file holds a marker that is still good for another process.
+    #[error(
+        "{path} holds a pending stop request for process {pid}; wait until it is consumed or use \
+         the per-process slot layout (--dir)"
+    )]
+    SlotBusy {
+        /// The shared file.
+        path: PathBuf,
+        /// The process the pending marker is for.
+        pid: u32,
+    },
+}
+
+pub(super) fn unreadable(slot: &Path, e: Undecided) -> StoreError {
+    StoreError::Unreadable {
+        path: slot.to_path_buf(),
+        kind: e.0,
+    }
+}

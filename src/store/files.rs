@@ -1,0 +1,309 @@
+//! The file-system primitives the store is built on, and nothing else: bounded reads that never
+//! follow a link or block on a FIFO, atomic writes (temporary file, fsync, rename, directory fsync),
+//! removal and renames that retry Windows sharing violations, and the private directory policy.
+//!
+//! Platform differences live in the `os` module at the end, one twin per OS.
+
+use super::StoreError;
+use crate::marker::MAX_MARKER_BYTES;
+use crate::verdict::{FileKind, SlotContent};
+use os::{is_symlink_loop, open_no_follow, sync_dir};
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+/// What [`read_slot`] found: [`SlotContent`] with owned bytes.
+#[derive(Debug)]
+pub(super) enum Found {
+    Absent,
+    Bytes(Vec<u8>),
+    NotAFile(FileKind),
+    Unreadable(io::ErrorKind),
+}
+
+impl Found {
+    pub(super) fn content(&self) -> SlotContent<'_> {
+        match self {
+            Found::Absent => SlotContent::Absent,
+            Found::Bytes(b) => SlotContent::Bytes(b),
+            Found::NotAFile(k) => SlotContent::NotAFile(*k),
+            Found::Unreadable(k) => SlotContent::Unreadable(*k),
+        }
+    }
+}
+
+/// Reads a slot without following a symlink, opening a FIFO or reading more than the limit allows.
+pub(super) fn read_slot(path: &Path) -> Found {
+    read_bounded(path, MAX_MARKER_BYTES)
+}
+
+/// Reads at most `limit + 1` bytes of a regular file, never following a symlink or opening a FIFO.
+pub(super) fn read_bounded(path: &Path, limit: usize) -> Found {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
+        Err(e) => return Found::Unreadable(e.kind()),
+    };
+    if let Some(kind) = non_file_kind(&meta) {
+        return Found::NotAFile(kind);
+    }
+    let mut file = match open_no_follow(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
+        Err(e) if is_symlink_loop(&e) => return Found::NotAFile(FileKind::Symlink),
+        Err(e) => return Found::Unreadable(e.kind()),
+    };
+    // The path may have been swapped between lstat and open: judge what was actually opened.
+    let size = match file.metadata() {
+        Ok(m) => match non_file_kind(&m) {
+            Some(kind) => return Found::NotAFile(kind),
+            None => m.len(),
+        },
+        Err(e) => return Found::Unreadable(e.kind()),
+    };
+    // Read up to the size fstat reported (saving the read that would only confirm the end of the
+    // file), never more than the limit plus one byte.
+    // A size of 0 may be a lie (procfs and friends): then read up to the limit.
+    let want = match usize::try_from(size) {
+        Ok(0) | Err(_) => limit + 1,
+        Ok(n) => n.min(limit + 1),
+    };
+    let mut bytes = vec![0u8; want];
+    let mut filled = 0;
+    while filled < want {
+        match file.read(&mut bytes[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Found::Unreadable(e.kind()),
+        }
+    }
+    bytes.truncate(filled);
+    Found::Bytes(bytes)
+}
+
+fn non_file_kind(meta: &fs::Metadata) -> Option<FileKind> {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        Some(FileKind::Symlink)
+    } else if t.is_dir() {
+        Some(FileKind::Directory)
+    } else if !t.is_file() {
+        Some(FileKind::Special)
+    } else {
+        None
+    }
+}
+
+/// Writes `bytes` to `path` so that readers see the old file or the new one, never a part: through
+/// `temp` (a new file in the same directory), fsync, rename, fsync of the directory.
+pub(crate) fn write_atomically(path: &Path, temp: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let result = write_new_file(temp, bytes)
+        .and_then(|()| replace(temp, path))
+        .and_then(|()| sync_dir(dir));
+    if result.is_err() {
+        let _ = fs::remove_file(temp);
+    }
+    result
+}
+
+/// Creates `path` (which must not exist, so a symlink planted there is not followed), mode 0600, and
+/// writes and syncs `bytes`.
+fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    os::private_file(&mut options);
+    let io = |op, source| StoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = options.open(path).map_err(|e| io("create", e))?;
+    file.write_all(bytes).map_err(|e| io("write", e))?;
+    file.sync_all().map_err(|e| io("sync", e))
+}
+
+/// Renames `from` over `to`. Where replacing a file that another process has open is refused even
+/// after the retries — Windows without POSIX rename semantics (FAT, network shares, Wine) — the old
+/// file is deleted first and the rename retried: a reader may then briefly find no file (which it
+/// takes as "nothing yet", never as a decision), but never a partial one.
+fn replace(from: &Path, to: &Path) -> Result<(), StoreError> {
+    match rename(from, to) {
+        Err(StoreError::Io { source, .. }) if is_sharing_violation(&source) => {
+            tracing::debug!(path = %to.display(), "replace refused while open elsewhere; delete, then rename");
+            remove(to)?;
+            rename(from, to)
+        }
+        result => result,
+    }
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
+    with_sharing_retries(|| fs::rename(from, to)).map_err(|source| StoreError::Io {
+        op: "rename into place",
+        path: to.to_path_buf(),
+        source,
+    })
+}
+
+pub(super) fn remove(path: &Path) -> Result<(), StoreError> {
+    match with_sharing_retries(|| fs::remove_file(path)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(StoreError::Io {
+            op: "remove",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// How many times a rename or delete that hits a Windows sharing violation is tried, and how long
+/// to wait between tries (about 100 ms in all).
+const SHARING_RETRIES: u32 = 10;
+const SHARING_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Runs `op`, retrying it briefly while it fails with a sharing violation: on Windows another
+/// process that has the file open without `FILE_SHARE_DELETE` (an antivirus scanner, a backup agent,
+/// an editor, a stopper's own reader) makes renames and deletes fail with `ERROR_ACCESS_DENIED` (5)
+/// or `ERROR_SHARING_VIOLATION` (32) for a moment. After the retries the error is returned: the
+/// caller reports it, and a claim or probe never takes it as "no marker".
+pub(super) fn with_sharing_retries<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut tries = 1;
+    loop {
+        match op() {
+            Err(e) if is_sharing_violation(&e) && tries < SHARING_RETRIES => {
+                tracing::debug!(error = %e, tries, "sharing violation; retrying");
+                tries += 1;
+                std::thread::sleep(SHARING_RETRY_WAIT);
+            }
+            result => return result,
+        }
+    }
+}
+
+/// `ERROR_ACCESS_DENIED` (5) or `ERROR_SHARING_VIOLATION` (32); see "System Error Codes" in the
+/// Windows documentation. Never true elsewhere: a Unix rename or unlink does not care who has the
+/// file open.
+fn is_sharing_violation(e: &io::Error) -> bool {
+    os::is_sharing_violation(e)
+}
+
+pub(super) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
+    let err = |source| StoreError::Directory {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    os::private_dir(&mut builder);
+    builder.create(dir).map_err(err)?;
+    let meta = fs::metadata(dir).map_err(err)?;
+    if !meta.is_dir() {
+        return Err(StoreError::NotADirectory(dir.to_path_buf()));
+    }
+    match os::shared_mode(&meta) {
+        Some(mode) if !allow_shared => Err(StoreError::SharedDirectory {
+            path: dir.to_path_buf(),
+            mode,
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(unix)]
+mod os {
+    use super::StoreError;
+    use std::fs::{DirBuilder, File, Metadata, OpenOptions};
+    use std::io;
+    use std::path::Path;
+
+    pub(super) fn open_no_follow(path: &Path) -> io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+    }
+
+    pub(super) fn is_symlink_loop(e: &io::Error) -> bool {
+        e.raw_os_error() == Some(libc::ELOOP)
+    }
+
+    /// Makes a rename durable (see `fsync(2)`: syncing the file does not sync its directory entry).
+    pub(super) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| StoreError::Io {
+                op: "sync directory",
+                path: dir.to_path_buf(),
+                source,
+            })
+    }
+
+    /// Mode 0600 and close-on-exec for a new private file (`open(2)`).
+    pub(super) fn private_file(options: &mut OpenOptions) {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_CLOEXEC);
+    }
+
+    /// Mode 0700 for a new directory (`mkdir(2)`; the umask can only remove bits).
+    pub(super) fn private_dir(builder: &mut DirBuilder) {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+
+    /// The permission bits of a directory that group or others can write, `None` for a private one.
+    pub(super) fn shared_mode(meta: &Metadata) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o7777;
+        (mode & 0o022 != 0).then_some(mode)
+    }
+
+    /// Unix has no sharing violations: an open file can be renamed over or removed.
+    pub(super) fn is_sharing_violation(_: &io::Error) -> bool {
+        false
+    }
+}
+
+#[cfg(not(unix))]
+mod os {
+    use super::StoreError;
+    use std::fs::{DirBuilder, File, Metadata, OpenOptions};
+    use std::io;
+    use std::path::Path;
+
+    pub(super) fn open_no_follow(path: &Path) -> io::Result<File> {
+        OpenOptions::new().read(true).open(path)
+    }
+
+    pub(super) fn is_symlink_loop(_: &io::Error) -> bool {
+        false
+    }
+
+    /// Windows cannot open a directory as a file without backup semantics; NTFS journals the rename.
+    pub(super) fn sync_dir(_: &Path) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Windows ACLs are inherited from the directory; there are no mode bits to set.
+    pub(super) fn private_file(_: &mut OpenOptions) {}
+
+    /// Windows ACLs are inherited from the parent; there are no mode bits to set.
+    pub(super) fn private_dir(_: &mut DirBuilder) {}
+
+    /// No group/other mode bits to check: a directory's ACL is the administrator's to set.
+    pub(super) fn shared_mode(_: &Metadata) -> Option<u32> {
+        None
+    }
+
+    /// `ERROR_ACCESS_DENIED` (5) or `ERROR_SHARING_VIOLATION` (32): another process has the file
+    /// open without `FILE_SHARE_DELETE` (see the Win32 `MoveFileEx` and `DeleteFile` docs).
+    pub(super) fn is_sharing_violation(e: &io::Error) -> bool {
+        cfg!(windows) && matches!(e.raw_os_error(), Some(5) | Some(32))
+    }
+}
