@@ -1,22 +1,32 @@
-//! proptest-state-machine: the runner and the watcher against a reference model.
+//! proptest-state-machine: the runner and the watcher against reference models.
 //!
-//! The model below is written from DESIGN.md, not from the code: it says what the runner's state,
-//! verdict and exit code, the marker slot, and the watcher should be after any sequence of clock
-//! moves, markers, signals and drain events. After every step the real actors (on tokio's paused
-//! clock, with a real marker directory) must agree with it, and these invariants must hold:
+//! Two machines, each model written from `docs/design.md`, not from the code:
 //!
-//! - at most one `PlannedStop` ever, and only ever delivered while the runner is `Running` (so none
-//!   while `Draining`/`Stopped`, and one seen during `Starting` arrives only after `Running`);
-//! - the verdict never changes once set; the state only moves forward;
-//! - a foreign marker is never deleted, and the probe never deletes our own marker (the slot's
-//!   presence matches the model exactly);
-//! - the exit code matches the verdict.
+//! 1. **Runner and watcher together** (`runner_and_watcher_follow_the_model`): the runner's state,
+//!    verdict and exit code, the marker slot and the watcher after any sequence of clock moves,
+//!    markers, signals, drain events, and planned stops sent straight to the runner's address
+//!    (the only way the runner itself is asked while starting, which is where the verdict latch
+//!    decides). Invariants after every step:
+//!    - at most one `PlannedStop` from the watcher, only ever while the runner is `Running`;
+//!    - the verdict never changes once set; the state only moves forward;
+//!    - a foreign marker is never deleted, and the probe never deletes our own marker;
+//!    - the exit code matches the verdict.
+//! 2. **The watcher against a stepped runner**
+//!    (`the_watcher_follows_the_model_against_a_stepped_runner`): the real watcher, whose runner
+//!    status moves only when the model says so and which nobody claims the marker for. The real
+//!    runner reacts to a delivery at once, hiding a watcher that would deliver twice or deliver
+//!    to a runner that is stopping; here either shows as a second delivery or a delivery seen in
+//!    a state other than `Running`.
 //!
-//! Half the cases run the watcher event-driven (a notification on every change of the slot, sent by
-//! the test as the OS would), half polling only.
+//! Half the cases run the watcher event-driven (a notification on every change of the slot, sent
+//! by the test as the OS would), half polling only.
 //!
-//! CI runs 1,000 cases of up to 50 steps; `PROPTEST_CASES=10000 cargo test --test state_machine`
-//! (or `just proptest-long`) runs more.
+//! What these machines alone catch is recorded in `docs/reliability.md` (mutation testing): a
+//! watcher that keeps delivering, one whose runner-state guards are all removed, and a lifecycle
+//! without the verdict latch.
+//!
+//! CI runs 1,000 cases of each; `PROPTEST_CASES=10000 cargo test --test state_machine` (or
+//! `just proptest-long`) runs more.
 
 mod common;
 
@@ -73,6 +83,9 @@ enum Transition {
     ParticipantFinishes,
     /// Advance to the drain deadline (plus the answer grace).
     DrainDeadline,
+    /// A `PlannedStop` sent straight to the runner's address (the application, or a second
+    /// source), not through the watcher: the only way the runner is asked while still starting.
+    PlannedStopToRunner,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +128,8 @@ struct Model {
     since_tick_ms: Option<u64>,
     watcher_alive: bool,
     watcher_holds: bool,
+    /// The runner itself holds a planned stop that arrived while it was starting.
+    runner_holds: bool,
     state: RunnerState,
     verdict: Option<StopVerdict>,
     marker: Option<ModelMarker>,
@@ -133,6 +148,7 @@ impl Model {
             since_tick_ms: Some(0),
             watcher_alive: true,
             watcher_holds: false,
+            runner_holds: false,
             state: RunnerState::Starting,
             verdict: None,
             marker: None,
@@ -160,7 +176,9 @@ impl Model {
     }
 
     fn begin_drain(&mut self, verdict: StopVerdict) {
+        // The latch: the first classification is final.
         self.verdict.get_or_insert(verdict);
+        self.runner_holds = false;
         self.state = RunnerState::Draining;
         // The watcher follows the runner's status and stops at once.
         self.watcher_alive = false;
@@ -277,6 +295,7 @@ impl ReferenceStateMachine for Reference {
             1 => Just(Transition::Signal(SignalKind::Interrupt)),
             1 => Just(Transition::ParticipantFinishes),
             1 => Just(Transition::DrainDeadline),
+            1 => Just(Transition::PlannedStopToRunner),
         ]
         .boxed()
     }
@@ -305,11 +324,26 @@ impl ReferenceStateMachine for Reference {
             Transition::MarkReady => {
                 if m.state == RunnerState::Starting {
                     m.state = RunnerState::Running;
-                    if m.watcher_holds {
+                    if m.runner_holds {
+                        // The runner acts on its own held stop; the watcher sees it draining.
+                        m.claim();
+                        m.begin_drain(StopVerdict::Planned);
+                    } else if m.watcher_holds {
                         m.deliver();
                     }
                 }
             }
+            Transition::PlannedStopToRunner => match m.state {
+                RunnerState::Starting if m.verdict.is_none() => {
+                    m.verdict = Some(StopVerdict::Planned);
+                    m.runner_holds = true;
+                }
+                RunnerState::Running => {
+                    m.claim();
+                    m.begin_drain(StopVerdict::Planned);
+                }
+                _ => {}
+            },
             Transition::Signal(kind) => m.signal(kind),
             Transition::ParticipantFinishes => {
                 if m.state == RunnerState::Draining && m.participant_waiting {
@@ -357,34 +391,45 @@ impl Sut {
     fn write(&self, kind: MarkerKind) {
         // Inside the runtime: outside it tokio's clock is the real one, not the paused one.
         let now = self.run(async { self.clock.now() });
-        let me = self.me;
-        let marker = |pid, start, at| Marker::new(pid, start, at);
-        let bytes = match kind {
-            MarkerKind::Own => marker(me.pid, Some(me.start), now).to_json().unwrap(),
-            MarkerKind::OwnNoTrigger => marker(me.pid, Some(me.start), now)
-                .with_trigger_watcher(false)
-                .to_json()
-                .unwrap(),
-            MarkerKind::Foreign => marker(me.pid.wrapping_add(1).max(1), Some(me.start), now)
-                .to_json()
-                .unwrap(),
-            MarkerKind::ReusedPid => marker(me.pid, Some(me.start.wrapping_add(1)), now)
-                .to_json()
-                .unwrap(),
-            MarkerKind::Stale => marker(me.pid, Some(me.start), now - TimeDelta::minutes(2))
-                .to_json()
-                .unwrap(),
-            MarkerKind::Future => marker(me.pid, Some(me.start), now + TimeDelta::hours(1))
-                .to_json()
-                .unwrap(),
-            MarkerKind::Malformed => b"{\"target_pid\": true".to_vec(),
-        };
-        // Written as a stopper would, but the bytes are ours to choose (the malformed one included).
-        let slot = self.store.slot_path(me.pid);
-        let temp = self.dir.path().join("staging.json");
-        std::fs::write(&temp, bytes).unwrap();
-        std::fs::rename(&temp, &slot).unwrap();
+        write_marker(&self.store, self.dir.path(), self.me, now, kind);
     }
+}
+
+/// Puts a marker of `kind` at our slot as a stopper would (write aside, rename), with bytes of our
+/// choosing (the malformed one included).
+fn write_marker(
+    store: &MarkerStore,
+    dir: &std::path::Path,
+    me: ProcessIdentity,
+    now: chrono::DateTime<chrono::Utc>,
+    kind: MarkerKind,
+) {
+    let marker = |pid, start, at| Marker::new(pid, start, at);
+    let bytes = match kind {
+        MarkerKind::Own => marker(me.pid, Some(me.start), now).to_json().unwrap(),
+        MarkerKind::OwnNoTrigger => marker(me.pid, Some(me.start), now)
+            .with_trigger_watcher(false)
+            .to_json()
+            .unwrap(),
+        MarkerKind::Foreign => marker(me.pid.wrapping_add(1).max(1), Some(me.start), now)
+            .to_json()
+            .unwrap(),
+        MarkerKind::ReusedPid => marker(me.pid, Some(me.start.wrapping_add(1)), now)
+            .to_json()
+            .unwrap(),
+        MarkerKind::Stale => marker(me.pid, Some(me.start), now - TimeDelta::minutes(2))
+            .to_json()
+            .unwrap(),
+        MarkerKind::Future => marker(me.pid, Some(me.start), now + TimeDelta::hours(1))
+            .to_json()
+            .unwrap(),
+        MarkerKind::Malformed => b"{\"target_pid\": true".to_vec(),
+    };
+    // Written as a stopper would, but the bytes are ours to choose (the malformed one included).
+    let slot = store.slot_path(me.pid);
+    let temp = dir.join("staging.json");
+    std::fs::write(&temp, bytes).unwrap();
+    std::fs::rename(&temp, &slot).unwrap();
 }
 
 struct RunnerAndWatcher;
@@ -495,6 +540,12 @@ impl StateMachineTest for RunnerAndWatcher {
                 sut.participant.finish(&[]);
                 sut.run(settle());
             }
+            Transition::PlannedStopToRunner => {
+                let now = sut.run(async { sut.clock.now() });
+                let marker = Marker::new(sut.me.pid, Some(sut.me.start), now);
+                sut.runner.do_send(PlannedStop::from(&marker));
+                sut.run(settle());
+            }
         }
         sut
     }
@@ -569,4 +620,294 @@ prop_state_machine! {
 
     #[test]
     fn runner_and_watcher_follow_the_model(sequential 1..=50 => RunnerAndWatcher);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The watcher alone, against a runner whose every state change is a step of the model.
+//
+// The real runner reacts to a delivery at once (it claims the marker and starts draining), which
+// hides a watcher that would deliver again, or deliver to a runner that is already stopping. Here
+// nobody claims the marker and the runner moves only when the model says so, so each of those
+// mistakes shows as a second delivery, or a delivery seen in a state other than `Running`.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WatcherStep {
+    Tick,
+    AdvanceClock(u64),
+    Stall(u64),
+    WriteMarker(MarkerKind),
+    RemoveMarker,
+    /// The runner moves forward to this state (ignored when it is not forward).
+    Runner(RunnerState),
+}
+
+#[derive(Debug, Clone)]
+struct WatcherModel {
+    events: bool,
+    now_ms: u64,
+    /// Time since the watcher's last probe; `None` once it stopped polling (holding, or stopped).
+    since_tick_ms: Option<u64>,
+    alive: bool,
+    holds: bool,
+    runner: RunnerState,
+    marker: Option<ModelMarker>,
+    deliveries: u32,
+}
+
+impl WatcherModel {
+    fn stop_watching(&mut self) {
+        self.alive = false;
+        self.holds = false;
+        self.since_tick_ms = None;
+    }
+
+    fn deliver(&mut self) {
+        self.deliveries += 1;
+        self.stop_watching();
+    }
+
+    /// One probe: our marker is delivered to a running runner or held while it starts; a
+    /// removable one is removed; nothing else happens. Nobody claims our marker here.
+    fn probe(&mut self) {
+        match self.marker.map(|m| m.judge(self.now_ms)) {
+            Some(Judged::ForSelf { trigger: true }) if self.runner == RunnerState::Running => {
+                self.deliver()
+            }
+            Some(Judged::ForSelf { trigger: true }) => {
+                self.holds = true;
+                self.since_tick_ms = None;
+            }
+            Some(Judged::Removable) => self.marker = None,
+            _ => {}
+        }
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+        if let Some(since) = self.since_tick_ms {
+            if since + ms >= POLL_MS {
+                self.since_tick_ms = Some(0);
+                self.probe();
+            } else {
+                self.since_tick_ms = Some(since + ms);
+            }
+        }
+    }
+
+    fn slot_changed(&mut self) {
+        if self.events && self.alive && self.since_tick_ms.is_some() {
+            self.probe();
+        }
+    }
+}
+
+struct SteppedRunner;
+
+impl ReferenceStateMachine for SteppedRunner {
+    type State = WatcherModel;
+    type Transition = WatcherStep;
+
+    fn init_state() -> BoxedStrategy<WatcherModel> {
+        any::<bool>()
+            .prop_map(|events| WatcherModel {
+                events,
+                now_ms: 0,
+                since_tick_ms: Some(0),
+                alive: true,
+                holds: false,
+                runner: RunnerState::Starting,
+                marker: None,
+                deliveries: 0,
+            })
+            .boxed()
+    }
+
+    fn transitions(_: &WatcherModel) -> BoxedStrategy<WatcherStep> {
+        let kind = prop_oneof![
+            4 => Just(MarkerKind::Own),
+            1 => Just(MarkerKind::OwnNoTrigger),
+            1 => Just(MarkerKind::Foreign),
+            1 => Just(MarkerKind::Stale),
+            1 => Just(MarkerKind::Malformed),
+        ];
+        prop_oneof![
+            5 => Just(WatcherStep::Tick),
+            2 => (1..POLL_MS).prop_map(WatcherStep::AdvanceClock),
+            1 => (5 * POLL_MS..=200 * POLL_MS).prop_map(WatcherStep::Stall),
+            3 => kind.prop_map(WatcherStep::WriteMarker),
+            1 => Just(WatcherStep::RemoveMarker),
+            3 => Just(WatcherStep::Runner(RunnerState::Running)),
+            1 => Just(WatcherStep::Runner(RunnerState::Draining)),
+            1 => Just(WatcherStep::Runner(RunnerState::Stopped)),
+        ]
+        .boxed()
+    }
+
+    fn apply(mut m: WatcherModel, t: &WatcherStep) -> WatcherModel {
+        match *t {
+            WatcherStep::Tick => m.advance(POLL_MS),
+            WatcherStep::AdvanceClock(ms) | WatcherStep::Stall(ms) => m.advance(ms),
+            WatcherStep::WriteMarker(kind) => {
+                m.marker = Some(ModelMarker {
+                    kind,
+                    written_ms: m.now_ms,
+                });
+                m.slot_changed();
+            }
+            WatcherStep::RemoveMarker => {
+                m.marker = None;
+                m.slot_changed();
+            }
+            WatcherStep::Runner(next) if next > m.runner => {
+                m.runner = next;
+                match next {
+                    RunnerState::Running if m.holds => m.deliver(),
+                    RunnerState::Draining | RunnerState::Stopped => m.stop_watching(),
+                    _ => {}
+                }
+            }
+            WatcherStep::Runner(_) => {}
+        }
+        m
+    }
+}
+
+/// The real watcher, a real marker directory, and a runner status the test sets by hand.
+struct WatcherSut {
+    system: actix::SystemRunner,
+    dir: tempfile::TempDir,
+    store: MarkerStore,
+    me: ProcessIdentity,
+    clock: Arc<TokioClock>,
+    watcher: Addr<MarkerWatcherActor>,
+    runner: tokio::sync::watch::Sender<RunnerStatus>,
+    deliveries: Arc<Mutex<Vec<Delivery>>>,
+    notify: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+}
+
+impl WatcherSut {
+    fn run<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        self.system.block_on(f)
+    }
+
+    fn slot_changed(&self) {
+        if let Some(notify) = &self.notify {
+            let _ = notify.send(());
+            self.run(settle());
+        }
+    }
+}
+
+struct WatcherAgainstSteppedRunner;
+
+impl StateMachineTest for WatcherAgainstSteppedRunner {
+    type SystemUnderTest = WatcherSut;
+    type Reference = SteppedRunner;
+
+    fn init_test(model: &WatcherModel) -> WatcherSut {
+        let system = paused_system();
+        let dir = tempfile::tempdir().unwrap();
+        let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
+        let me = ProcessIdentity::current().unwrap();
+        let (notify, wakeups) = tokio::sync::mpsc::unbounded_channel();
+        let (runner, status) = tokio::sync::watch::channel(RunnerStatus::starting());
+        let (clock, watcher, deliveries) = system.block_on(async {
+            let clock = TokioClock::new();
+            let deliveries = Arc::new(Mutex::new(Vec::new()));
+            // Records each delivery with the runner's state at that moment; forwards nothing.
+            let recorder = Recorder {
+                seen: deliveries.clone(),
+                state: status.clone(),
+                forward: None,
+            }
+            .start();
+            let probe = OwnSlot {
+                store: store.clone(),
+                own: me,
+            };
+            let mut watcher = MarkerWatcherActor::new(
+                probe,
+                recorder.recipient(),
+                status,
+                Duration::from_millis(POLL_MS),
+                clock.clone(),
+            );
+            if model.events {
+                watcher = watcher.with_wakeups(wakeups, None);
+            }
+            let watcher = watcher.start();
+            settle().await;
+            (clock, watcher, deliveries)
+        });
+        WatcherSut {
+            system,
+            dir,
+            store,
+            me,
+            clock,
+            watcher,
+            runner,
+            deliveries,
+            notify: model.events.then_some(notify),
+        }
+    }
+
+    fn apply(sut: WatcherSut, _: &WatcherModel, t: WatcherStep) -> WatcherSut {
+        let advance_ms = |ms: u64| async move { advance(Duration::from_millis(ms)).await };
+        match t {
+            WatcherStep::Tick => sut.run(advance_ms(POLL_MS)),
+            WatcherStep::AdvanceClock(ms) | WatcherStep::Stall(ms) => sut.run(advance_ms(ms)),
+            WatcherStep::WriteMarker(kind) => {
+                let now = sut.run(async { sut.clock.now() });
+                write_marker(&sut.store, sut.dir.path(), sut.me, now, kind);
+                sut.slot_changed();
+            }
+            WatcherStep::RemoveMarker => {
+                let _ = std::fs::remove_file(sut.store.slot_path(sut.me.pid));
+                sut.slot_changed();
+            }
+            WatcherStep::Runner(next) => {
+                sut.runner.send_if_modified(|status| {
+                    let forward = next > status.state;
+                    if forward {
+                        status.state = next;
+                    }
+                    forward
+                });
+                sut.run(settle());
+            }
+        }
+        sut
+    }
+
+    fn check_invariants(sut: &WatcherSut, model: &WatcherModel) {
+        let deliveries = sut.deliveries.lock().unwrap().clone();
+        // Once per life, and only to a running runner, even though nobody ever claims the marker.
+        assert!(
+            deliveries.len() <= 1,
+            "delivered more than once: {deliveries:?}"
+        );
+        assert!(
+            deliveries.iter().all(|(_, s)| *s == RunnerState::Running),
+            "delivered to a runner that was not running: {deliveries:?}"
+        );
+        assert_eq!(deliveries.len() as u32, model.deliveries, "deliveries");
+        assert_eq!(sut.watcher.connected(), model.alive, "watcher alive");
+        let present = sut.store.slot_path(sut.me.pid).exists();
+        assert_eq!(present, model.marker.is_some(), "slot presence");
+    }
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 2048,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_watcher_follows_the_model_against_a_stepped_runner(
+        sequential 1..=40 => WatcherAgainstSteppedRunner
+    );
 }
