@@ -883,3 +883,41 @@ fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
         vec![ours]
     );
 }
+
+/// The seed's two store tests, under their names: the watcher's probe goes through
+/// `MarkerStore::probe`.
+#[test]
+fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    write_self_marker(&marker, false);
+    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+    assert!(marker.exists(), "probe must not consume a matching marker");
+    // Idempotent: still for us on a second call.
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+    assert!(marker.exists());
+}
+
+#[test]
+fn test_planned_stop_marker_targets_self_drops_malformed() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = seed_marker(dir.path());
+    std::fs::write(&marker, "{not valid json").unwrap();
+    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::Malformed(_)
+    ));
+    assert!(!marker.exists(), "a malformed marker is cleaned up");
+}

@@ -7,7 +7,7 @@ pub mod process;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::{Marker, ProcessIdentity};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// The environment variable that turns a test binary into a helper process (see [`spawn_helper`]).
@@ -96,7 +96,7 @@ pub fn wait_for_line(out: &mut impl std::io::BufRead, wanted: &str) {
 /// directory of its own (so markers elsewhere never reach it). Portable, unlike `sleep`.
 pub fn other_live_process() -> Helper {
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_planned-stop"))
+    let child = process::planned_stop()
         .args(["serve", "--poll-ms", "1000", "--no-events", "--dir"])
         .arg(dir.path().join("run"))
         .stdin(Stdio::null())
@@ -104,4 +104,22 @@ pub fn other_live_process() -> Helper {
         .spawn()
         .expect("the planned-stop binary runs");
     Helper(child, Some(dir))
+}
+
+/// The seed's marker path, in the seed's single-file layout.
+pub fn seed_marker(dir: &Path) -> PathBuf {
+    dir.join(".gateway-planned-stop.json")
+}
+
+/// The seed's `_write_self_marker`: a marker for this process, optionally backdated past the TTL.
+pub fn write_self_marker(marker: &Path, stale: bool) -> Marker {
+    let me = ProcessIdentity::current().unwrap();
+    let written_at = if stale {
+        "2000-01-01T00:00:00+00:00".parse().unwrap()
+    } else {
+        Utc::now()
+    };
+    let m = Marker::new(me.pid, Some(me.start), written_at).with_stopper_pid(me.pid);
+    std::fs::write(marker, m.to_json().unwrap()).unwrap();
+    m
 }

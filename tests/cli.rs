@@ -1,22 +1,25 @@
-//! Real processes: `planned-stop serve` stopped by markers, signals and `planned-stop stop`.
-
-#![cfg(unix)]
+//! The command line, with real processes: `planned-stop serve` stopped by markers, signals and
+//! `planned-stop stop`; `status`, `clear` and `inspect` on real marker directories.
+//!
+//! The tests that send Unix signals are `#[cfg(unix)]`; `inspect` runs everywhere (and under Wine).
 
 mod common;
 
 use chrono::Utc;
 use common::other_live_process;
 use common::process::*;
-use planned_stop::{Layout, Marker, MarkerStore, StopRecord, StopVerdict};
+use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, StopRecord, StopVerdict};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+#[cfg(unix)]
 struct Dirs {
     _base: tempfile::TempDir,
     run: PathBuf,
     state: PathBuf,
 }
 
+#[cfg(unix)]
 fn dirs() -> Dirs {
     let base = tempfile::tempdir().unwrap();
     Dirs {
@@ -26,11 +29,13 @@ fn dirs() -> Dirs {
     }
 }
 
+#[cfg(unix)]
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
 /// `serve` on `d` with `extra` arguments.
+#[cfg(unix)]
 fn serve(d: &Dirs, extra: &[&str]) -> Serve {
     let mut args = vec![
         "--dir",
@@ -44,12 +49,14 @@ fn serve(d: &Dirs, extra: &[&str]) -> Serve {
     Serve::start(&args)
 }
 
+#[cfg(unix)]
 fn stop(d: &Dirs, pid: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["stop", "--pid", pid, "--dir", s(&d.run), "--json"];
     args.extend_from_slice(extra);
     run(&args)
 }
 
+#[cfg(unix)]
 #[test]
 fn a_marker_stop_exits_0_records_planned_and_the_next_start_resumes_exactly_the_jobs_left() {
     let d = dirs();
@@ -89,6 +96,7 @@ fn a_marker_stop_exits_0_records_planned_and_the_next_start_resumes_exactly_the_
     assert_eq!(second.ready["jobs"], 3);
 }
 
+#[cfg(unix)]
 #[test]
 fn jobs_that_finish_within_the_drain_leave_nothing_to_resume() {
     let d = dirs();
@@ -103,6 +111,7 @@ fn jobs_that_finish_within_the_drain_leave_nothing_to_resume() {
     );
 }
 
+#[cfg(unix)]
 #[test]
 fn a_bare_sigterm_exits_1_and_sigint_exits_0() {
     let d = dirs();
@@ -117,6 +126,7 @@ fn a_bare_sigterm_exits_1_and_sigint_exits_0() {
     assert_eq!(service.exit_code(), Some(0));
 }
 
+#[cfg(unix)]
 #[test]
 fn a_marker_then_sigterm_0_to_50_ms_later_exits_0_in_20_of_20_runs() {
     let d = dirs();
@@ -134,6 +144,7 @@ fn a_marker_then_sigterm_0_to_50_ms_later_exits_0_in_20_of_20_runs() {
     }
 }
 
+#[cfg(unix)]
 #[test]
 fn an_unmarked_sigterm_then_a_marker_still_exits_1() {
     let d = dirs();
@@ -151,6 +162,7 @@ fn an_unmarked_sigterm_then_a_marker_still_exits_1() {
     assert_eq!(service.exit_code(), Some(1));
 }
 
+#[cfg(unix)]
 #[test]
 fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted() {
     let d = dirs();
@@ -248,6 +260,7 @@ fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted()
     drop(service);
 }
 
+#[cfg(unix)]
 #[test]
 fn a_marker_with_a_dead_processs_fingerprint_never_stops_the_pids_new_owner() {
     let d = dirs();
@@ -273,6 +286,7 @@ fn a_marker_with_a_dead_processs_fingerprint_never_stops_the_pids_new_owner() {
     );
 }
 
+#[cfg(unix)]
 #[test]
 fn twenty_services_sharing_a_directory_stopped_by_twenty_concurrent_stops_all_exit_0() {
     let d = dirs();
@@ -306,6 +320,7 @@ fn twenty_services_sharing_a_directory_stopped_by_twenty_concurrent_stops_all_ex
     }
 }
 
+#[cfg(unix)]
 #[test]
 fn the_single_file_layout_leaves_another_processs_marker_and_keeps_running() {
     let base = tempfile::tempdir().unwrap();
@@ -355,6 +370,7 @@ fn the_single_file_layout_leaves_another_processs_marker_and_keeps_running() {
     assert_eq!(service.exit_code(), Some(0));
 }
 
+#[cfg(unix)]
 #[test]
 fn status_and_clear_report_and_remove_slots() {
     let d = dirs();
@@ -393,6 +409,7 @@ fn status_and_clear_report_and_remove_slots() {
 
 /// systemd's `ExecStop=planned-stop stop --pid $MAINPID --no-trigger`: the marker alone does not
 /// stop the service; the SIGTERM systemd sends next is then classified planned.
+#[cfg(unix)]
 #[test]
 fn a_no_trigger_marker_waits_for_the_sigterm_and_makes_it_planned() {
     let d = dirs();
@@ -408,4 +425,82 @@ fn a_no_trigger_marker_waits_for_the_sigterm_and_makes_it_planned() {
     service.signal(libc::SIGTERM);
     assert_eq!(service.expect("stop_accepted")["verdict"], "planned");
     assert_eq!(service.exit_code(), Some(0));
+}
+
+#[test]
+fn inspect_reports_the_owners_verdict_and_leaves_the_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = ProcessIdentity::current().unwrap();
+    let slot = dir.path().join(format!("planned-stop-{}.json", me.pid));
+
+    let cases = [
+        (
+            Marker::new(me.pid, Some(me.start), Utc::now())
+                .to_json()
+                .unwrap(),
+            "for_self",
+        ),
+        (
+            Marker::new(me.pid, Some(me.start + 1), Utc::now())
+                .to_json()
+                .unwrap(),
+            "stale",
+        ),
+        (b"{not json".to_vec(), "malformed"),
+    ];
+    for (bytes, expected) in cases {
+        std::fs::write(&slot, &bytes).unwrap();
+        let by_file = planned_stop()
+            .arg("inspect")
+            .arg(&slot)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let by_pid = planned_stop()
+            .args(["inspect", "--json", "--pid", &me.pid.to_string(), "--dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        for out in [by_file, by_pid] {
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["verdict"], expected, "{v}");
+        }
+        assert_eq!(
+            std::fs::read(&slot).unwrap(),
+            bytes,
+            "inspect changed the slot"
+        );
+    }
+}
+
+#[test]
+fn inspect_of_a_missing_directory_creates_nothing() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("absent");
+    let out = planned_stop()
+        .args(["inspect", "--pid", "1", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("absent"));
+    assert!(!dir.exists());
+}
+
+#[test]
+fn inspect_without_a_target_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = planned_stop()
+        .args(["inspect", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pid"));
 }

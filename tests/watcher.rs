@@ -11,7 +11,7 @@
 
 mod common;
 
-use chrono::{TimeDelta, Utc};
+use chrono::Utc;
 use common::actors::*;
 use common::*;
 use planned_stop::StoreError;
@@ -19,29 +19,13 @@ use planned_stop::internals::SlotEvents;
 use planned_stop::internals::{MarkerProbe, OwnSlot};
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
 use std::cell::Cell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
 const POLL: Duration = Duration::from_millis(50);
-
-/// The seed's marker path, in the seed's single-file layout.
-fn seed_marker(dir: &Path) -> PathBuf {
-    dir.join(".gateway-planned-stop.json")
-}
-
-/// The seed's `_write_self_marker`: a marker for this process, optionally backdated past the TTL.
-fn write_self_marker(marker: &Path, stale: bool) -> Marker {
-    let me = ProcessIdentity::current().unwrap();
-    let written_at = if stale {
-        "2000-01-01T00:00:00+00:00".parse().unwrap()
-    } else {
-        Utc::now()
-    };
-    let m = Marker::new(me.pid, Some(me.start), written_at).with_stopper_pid(me.pid);
-    std::fs::write(marker, m.to_json().unwrap()).unwrap();
-    m
-}
+/// The poll interval of the tests that count ticks in real-world units (10 a second).
+const TICK: Duration = Duration::from_millis(100);
 
 /// How the watcher learns of markers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,44 +332,90 @@ fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
     }
 }
 
-#[test]
-fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    write_self_marker(&marker, false);
-    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
-    let probe = OwnSlot {
-        store,
-        own: ProcessIdentity::current().unwrap(),
-    };
+/// Counts probes, to see how many ticks a stall produces.
+struct Counting {
+    inner: OwnSlot,
+    probes: Rc<Cell<u32>>,
+}
 
-    assert!(matches!(
-        probe.probe(Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
-    ));
-    assert!(marker.exists(), "probe must not consume a matching marker");
-    // Idempotent: still for us on a second call.
-    assert!(matches!(
-        probe.probe(Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
-    ));
-    assert!(marker.exists());
+impl MarkerProbe for Counting {
+    fn probe(&self, now: chrono::DateTime<Utc>) -> Result<Verdict, StoreError> {
+        self.probes.set(self.probes.get() + 1);
+        self.inner.probe(now)
+    }
 }
 
 #[test]
-fn test_planned_stop_marker_targets_self_drops_malformed() {
+fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
-    std::fs::write(&marker, "{not valid json").unwrap();
-    let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
-    let probe = OwnSlot {
-        store,
-        own: ProcessIdentity::current().unwrap(),
-    };
+    let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+    paused_system().block_on(async {
+        let probes = Rc::new(Cell::new(0));
+        let probe = Counting {
+            inner: OwnSlot {
+                store: store.clone(),
+                own: me,
+            },
+            probes: probes.clone(),
+        };
+        let w = Watched::start(probe, RunnerState::Running, TICK, TokioClock::new(), None);
+        advance(TICK * 3).await;
+        let before = probes.get();
+        // A stall of 50 intervals: fixed delay means one tick afterwards, not fifty.
+        advance(TICK * 50).await;
+        assert_eq!(probes.get(), before + 1, "one tick after the stall");
+        store
+            .write(&Marker::new(me.pid, Some(me.start), Utc::now()))
+            .unwrap();
+        advance(TICK * 50).await;
+        advance(TICK * 50).await;
+        assert_eq!(w.deliveries().len(), 1);
+        assert!(!w.watcher.connected());
+    });
+}
 
-    assert!(matches!(
-        probe.probe(Utc::now() + TimeDelta::zero()).unwrap(),
-        Verdict::Malformed(_)
-    ));
-    assert!(!marker.exists(), "a malformed marker is cleaned up");
+/// Fails while `failing` is set, then finds nothing.
+struct Flaky {
+    failing: Rc<Cell<bool>>,
+}
+
+impl MarkerProbe for Flaky {
+    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Verdict, StoreError> {
+        if self.failing.get() {
+            return Err(StoreError::Unreadable {
+                path: "slot".into(),
+                kind: std::io::ErrorKind::PermissionDenied,
+            });
+        }
+        Ok(Verdict::Absent)
+    }
+}
+
+/// A persisting probe error is logged once a minute, not once a tick, and its end is logged once.
+#[test]
+fn a_persisting_probe_error_is_logged_once_a_minute_and_its_recovery_once() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    paused_system().block_on(async {
+        let failing = Rc::new(Cell::new(true));
+        let probe = Flaky {
+            failing: failing.clone(),
+        };
+        let _w = Watched::start(probe, RunnerState::Running, TICK, TokioClock::new(), None);
+        // 125 s of failures at 10 probes a second: 1 250 failed probes.
+        for _ in 0..1_250 {
+            advance(TICK).await;
+        }
+        failing.set(false);
+        for _ in 0..10 {
+            advance(TICK).await;
+        }
+    });
+    let warned = logs.count(tracing::Level::WARN, "cannot probe the planned-stop marker");
+    assert_eq!(warned, 3, "at 0 s, 60 s and 120 s");
+    assert_eq!(
+        logs.count(tracing::Level::INFO, "marker probe works again"),
+        1
+    );
 }

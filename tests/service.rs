@@ -7,12 +7,10 @@ use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
 use planned_stop::OsSignal;
-use planned_stop::internals::{MarkerProbe, OwnSlot};
 use planned_stop::{
     Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle,
-    SignalKind, StopCause, StopRecord, StopVerdict, Verdict,
+    SignalKind, StopCause, StopRecord, StopVerdict,
 };
-use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 use tempfile::TempDir;
@@ -215,45 +213,6 @@ fn a_marker_seen_while_starting_is_delivered_once_running() {
     assert_eq!(f.record().request_id.as_deref(), Some("early"));
 }
 
-/// Counts probes, to see how many ticks a stall produces.
-struct Counting {
-    inner: OwnSlot,
-    probes: Rc<Cell<u32>>,
-}
-
-impl MarkerProbe for Counting {
-    fn probe(&self, now: chrono::DateTime<Utc>) -> Result<Verdict, planned_stop::StoreError> {
-        self.probes.set(self.probes.get() + 1);
-        self.inner.probe(now)
-    }
-}
-
-#[test]
-fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
-    let f = Fixture::new();
-    paused_system().block_on(async {
-        let probes = Rc::new(Cell::new(0));
-        let probe = Counting {
-            inner: OwnSlot {
-                store: f.store(),
-                own: f.me,
-            },
-            probes: probes.clone(),
-        };
-        let w = Watched::start(probe, RunnerState::Running, POLL, TokioClock::new(), None);
-        advance(POLL * 3).await;
-        let before = probes.get();
-        // A stall of 50 intervals: fixed delay means one tick afterwards, not fifty.
-        advance(POLL * 50).await;
-        assert_eq!(probes.get(), before + 1, "one tick after the stall");
-        f.write_marker("after-stall");
-        advance(POLL * 50).await;
-        advance(POLL * 50).await;
-        assert_eq!(w.deliveries().len(), 1);
-        assert!(!w.watcher.connected());
-    });
-}
-
 #[test]
 fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code() {
     let f = Fixture::new();
@@ -431,49 +390,4 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
     assert_eq!(code, 0);
     let outcome = f.store().read_outcome(f.me.pid).unwrap();
     assert_eq!(outcome.request_id.as_deref(), Some("event"));
-}
-
-/// Fails while `failing` is set, then finds nothing.
-struct Flaky {
-    failing: Rc<Cell<bool>>,
-}
-
-impl MarkerProbe for Flaky {
-    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Verdict, planned_stop::StoreError> {
-        if self.failing.get() {
-            return Err(planned_stop::StoreError::Unreadable {
-                path: "slot".into(),
-                kind: std::io::ErrorKind::PermissionDenied,
-            });
-        }
-        Ok(Verdict::Absent)
-    }
-}
-
-/// A persisting probe error is logged once a minute, not once a tick, and its end is logged once.
-#[test]
-fn a_persisting_probe_error_is_logged_once_a_minute_and_its_recovery_once() {
-    let logs = LogCapture::default();
-    let _guard = logs.install();
-    paused_system().block_on(async {
-        let failing = Rc::new(Cell::new(true));
-        let probe = Flaky {
-            failing: failing.clone(),
-        };
-        let _w = Watched::start(probe, RunnerState::Running, POLL, TokioClock::new(), None);
-        // 125 s of failures at 10 probes a second: 1 250 failed probes.
-        for _ in 0..1_250 {
-            advance(POLL).await;
-        }
-        failing.set(false);
-        for _ in 0..10 {
-            advance(POLL).await;
-        }
-    });
-    let warned = logs.count(tracing::Level::WARN, "cannot probe the planned-stop marker");
-    assert_eq!(warned, 3, "at 0 s, 60 s and 120 s");
-    assert_eq!(
-        logs.count(tracing::Level::INFO, "marker probe works again"),
-        1
-    );
 }

@@ -1,0 +1,135 @@
+//! A marker directory that turns read-only or fills up under a running service: the stopper fails
+//! with a clear error, no partial marker is left, and the service keeps running.
+//!
+//! The directory is a tmpfs mounted by the test (root only); elsewhere each test prints SKIPPED.
+
+#![cfg(unix)]
+
+mod common;
+
+use common::process::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A tmpfs mounted for the test (root only; skipped where mounting is not allowed).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(path).unwrap();
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+                s(path),
+            ])
+            .status()
+            .is_ok_and(|st| st.success());
+        if !ok {
+            eprintln!("SKIPPED: cannot mount a tmpfs here (needs root and mount rights)");
+            return None;
+        }
+        Some(Tmpfs(path.to_path_buf()))
+    }
+
+    fn remount(&self, mode: &str) {
+        let st = Command::new("mount")
+            .args(["-o", &format!("remount,{mode}"), s(&self.0)])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").args(["-l", s(&self.0)]).status();
+    }
+}
+
+#[test]
+fn a_read_only_marker_directory_fails_the_stopper_and_the_service_keeps_running() {
+    let base = tempfile::tempdir().unwrap();
+    let Some(fs) = Tmpfs::mount(&base.path().join("m"), "1m") else {
+        return;
+    };
+    let run_dir = fs.0.join("run");
+    let mut service = Serve::start(&["--dir", s(&run_dir), "--poll-ms", "10"]);
+    fs.remount("ro");
+    let out = run(&["stop", "--pid", &service.pid_arg(), "--dir", s(&run_dir)]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Read-only file system"),
+        "the error says why: {err}"
+    );
+    service.wait_probes("absent", 5);
+    assert!(service.running(), "the service keeps running");
+    fs.remount("rw");
+    assert_eq!(
+        run(&[
+            "stop",
+            "--pid",
+            &service.pid_arg(),
+            "--dir",
+            s(&run_dir),
+            "--wait",
+            "20"
+        ])
+        .status
+        .code(),
+        Some(0)
+    );
+    assert_eq!(service.exit_code(), Some(0));
+}
+
+#[test]
+fn a_full_marker_directory_fails_the_stopper_leaves_no_partial_marker_and_the_service_keeps_running()
+ {
+    let base = tempfile::tempdir().unwrap();
+    let Some(fs) = Tmpfs::mount(&base.path().join("m"), "64k") else {
+        return;
+    };
+    let run_dir = fs.0.join("run");
+    let mut service = Serve::start(&["--dir", s(&run_dir), "--poll-ms", "10"]);
+    // Fill the file system.
+    let filler = fs.0.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
+    let out = run(&["stop", "--pid", &service.pid_arg(), "--dir", s(&run_dir)]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left"), "the error says why: {err}");
+    let leftovers: Vec<_> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "no partial marker or temp file left: {leftovers:?}"
+    );
+    service.wait_probes("absent", 5);
+    assert!(service.running());
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(
+        run(&[
+            "stop",
+            "--pid",
+            &service.pid_arg(),
+            "--dir",
+            s(&run_dir),
+            "--wait",
+            "20"
+        ])
+        .status
+        .code(),
+        Some(0)
+    );
+    assert_eq!(service.exit_code(), Some(0));
+}

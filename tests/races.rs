@@ -1,0 +1,118 @@
+//! Races with real processes: stoppers, the service's watcher and SIGTERM on one target at once,
+//! round after round; every round ends with exactly one accepted stop, planned, and exit 0.
+
+#![cfg(unix)]
+
+mod common;
+
+use common::process::*;
+use std::path::Path;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Two stoppers, the service's watcher and a SIGTERM race on one target, round after round:
+/// every round ends with exactly one accepted stop, planned, and exit 0.
+#[test]
+fn racing_stoppers_a_watcher_and_sigterm_give_one_planned_stop_every_round() {
+    let base = tempfile::tempdir().unwrap();
+    let run_dir = base.path().join("run");
+    let state = base.path().join("state");
+    for round in 0..15 {
+        let mut service = Serve::start(&[
+            "--dir",
+            s(&run_dir),
+            "--state",
+            s(&state),
+            "--poll-ms",
+            "2",
+            "--drain-ms",
+            "100",
+        ]);
+        let pid = service.pid_arg();
+        let stoppers: Vec<_> = (0..2)
+            .map(|_| {
+                planned_stop()
+                    .args(["stop", "--pid", &pid, "--dir", s(&run_dir), "--json"])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        // The SIGTERM lands somewhere among the two writes and the watcher's probes.
+        if round % 3 != 0 {
+            std::thread::yield_now();
+        }
+        service.signal(libc::SIGTERM);
+        for stopper in stoppers {
+            let out = stopper.wait_with_output().unwrap();
+            // A stopper that came after the exit finds the process gone: also fine.
+            assert!(
+                matches!(out.status.code(), Some(0) | Some(5)),
+                "round {round}: {out:?}"
+            );
+        }
+        // Either the SIGTERM found a marker (planned) or it came first and the marker came too
+        // late (unexpected): but one or the other, once, and the exit code says which.
+        let code = service.exit_code();
+        // The last line; once it is read, every earlier event has been read too.
+        service.expect("exit");
+        let accepted: Vec<_> = {
+            service
+                .history
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e["event"] == "stop_accepted")
+                .cloned()
+                .collect()
+        };
+        assert_eq!(accepted.len(), 1, "round {round}: {accepted:?}");
+        let planned = accepted[0]["verdict"] == "planned";
+        assert_eq!(code, Some(if planned { 0 } else { 1 }), "round {round}");
+        let record = planned_stop::StopRecord::take(&state).unwrap().unwrap();
+        assert_eq!(record.exit_code, code.unwrap());
+    }
+}
+
+/// The stoppers write their markers first; only then does the SIGTERM race the watcher. Every
+/// round must be planned (hazard 1).
+#[test]
+fn stoppers_then_sigterm_racing_the_watcher_are_planned_every_round() {
+    let base = tempfile::tempdir().unwrap();
+    let run_dir = base.path().join("run");
+    for round in 0..20 {
+        let mut service =
+            Serve::start(&["--dir", s(&run_dir), "--poll-ms", "1", "--drain-ms", "50"]);
+        let pid = service.pid_arg();
+        let outs: Vec<_> = (0..3)
+            .map(|_| {
+                planned_stop()
+                    .args(["stop", "--pid", &pid, "--dir", s(&run_dir), "--json"])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let codes: Vec<_> = outs
+            .into_iter()
+            .map(|o| o.wait_with_output().unwrap())
+            .collect();
+        // The first marker may stop the service before a later stopper looks: "already gone".
+        assert!(
+            codes.iter().any(|o| o.status.code() == Some(0)),
+            "round {round}: {codes:?}"
+        );
+        assert!(
+            codes
+                .iter()
+                .all(|o| matches!(o.status.code(), Some(0) | Some(5))),
+            "round {round}: {codes:?}"
+        );
+        if service.running() {
+            service.signal(libc::SIGTERM);
+        }
+        assert_eq!(service.exit_code(), Some(0), "round {round}");
+    }
+}
