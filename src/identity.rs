@@ -1,14 +1,15 @@
 //! Who a process is: its pid plus a start fingerprint that survives pid reuse.
 //!
 //! A pid alone names a process only while it lives: once it exits the OS hands the number to the next
-//! process, and a marker meant for the dead one must not stop the newcomer (hazard 2 of the design
-//! brief). The fingerprint is the finest start time the OS gives cheaply, and both sides — the stopper
-//! writing a marker and the target judging it — read it through the one function in this module, so
-//! the two values are comparable by construction.
+//! process, and a marker meant for the dead one must not stop the newcomer (hazard 2 in
+//! docs/protocol.md). The fingerprint is the finest start time the OS gives cheaply, and both
+//! sides — the stopper writing a marker and the target judging it — read it through the one
+//! function in this module, so the two values are comparable by construction.
 //!
 //! - Linux: field 22 (`starttime`, clock ticks since boot) of `/proc/<pid>/stat`, found by counting
-//!   fields after the *last* `)`, because the command name before it may itself contain spaces and
-//!   parentheses (hazard 9).
+//!   fields after the *last* `)`, because the command name before it may itself contain spaces
+//!   and parentheses (hazard 9 in docs/protocol.md: process names with spaces or `)` broke the
+//!   stat split).
 //! - Windows: the creation time from `GetProcessTimes` (100 ns ticks since 1601).
 //! - Elsewhere: [`sysinfo`]'s process start time (seconds since the Unix epoch).
 //!

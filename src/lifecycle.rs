@@ -1,7 +1,7 @@
 //! The runner's rules, without actix: states, stop causes, the verdict latch.
 //!
 //! [`crate::runner::RunnerActor`] holds a [`Lifecycle`] and does what it says; every rule lives here
-//! so it can be tested without a running system. The rules, and the hazard of the design brief each
+//! so it can be tested without a running system. The rules, and the hazard of docs/protocol.md each
 //! one answers:
 //!
 //! - States only move forward: `Starting → Running → Draining → Stopped` (a signal may skip

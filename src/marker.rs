@@ -7,7 +7,7 @@
 //! - the input is bounded ([`MAX_MARKER_BYTES`]) and nested at most [`MAX_NESTING`] levels deep, so a
 //!   1 MiB file or a thousand nested arrays cost nothing;
 //! - integers must be JSON integers in range: `true` is not pid 1, `12.0` is not pid 12 and `1e999`
-//!   is an error, not a panic (hazard 6 of the design brief);
+//!   is an error, not a panic (hazard 6 in docs/protocol.md);
 //! - timestamps must carry an offset (`Z` or `+00:00`), because a naive time read in another time
 //!   zone would shift a marker's age by hours;
 //! - a key given twice is refused: two parsers that keep different copies must never disagree.

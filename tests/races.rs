@@ -77,7 +77,7 @@ fn racing_stoppers_a_watcher_and_sigterm_give_one_planned_stop_every_round() {
 }
 
 /// The stoppers write their markers first; only then does the SIGTERM race the watcher. Every
-/// round must be planned (hazard 1).
+/// round must be planned (hazard 1 in docs/protocol.md: a SIGTERM after the watcher consumed the marker exited 1).
 #[test]
 fn stoppers_then_sigterm_racing_the_watcher_are_planned_every_round() {
     let base = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
 //! The runner and the watcher together (through `PlannedStopService`), on tokio's paused clock: the
-//! hazards of the design brief that the seed had no test for.
+//! rules of docs/design.md, including hazards 1 and 7 of docs/protocol.md.
 
 mod common;
 

@@ -1,8 +1,9 @@
-//! Rust counterparts of the seed's eleven watcher tests (`../shared/seeds/`), under their names.
+//! The watcher alone. The `test_watcher_*` tests are the watcher tests of the system this crate
+//! descends from, kept under their original names (its two store tests are in `store.rs`).
 //!
-//! The seed ran its watcher as a thread against a fake event loop. Here the watcher is the real
+//! That system ran its watcher as a thread against a fake event loop. Here the watcher is the real
 //! `MarkerWatcherActor`; the runner's state is set by the test through the status channel, the fake
-//! loop is a `Recorder` actor that records every `PlannedStop`, and the seed's `stop_event` is the
+//! loop is a `Recorder` actor that records every `PlannedStop`, and its `stop_event` is the
 //! runner reaching `Stopped`. Time is tokio's paused clock, so "let it poll a few times" is an exact
 //! number of ticks, not a sleep.
 //!

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 pub enum Layout {
     /// One slot per target pid in this directory: `DIR/planned-stop-<PID>.json`.
     Slots(PathBuf),
-    /// One file shared by all processes (the seed's layout).
+    /// One file shared by all processes (the layout of the earlier system this crate descends from).
     SingleFile(PathBuf),
 }
 

@@ -2,18 +2,20 @@
 //!
 //! Two layouts:
 //!
-//! - [`Layout::Slots`] (the default): one file per target, `DIR/planned-stop-<PID>.json`. Stoppers of
-//!   different processes never touch the same file, so they cannot overwrite each other (hazard 4).
-//! - [`Layout::SingleFile`]: one path shared by every process, the seed's layout. A marker that names
-//!   another live process is left where it is, and a writer refuses to replace one that is still good
-//!   for its target.
+//! - [`Layout::Slots`] (the default): one file per target, `DIR/planned-stop-<PID>.json`.
+//!   Stoppers of different processes never touch the same file, so they cannot overwrite each other
+//!   (hazard 4 in docs/protocol.md: concurrent stoppers overwrote each other).
+//! - [`Layout::SingleFile`]: one path shared by every process, the earlier system's layout. A
+//!   marker that names another live process is left where it is, and a writer refuses to replace
+//!   one that is still good for its target.
 //!
 //! What the store guarantees:
 //!
 //! - **Atomic, symlink-safe writes.** A marker is written to a new temporary file in the same
 //!   directory (`O_EXCL`, mode 0600), synced, renamed over the slot, and the directory is synced. A
-//!   reader sees the old marker or the new one, never half of one, even if the writer is killed; and a
-//!   symlink at the slot is replaced, never followed (hazard 5).
+//!   reader sees the old marker or the new one, never half of one, even if the writer is killed; and
+//!   a symlink at the slot is replaced, never followed (hazard 5 in docs/protocol.md: a writer
+//!   followed a symlink).
 //! - **Reads that cannot hang or wander.** The slot is inspected with `lstat` first; a symlink,
 //!   directory, FIFO or device is judged without being opened, and the open itself uses `O_NOFOLLOW`
 //!   and `O_NONBLOCK`. At most one byte past the size limit is read.
