@@ -242,3 +242,72 @@ fn the_limits_the_public_docs_state_are_the_limits_enforced() {
         (64, 256, 4096, 8)
     );
 }
+
+/// A minimal valid marker with `extra` fields appended inside the object.
+fn minimal_with(extra: &str) -> String {
+    format!(r#"{{"target_pid":1,"written_at":"2026-01-01T00:00:00Z"{extra}}}"#)
+}
+
+#[test]
+fn exactly_the_size_limit_is_accepted() {
+    let mut bytes = minimal_with("").into_bytes();
+    bytes.resize(MAX_MARKER_BYTES, b' ');
+    assert!(Marker::parse(&bytes).is_ok());
+}
+
+#[test]
+fn nesting_is_counted_exactly_up_to_the_limit() {
+    // The object is level 1, so MAX_NESTING - 1 arrays inside it reach the limit and no further.
+    let n = MAX_NESTING - 1;
+    let at_limit = minimal_with(&format!(r#","future":{}{}"#, "[".repeat(n), "]".repeat(n)));
+    assert!(parse_str(&at_limit).is_ok());
+}
+
+#[test]
+fn a_closed_bracket_ends_its_level_so_siblings_do_not_add_up() {
+    let siblings: String = (0..2 * MAX_NESTING)
+        .map(|i| format!(r#","k{i}":[[1]]"#))
+        .collect();
+    assert!(parse_str(&minimal_with(&siblings)).is_ok());
+}
+
+#[test]
+fn an_escape_covers_one_character_and_the_string_still_ends() {
+    // An escaped quote does not end the string: brackets after it are text.
+    let quoted = minimal_with(r#","reason":"\"[[[[[[[[[[""#);
+    assert!(parse_str(&quoted).is_ok());
+    // After an escape the closing quote still ends the string, so nesting after it counts.
+    let n = MAX_NESTING;
+    let deep = minimal_with(&format!(
+        r#","reason":"a\nb","future":{}{}"#,
+        "[".repeat(n),
+        "]".repeat(n)
+    ));
+    assert_eq!(parse_str(&deep), Err(MarkerError::TooDeep));
+}
+
+#[test]
+fn a_bad_pid_error_says_what_was_wrong() {
+    let reason = |pid: &str| {
+        let input = format!(r#"{{"target_pid":{pid},"written_at":"2026-01-01T00:00:00Z"}}"#);
+        match parse_str(&input) {
+            Err(MarkerError::InvalidField {
+                field: "target_pid",
+                reason,
+            }) => reason,
+            other => panic!("{pid}: {other:?}"),
+        }
+    };
+    assert_eq!(reason("-1"), "must be in 1..=4294967295, found -1");
+    assert_eq!(reason("0"), "must be in 1..=4294967295, found 0");
+    assert_eq!(
+        reason("4294967296"),
+        "must be in 1..=4294967295, found 4294967296"
+    );
+    assert_eq!(reason("12.0"), "must be an integer, found 12.0");
+    assert!(
+        reason("true").starts_with("must be an integer"),
+        "{}",
+        reason("true")
+    );
+}
