@@ -28,6 +28,7 @@ fn record() -> StopRecord {
 fn a_record_is_written_read_and_taken_once() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
+    assert_eq!(StopRecord::read(&state).unwrap(), None);
     assert_eq!(StopRecord::take(&state).unwrap(), None);
     record().write(&state).unwrap();
     assert_eq!(StopRecord::read(&state).unwrap(), Some(record()));
@@ -65,4 +66,21 @@ fn the_cause_serialises_readably() {
         serde_json::json!({"kind": "signal", "signal": "terminate"})
     );
     assert_eq!(json["verdict"], "planned");
+}
+
+#[test]
+fn a_state_directory_that_cannot_be_read_is_an_error_not_an_absent_record() {
+    // A regular file where the state directory should be: every access fails with "not a
+    // directory", which must never read as "nothing to resume".
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_dir = dir.path().join("state");
+    fs::write(&not_a_dir, b"").unwrap();
+    assert!(matches!(
+        StopRecord::read(&not_a_dir),
+        Err(RecordError::Io { op: "open", .. })
+    ));
+    assert!(matches!(
+        StopRecord::take(&not_a_dir),
+        Err(RecordError::Io { op: "take", .. })
+    ));
 }
