@@ -84,3 +84,25 @@ fn a_state_directory_that_cannot_be_read_is_an_error_not_an_absent_record() {
         Err(RecordError::Io { op: "take", .. })
     ));
 }
+
+#[test]
+fn a_record_is_read_up_to_its_size_limit_and_refused_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = usize::try_from(MAX_RECORD_BYTES).unwrap();
+    // A valid record padded with white space to exactly the limit is read.
+    record().write(dir.path()).unwrap();
+    let path = StopRecord::path(dir.path());
+    let mut bytes = fs::read(&path).unwrap();
+    bytes.resize(limit, b' ');
+    fs::write(&path, &bytes).unwrap();
+    assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record()));
+    // One byte more is refused as too large (and left in place).
+    bytes.push(b' ');
+    fs::write(&path, &bytes).unwrap();
+    match StopRecord::read(dir.path()) {
+        Err(RecordError::Invalid { reason, .. }) => {
+            assert_eq!(reason, format!("larger than {MAX_RECORD_BYTES} bytes"))
+        }
+        other => panic!("{other:?}"),
+    }
+}

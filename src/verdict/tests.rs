@@ -174,11 +174,11 @@ fn as_owner_judges_with_the_owners_identity_and_a_gone_owner_is_stale() {
 
 #[test]
 fn policy_thresholds_are_honoured() {
-    let p = Policy {
-        ttl: Duration::from_secs(5),
-        future_skew: Duration::ZERO,
-        start_slack: Duration::ZERO,
-    };
+    // Built through the public setters, so each must set its own threshold.
+    let p = Policy::default()
+        .with_ttl(Duration::from_secs(5))
+        .with_future_skew(Duration::ZERO)
+        .with_start_slack(Duration::ZERO);
     let start = me().started_at;
     let bytes = Marker::new(4242, None, start + secs(1)).to_json().unwrap();
     let at = |t| decide(SlotContent::Bytes(&bytes), &me(), t, &p).unwrap();
