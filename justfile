@@ -25,3 +25,15 @@ fuzz target secs="60":
 # Build, lint and test the Windows target under Wine (installs mingw-w64, Wine and the target).
 windows:
     bash ci/windows.sh
+
+# Mutation testing (installs cargo-mutants if missing): the pure modules against their unit and
+# property tests, then the lifecycle, the watcher and the runner against the actor tests (the
+# state machine at 200 cases a mutant). About an hour on 2 cores; the report is in
+# docs/reliability.md. `just mutants-iterate` re-tests only what the last run missed.
+mutants *args:
+    command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
+    cargo mutants {{args}} -o target/mutants-pure --file src/marker.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
+    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
+
+mutants-iterate:
+    just mutants --iterate

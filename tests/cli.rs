@@ -6,11 +6,15 @@
 mod common;
 
 use chrono::Utc;
-use common::other_live_process;
 use common::process::*;
-use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, StopRecord, StopVerdict};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use planned_stop::{Marker, ProcessIdentity};
+#[cfg(unix)]
+use {
+    common::other_live_process,
+    planned_stop::{Layout, MarkerStore, StopRecord, StopVerdict},
+    std::path::{Path, PathBuf},
+    std::time::Duration,
+};
 
 #[cfg(unix)]
 struct Dirs {

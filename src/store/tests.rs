@@ -81,7 +81,7 @@ fn a_claim_through_a_sharing_violation_is_retried_and_never_taken_as_absent() {
     let me = ProcessIdentity::current().unwrap();
     let now = Utc::now();
     let hold = |ms: u64| {
-        let file = OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .share_mode(FILE_SHARE_READ)
             .open(store.slot_path(me.pid))
