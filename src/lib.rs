@@ -83,8 +83,10 @@ pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use marker::{Marker, MarkerError};
 pub use outcome::{Outcome, Phase};
-pub use record::{RecordError, StopRecord, Unfinished};
-pub use runner::{Drain, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus};
+pub use record::{Note, PhaseRecord, RecordError, StopRecord, Unfinished};
+pub use runner::{
+    Drain, DrainPhase, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus,
+};
 pub use service::{PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
 pub use store::{Layout, MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
 pub use verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};
@@ -110,14 +112,14 @@ pub mod internals {
         own: crate::ProcessIdentity,
         config: RunnerConfig,
         clock: std::sync::Arc<dyn crate::Clock>,
-        participants: Vec<(String, actix::Recipient<crate::Drain>)>,
+        participants: Vec<(crate::DrainPhase, String, actix::Recipient<crate::Drain>)>,
     ) -> (
         crate::RunnerActor,
         tokio::sync::watch::Receiver<crate::RunnerStatus>,
     ) {
         let mut runner = crate::RunnerActor::new(store, own, config, clock);
-        for (name, recipient) in participants {
-            runner.add_participant(name, recipient);
+        for (phase, name, recipient) in participants {
+            runner.add_participant(phase, name, recipient);
         }
         let status = runner.subscribe();
         (runner, status)

@@ -19,14 +19,59 @@ pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
 /// Largest record read back, in bytes; a larger file is refused rather than loaded.
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 
-/// Work a drain participant left unfinished.
+/// Work a drain participant left unfinished: data the next start can act on.
+///
+/// ```
+/// # use planned_stop::{DrainReport, Unfinished};
+/// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// struct Job { id: u32, attempt: u8 }
+/// // A participant hands back typed items; the next start reads them back as the same type.
+/// let report = DrainReport::unfinished([Job { id: 7, attempt: 2 }]);
+/// let item: &serde_json::Value = &report.unfinished[0];
+/// let job: Job = serde_json::from_value(item.clone())?;
+/// assert_eq!(job, Job { id: 7, attempt: 2 });
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Unfinished {
     /// The participant's name, as registered.
     pub participant: String,
-    /// The item, in the participant's own words (an id, a job description, JSON text).
-    pub item: String,
+    /// The item as the participant handed it back: any JSON value (a job id string, an object).
+    pub item: serde_json::Value,
+}
+
+impl Unfinished {
+    /// The item read back as `T`, the type the participant handed back.
+    pub fn item_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(&self.item)
+    }
+}
+
+/// A participant's remark for people (what was cut, why), kept apart from the items to resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Note {
+    /// The participant's name, as registered.
+    pub participant: String,
+    /// The remark.
+    pub note: String,
+}
+
+/// When one drain phase ran, from the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PhaseRecord {
+    /// Which phase.
+    pub phase: crate::runner::DrainPhase,
+    /// How many participants it asked.
+    pub participants: usize,
+    /// When it began (the previous phase had answered or timed out).
+    pub started_at: DateTime<Utc>,
+    /// When it ended.
+    pub finished_at: DateTime<Utc>,
+    /// `true` when it ended at its deadline with answers still missing.
+    pub timed_out: bool,
 }
 
 /// What a stop left behind. Written once per process life by the runner.
@@ -57,7 +102,8 @@ pub struct StopRecord {
     pub drain_deadline: DateTime<Utc>,
     /// When the drain ended.
     pub finished_at: DateTime<Utc>,
-    /// `true` when every participant answered before the deadline with nothing left unfinished.
+    /// `true` when every participant answered before its phase's deadline and none reported work
+    /// cut short, even if some handed work back (that work is in `unfinished`).
     pub drained_in_time: bool,
     /// `true` when the drain was cut short ("force now").
     pub forced: bool,
@@ -65,6 +111,12 @@ pub struct StopRecord {
     pub unfinished: Vec<Unfinished>,
     /// Participants that did not answer at all (their unfinished work is unknown).
     pub unanswered: Vec<String>,
+    /// Remarks for people, such as in-flight requests cut at the deadline (not work to resume).
+    #[serde(default)]
+    pub notes: Vec<Note>,
+    /// The drain phases that ran, in order.
+    #[serde(default)]
+    pub phases: Vec<PhaseRecord>,
     /// The exit code the process ended with.
     pub exit_code: i32,
 }

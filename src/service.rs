@@ -33,7 +33,8 @@ use crate::identity::{IdentityError, ProcessIdentity};
 use crate::lifecycle::{StopCause, StopRequest, StopVerdict};
 use crate::record::{RecordError, StopRecord};
 use crate::runner::{
-    Drain, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor, RunnerConfig, RunnerStatus,
+    Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor, RunnerConfig,
+    RunnerStatus,
 };
 use crate::store::{Layout, MarkerStore, StoreError};
 use crate::verdict::Policy;
@@ -112,7 +113,7 @@ pub struct ServiceBuilder {
     allow_shared_dir: bool,
     poll_interval: Duration,
     runner: RunnerConfig,
-    participants: Vec<(String, Recipient<Drain>)>,
+    participants: Vec<(DrainPhase, String, Recipient<Drain>)>,
     clock: Arc<dyn Clock>,
     identity: Option<ProcessIdentity>,
     handle_signals: bool,
@@ -239,8 +240,44 @@ impl ServiceBuilder {
     ///     let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).participant("jobs", Jobs.start().recipient());
     /// });
     /// ```
-    pub fn participant(mut self, name: impl Into<String>, recipient: Recipient<Drain>) -> Self {
-        self.participants.push((name.into(), recipient));
+    pub fn participant(self, name: impl Into<String>, recipient: Recipient<Drain>) -> Self {
+        self.participant_in(DrainPhase::Work, name, recipient)
+    }
+
+    /// Registers a drain participant in `phase`: ingress participants (servers, consumers) are
+    /// asked first and must stop taking work; the work phase starts when they have answered or
+    /// timed out; the final phase last. [`Self::participant`] registers in the work phase.
+    pub fn participant_in(
+        mut self,
+        phase: DrainPhase,
+        name: impl Into<String>,
+        recipient: Recipient<Drain>,
+    ) -> Self {
+        self.participants.push((phase, name.into(), recipient));
+        self
+    }
+
+    /// `phase`'s own deadline within the overall one ([`Self::drain_deadline`]): the phase moves
+    /// on when it passes, and never has more than what is left of the overall deadline. Without
+    /// one a phase may use all that is left.
+    ///
+    /// ```
+    /// use planned_stop::{DrainPhase, Layout, PlannedStopService};
+    /// use std::time::Duration;
+    /// // 25 s in all; the HTTP server gets at most 10 of them, the workers what remains.
+    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+    ///     .drain_deadline(Duration::from_secs(25))
+    ///     .phase_deadline(DrainPhase::Ingress, Duration::from_secs(10));
+    /// ```
+    pub fn phase_deadline(mut self, phase: DrainPhase, deadline: Duration) -> Self {
+        self.runner.phase_deadlines.push((phase, deadline));
+        self
+    }
+
+    /// Warn (once) when the application has not called [`ServiceHandle::ready`] this long after
+    /// start: a planned stop is held until then. Default 30 s; `None` never warns.
+    pub fn ready_warning(mut self, after: Option<Duration>) -> Self {
+        self.runner.ready_warning = after;
         self
     }
 
@@ -311,8 +348,8 @@ impl ServiceBuilder {
         }
         let state_dir = self.runner.state_dir.clone();
         let mut runner = RunnerActor::new(store.clone(), own, self.runner, self.clock.clone());
-        for (name, recipient) in self.participants {
-            runner.add_participant(name, recipient);
+        for (phase, name, recipient) in self.participants {
+            runner.add_participant(phase, name, recipient);
         }
         let status = runner.subscribe();
         let runner = runner.start();

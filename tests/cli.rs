@@ -85,7 +85,11 @@ fn a_marker_stop_exits_0_records_planned_and_the_next_start_resumes_exactly_the_
     let record = StopRecord::read(&d.state).unwrap().expect("a stop record");
     assert_eq!(record.verdict, StopVerdict::Planned);
     assert_eq!(record.pid, first.pid());
-    let left: Vec<String> = record.unfinished.iter().map(|u| u.item.clone()).collect();
+    let left: Vec<String> = record
+        .unfinished
+        .iter()
+        .map(|u| u.item_as::<String>().unwrap())
+        .collect();
     assert_eq!(left.len(), 3);
 
     let second = serve(&d, &["--jobs", "0"]);

@@ -251,7 +251,7 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
     let unfinished: Vec<(&str, &str)> = record
         .unfinished
         .iter()
-        .map(|u| (u.participant.as_str(), u.item.as_str()))
+        .map(|u| (u.participant.as_str(), u.item.as_str().unwrap()))
         .collect();
     assert_eq!(unfinished, [("fast", "job-7"), ("fast", "job-9")]);
     assert_eq!(record.unanswered, vec!["slow".to_string()]);

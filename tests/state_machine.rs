@@ -458,7 +458,11 @@ impl StateMachineTest for RunnerAndWatcher {
                 me,
                 config,
                 clock.clone(),
-                vec![("jobs".to_owned(), participant)],
+                vec![(
+                    planned_stop::DrainPhase::Work,
+                    "jobs".to_owned(),
+                    participant,
+                )],
             );
             let runner = runner.start();
             let deliveries = Arc::new(Mutex::new(Vec::new()));

@@ -131,7 +131,9 @@ fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle
     };
     let mut names: Vec<String> = previous
         .iter()
-        .flat_map(|r| r.unfinished.iter().map(|u| u.item.clone()))
+        .flat_map(|r| r.unfinished.iter())
+        // The reference service hands back job names; anything else is resumed under its JSON.
+        .map(|u| u.item_as::<String>().unwrap_or_else(|_| u.item.to_string()))
         .collect();
     let resumed = names.len();
     // Named by this process's pid, so resumed jobs and new ones never share a name.

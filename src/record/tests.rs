@@ -20,6 +20,8 @@ fn record() -> StopRecord {
             item: "job-3".into(),
         }],
         unanswered: vec![],
+        notes: vec![],
+        phases: vec![],
         exit_code: 0,
     }
 }
@@ -105,4 +107,15 @@ fn a_record_is_read_up_to_its_size_limit_and_refused_past_it() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_record_written_before_notes_and_phases_existed_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut json = serde_json::to_value(record()).unwrap();
+    let fields = json.as_object_mut().unwrap();
+    fields.remove("notes");
+    fields.remove("phases");
+    fs::write(StopRecord::path(dir.path()), json.to_string()).unwrap();
+    assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record()));
 }

@@ -1,5 +1,6 @@
 //! How the runner is set up: deadlines, exit codes per cause and verdict, where to record.
 
+use super::DrainPhase;
 use crate::lifecycle::{StopCause, StopVerdict};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -75,8 +76,28 @@ pub struct RunnerConfig {
     pub exit_codes: ExitCodes,
     /// Where to write the stop record; `None` writes none.
     pub state_dir: Option<PathBuf>,
-    /// Stop the actix `System` with the exit code when stopped. Default `true`.
+    /// Stop the actix `System` with the exit code when stopped. Default `true`. It also arms
+    /// the guard: a runner dropped before it stopped (the `System` stopped by someone else, or
+    /// `main` returned) ends the process with the unexpected exit code.
     pub stop_system: bool,
+    /// A phase's own deadline, within the overall one; a phase without one may use all that is
+    /// left of the overall deadline.
+    pub phase_deadlines: Vec<(DrainPhase, Duration)>,
+    /// Warn when the application has not said it is ready after this long. Default 30 s.
+    pub ready_warning: Option<Duration>,
+}
+
+impl RunnerConfig {
+    /// How long `phase` may take when `left` remains of the overall deadline.
+    pub fn phase_budget(&self, phase: DrainPhase, left: Duration) -> Duration {
+        let own = self
+            .phase_deadlines
+            .iter()
+            .rev()
+            .find(|(p, _)| *p == phase)
+            .map(|&(_, d)| d);
+        own.map_or(left, |own| own.min(left))
+    }
 }
 
 impl Default for RunnerConfig {
@@ -87,6 +108,8 @@ impl Default for RunnerConfig {
             exit_codes: ExitCodes::default(),
             state_dir: None,
             stop_system: true,
+            phase_deadlines: Vec::new(),
+            ready_warning: Some(Duration::from_secs(30)),
         }
     }
 }

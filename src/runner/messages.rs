@@ -9,6 +9,7 @@ use crate::marker::Marker;
 use crate::outcome::Outcome;
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,10 +61,32 @@ pub struct OsSignal(pub SignalKind);
 #[rtype(result = "()")]
 pub struct RequestStop(pub StopRequest);
 
+/// The ordered phases of a drain, in the spirit of Akka's coordinated shutdown. A phase starts
+/// when the previous one has answered or timed out, so the ingress stops taking requests before
+/// the workers that those requests feed are told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DrainPhase {
+    /// Stop accepting work from outside and finish what was accepted (HTTP servers, consumers).
+    Ingress,
+    /// Workers finish or hand back what they cannot finish (the default phase).
+    Work,
+    /// Flush and close: caches, connections, logs.
+    Final,
+}
+
+impl DrainPhase {
+    /// The phases in the order they run.
+    pub const ALL: [DrainPhase; 3] = [DrainPhase::Ingress, DrainPhase::Work, DrainPhase::Final];
+}
+
 /// Registers a drain participant (also possible through the builder).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct AddParticipant {
+    /// The phase it drains in.
+    pub phase: DrainPhase,
     /// A name for the stop record and the logs.
     pub name: String,
     /// Where to send [`Drain`].
@@ -91,18 +114,27 @@ pub struct AddParticipant {
 #[rtype(result = "DrainReport")]
 #[non_exhaustive]
 pub struct Drain {
-    /// How long the participant has before the runner records it as unfinished.
+    /// How long the participant has (its phase's budget) before the runner records it as late.
     pub within: Duration,
     /// Planned or unexpected, in case the participant treats them differently.
     pub verdict: StopVerdict,
+    /// The phase this participant drains in.
+    pub phase: DrainPhase,
 }
 
-/// A participant's answer to [`Drain`]: [`DrainReport::done`] or [`DrainReport::unfinished`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, MessageResponse)]
+/// A participant's answer to [`Drain`]: [`DrainReport::done`], or [`DrainReport::unfinished`]
+/// with the items to resume, plus notes for people ([`DrainReport::with_note`]) and, when it had
+/// to cut work it could neither finish nor hand back, [`DrainReport::cut_short`].
+#[derive(Debug, Clone, Default, PartialEq, MessageResponse)]
 #[non_exhaustive]
 pub struct DrainReport {
-    /// Work left unfinished, to resume at the next start.
-    pub unfinished: Vec<String>,
+    /// Work left unfinished, to resume at the next start: data the next start can act on.
+    pub unfinished: Vec<serde_json::Value>,
+    /// Remarks for people (not work to resume), kept in the record's `notes`.
+    pub notes: Vec<String>,
+    /// Work was cut at the deadline that could not be handed back (such as in-flight requests):
+    /// the drain did not complete in time.
+    pub cut: bool,
 }
 
 impl DrainReport {
@@ -112,17 +144,40 @@ impl DrainReport {
         DrainReport::default()
     }
 
-    /// These items were left unfinished, to resume at the next start.
+    /// These items were left unfinished, to resume at the next start. Each is kept as JSON; an
+    /// item that cannot be serialised is kept as a note saying so, never dropped silently.
     ///
     /// ```
     /// let report = planned_stop::DrainReport::unfinished(["job-7", "job-9"]);
     /// assert_eq!(report.unfinished, ["job-7", "job-9"]);
     /// ```
     #[must_use]
-    pub fn unfinished(items: impl IntoIterator<Item = impl Into<String>>) -> DrainReport {
-        DrainReport {
-            unfinished: items.into_iter().map(Into::into).collect(),
+    pub fn unfinished<T: Serialize>(items: impl IntoIterator<Item = T>) -> DrainReport {
+        let mut report = DrainReport::default();
+        for item in items {
+            match serde_json::to_value(&item) {
+                Ok(value) => report.unfinished.push(value),
+                Err(e) => report
+                    .notes
+                    .push(format!("an unfinished item could not be recorded: {e}")),
+            }
         }
+        report
+    }
+
+    /// Adds a remark for people, kept apart from the items to resume.
+    #[must_use]
+    pub fn with_note(mut self, note: impl Into<String>) -> DrainReport {
+        self.notes.push(note.into());
+        self
+    }
+
+    /// Says that work was cut at the deadline that could not be handed back, and what.
+    #[must_use]
+    pub fn cut_short(mut self, what: impl Into<String>) -> DrainReport {
+        self.cut = true;
+        self.notes.push(what.into());
+        self
     }
 }
 

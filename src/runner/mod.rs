@@ -21,12 +21,16 @@
 //! as such; its work is unknown.
 
 mod config;
+mod drain;
 mod messages;
 
 pub use config::{ExitCodes, RunnerConfig};
 pub use messages::{
-    AddParticipant, Drain, DrainReport, OsSignal, PlannedStop, Ready, RequestStop, RunnerStatus,
+    AddParticipant, Drain, DrainPhase, DrainReport, OsSignal, PlannedStop, Ready, RequestStop,
+    RunnerStatus,
 };
+
+use drain::{DrainRun, Next, Participant, Requester};
 
 use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
@@ -34,44 +38,13 @@ use crate::identity::ProcessIdentity;
 use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
 use crate::marker::Marker;
 use crate::outcome::{Outcome, Phase};
-use crate::record::{StopRecord, Unfinished};
+use crate::record::StopRecord;
 use crate::store::MarkerStore;
 use actix::clock::Instant;
 use actix::prelude::*;
 use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use tokio::sync::watch;
-
-/// Who asked, for the stop record.
-#[derive(Debug, Clone, Default)]
-struct Requester {
-    request_id: Option<String>,
-    reason: Option<String>,
-    stopper_pid: Option<u32>,
-}
-
-impl From<PlannedStop> for Requester {
-    fn from(s: PlannedStop) -> Self {
-        Requester {
-            request_id: s.request_id,
-            reason: s.reason,
-            stopper_pid: s.stopper_pid,
-        }
-    }
-}
-
-/// A drain in progress.
-struct DrainRun {
-    cause: StopCause,
-    verdict: StopVerdict,
-    requester: Requester,
-    accepted_at: DateTime<Utc>,
-    deadline: Instant,
-    answered: Vec<String>,
-    unfinished: Vec<Unfinished>,
-    late: bool,
-    forced: bool,
-}
 
 /// The lifecycle actor. [`crate::PlannedStopService`] starts it with the watcher; its address,
 /// [`crate::ServiceHandle::runner`], takes [`OsSignal`] and [`PlannedStop`] messages.
@@ -81,7 +54,7 @@ pub struct RunnerActor {
     own: ProcessIdentity,
     clock: Arc<dyn Clock>,
     config: RunnerConfig,
-    participants: Vec<(String, Recipient<Drain>)>,
+    participants: Vec<Participant>,
     status: watch::Sender<RunnerStatus>,
     held: Option<PlannedStop>,
     drain: Option<DrainRun>,
@@ -115,9 +88,18 @@ impl RunnerActor {
         self.status.subscribe()
     }
 
-    /// Registers a drain participant before the actor starts.
-    pub(crate) fn add_participant(&mut self, name: impl Into<String>, recipient: Recipient<Drain>) {
-        self.participants.push((name.into(), recipient));
+    /// Registers a drain participant in `phase` before the actor starts.
+    pub(crate) fn add_participant(
+        &mut self,
+        phase: DrainPhase,
+        name: impl Into<String>,
+        recipient: Recipient<Drain>,
+    ) {
+        self.participants.push(Participant {
+            phase,
+            name: name.into(),
+            recipient,
+        });
     }
 
     fn publish(&self) {
@@ -161,8 +143,9 @@ impl RunnerActor {
             Step::Drain(cause, verdict) => self.begin_drain(cause, verdict, requester, ctx),
             Step::Force => {
                 tracing::warn!("stop forced: cutting the drain short");
+                let now = self.clock.now();
                 if let Some(run) = self.drain.as_mut() {
-                    run.forced = true;
+                    run.force(now);
                 }
                 self.finish(ctx);
             }
@@ -177,7 +160,7 @@ impl RunnerActor {
         requester: Requester,
         ctx: &mut Context<Self>,
     ) {
-        let within = self.config.drain_deadline;
+        let within = drain::clamp(self.config.drain_deadline);
         tracing::info!(
             ?cause,
             ?verdict,
@@ -195,45 +178,78 @@ impl RunnerActor {
             verdict,
             request_id: requester.request_id.clone(),
             accepted_at,
-            drain_deadline: accepted_at + TimeDelta::from_std(within).unwrap_or(TimeDelta::MAX),
+            drain_deadline: wall_deadline(accepted_at, within),
             finished_at: None,
             exit_code: None,
         });
-        self.drain = Some(DrainRun {
+        self.drain = Some(DrainRun::new(
             cause,
             verdict,
             requester,
             accepted_at,
-            deadline: Instant::now() + within,
-            answered: Vec::new(),
-            unfinished: Vec::new(),
-            late: false,
-            forced: false,
-        });
-        if self.participants.is_empty() {
-            self.finish(ctx);
+            Instant::now(),
+            within,
+        ));
+        self.next_phase(false, ctx);
+    }
+
+    /// Ends the running phase (`timed_out` says how) and asks the next one's participants, or
+    /// finishes when no phase is left.
+    fn next_phase(&mut self, timed_out: bool, ctx: &mut Context<Self>) {
+        let phases: Vec<DrainPhase> = self.participants.iter().map(|p| p.phase).collect();
+        let wall = self.clock.now();
+        let Some(run) = self.drain.as_mut() else {
             return;
-        }
-        for (name, recipient) in &self.participants {
-            let name = name.clone();
-            let answer = recipient.send(Drain { within, verdict });
+        };
+        let (phase, within, members, generation) =
+            match run.advance(&phases, &self.config, Instant::now(), wall, timed_out) {
+                Next::Finish => return self.finish(ctx),
+                Next::Ask {
+                    phase,
+                    within,
+                    participants,
+                    generation,
+                } => (phase, within, participants, generation),
+            };
+        tracing::info!(
+            ?phase,
+            participants = members.len(),
+            within_ms = within.as_millis() as u64,
+            "drain phase begins"
+        );
+        let verdict = self.lifecycle.verdict().unwrap_or(StopVerdict::Unexpected);
+        for index in members {
+            let participant = &self.participants[index];
+            let name = participant.name.clone();
+            let answer = participant.recipient.send(Drain {
+                within,
+                verdict,
+                phase,
+            });
             ctx.spawn(
                 answer
                     .into_actor(self)
-                    .map(move |answer, act, ctx| act.on_answer(name, answer, ctx)),
+                    .map(move |answer, act, ctx| act.on_answer(index, &name, phase, answer, ctx)),
             );
         }
-        ctx.run_later(within + self.config.answer_grace, |act, ctx| {
-            if act.lifecycle.state() == RunnerState::Draining {
-                tracing::warn!("drain deadline passed; recording what is unfinished");
-                act.finish(ctx);
-            }
-        });
+        ctx.run_later(
+            within.saturating_add(self.config.answer_grace),
+            move |act, ctx| {
+                if act.lifecycle.state() == RunnerState::Draining
+                    && act.drain.as_ref().is_some_and(|r| r.is_current(generation))
+                {
+                    tracing::warn!(?phase, "drain phase deadline passed; moving on");
+                    act.next_phase(true, ctx);
+                }
+            },
+        );
     }
 
     fn on_answer(
         &mut self,
-        name: String,
+        index: usize,
+        name: &str,
+        phase: DrainPhase,
         answer: Result<DrainReport, MailboxError>,
         ctx: &mut Context<Self>,
     ) {
@@ -243,27 +259,18 @@ impl RunnerActor {
         let Some(run) = self.drain.as_mut() else {
             return;
         };
-        match answer {
-            Ok(report) => {
-                run.late |= Instant::now() > run.deadline;
-                run.unfinished
-                    .extend(report.unfinished.into_iter().map(|item| Unfinished {
-                        participant: name.clone(),
-                        item,
-                    }));
-                run.answered.push(name);
-            }
+        let report = match answer {
+            Ok(report) => Some(report),
             Err(e) => {
-                tracing::warn!(participant = %name, error = %ErrorChain(&e), "drain participant is gone")
+                tracing::warn!(participant = %name, error = %e, "drain participant is gone; counted as answered");
+                None
             }
-        }
-        let answered = run.answered.len();
-        if answered == self.participants.len() {
-            self.finish(ctx);
+        };
+        if run.answer(index, name, phase, report, Instant::now()) {
+            self.next_phase(false, ctx);
         }
     }
 
-    /// Ends the drain: writes the stop record, publishes `Stopped`, stops the system.
     fn finish(&mut self, ctx: &mut Context<Self>) {
         let Some(verdict) = self.lifecycle.stopped() else {
             return;
@@ -271,13 +278,11 @@ impl RunnerActor {
         let Some(run) = self.drain.take() else {
             return;
         };
+        let finished_at = self.clock.now();
         let code = self.config.exit_codes.code(run.cause, verdict);
-        let unanswered: Vec<String> = self
-            .participants
-            .iter()
-            .map(|(name, _)| name.clone())
-            .filter(|name| !run.answered.contains(name))
-            .collect();
+        let names: Vec<&str> = self.participants.iter().map(|p| p.name.as_str()).collect();
+        let drained_in_time = run.drained_in_time(&names);
+        let unanswered = run.unanswered(&names);
         let record = StopRecord {
             pid: self.own.pid,
             cause: run.cause,
@@ -286,16 +291,17 @@ impl RunnerActor {
             reason: run.requester.reason,
             stopper_pid: run.requester.stopper_pid,
             accepted_at: run.accepted_at,
-            drain_deadline: run.accepted_at
-                + TimeDelta::from_std(self.config.drain_deadline).unwrap_or(TimeDelta::MAX),
-            finished_at: self.clock.now(),
-            drained_in_time: !run.late
-                && !run.forced
-                && unanswered.is_empty()
-                && run.unfinished.is_empty(),
+            drain_deadline: wall_deadline(
+                run.accepted_at,
+                drain::clamp(self.config.drain_deadline),
+            ),
+            finished_at,
+            drained_in_time,
             forced: run.forced,
             unfinished: run.unfinished,
             unanswered,
+            notes: run.notes,
+            phases: run.phases,
             exit_code: code,
         };
         debug_assert_eq!(record.verdict, run.verdict);
@@ -413,6 +419,18 @@ impl Handler<AddParticipant> for RunnerActor {
             tracing::warn!(participant = %add.name, "too late to join the drain: already stopping");
             return;
         }
-        self.participants.push((add.name, add.recipient));
+        self.participants.push(Participant {
+            phase: add.phase,
+            name: add.name,
+            recipient: add.recipient,
+        });
     }
+}
+
+/// `at + within` on the wall clock, saturating at the latest time chrono can represent.
+fn wall_deadline(at: DateTime<Utc>, within: std::time::Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(within)
+        .ok()
+        .and_then(|d| at.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }

@@ -1,0 +1,167 @@
+use super::*;
+use crate::lifecycle::{StopCause, StopVerdict};
+use DrainPhase::*;
+
+fn run(now: Instant, overall_secs: u64) -> DrainRun {
+    DrainRun::new(
+        StopCause::Marker,
+        StopVerdict::Planned,
+        Requester::default(),
+        DateTime::UNIX_EPOCH,
+        now,
+        Duration::from_secs(overall_secs),
+    )
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn wall(s: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(s, 0).unwrap()
+}
+
+#[test]
+fn phases_run_in_order_and_empty_ones_are_skipped() {
+    let t0 = Instant::now();
+    let config = RunnerConfig::default();
+    let phases = [Final, Ingress, Final];
+    let mut r = run(t0, 10);
+    let Next::Ask {
+        phase,
+        participants,
+        ..
+    } = r.advance(&phases, &config, t0, wall(0), false)
+    else {
+        panic!("ingress first")
+    };
+    assert_eq!((phase, participants), (Ingress, vec![1]));
+    assert!(r.answer(1, "http", Ingress, Some(DrainReport::done()), t0));
+    // No work participants: straight to the final phase, both of its members at once.
+    let Next::Ask {
+        phase,
+        participants,
+        ..
+    } = r.advance(&phases, &config, t0 + secs(1), wall(1), false)
+    else {
+        panic!("final next")
+    };
+    assert_eq!((phase, participants), (Final, vec![0, 2]));
+    assert!(!r.answer(0, "a", Final, Some(DrainReport::done()), t0 + secs(1)));
+    assert!(r.answer(2, "b", Final, Some(DrainReport::done()), t0 + secs(1)));
+    assert_eq!(
+        r.advance(&phases, &config, t0 + secs(2), wall(2), false),
+        Next::Finish
+    );
+    let order: Vec<_> = r
+        .phases
+        .iter()
+        .map(|p| (p.phase, p.started_at, p.finished_at))
+        .collect();
+    assert_eq!(
+        order,
+        [(Ingress, wall(0), wall(1)), (Final, wall(1), wall(2))]
+    );
+    assert!(r.drained_in_time(&["a", "http", "b"]));
+}
+
+#[test]
+fn a_phase_gets_its_own_deadline_but_never_more_than_what_is_left() {
+    let t0 = Instant::now();
+    let config = RunnerConfig {
+        phase_deadlines: vec![(Ingress, secs(3)), (Work, secs(30))],
+        ..RunnerConfig::default()
+    };
+    let phases = [Ingress, Work];
+    let mut r = run(t0, 10);
+    let Next::Ask { within, .. } = r.advance(&phases, &config, t0, wall(0), false) else {
+        panic!()
+    };
+    assert_eq!(within, secs(3), "the ingress phase's own deadline");
+    // The ingress timed out at its deadline (3 s): the work phase gets the 7 s that are left,
+    // not its own 30 s, and the ingress never takes more than its 3 s.
+    let Next::Ask { within, .. } = r.advance(&phases, &config, t0 + secs(3), wall(3), true) else {
+        panic!()
+    };
+    assert_eq!(within, secs(7));
+    assert!(r.phases[0].timed_out);
+    assert!(
+        !r.drained_in_time(&["http", "jobs"]),
+        "the ingress never answered"
+    );
+    assert_eq!(r.unanswered(&["http", "jobs"]), ["http", "jobs"]);
+}
+
+#[test]
+fn a_closed_mailbox_counts_as_answered_at_once_and_leaves_a_note() {
+    let t0 = Instant::now();
+    let mut r = run(t0, 10);
+    r.advance(&[Work, Work], &RunnerConfig::default(), t0, wall(0), false);
+    assert!(!r.answer(0, "gone", Work, None, t0));
+    assert!(r.answer(1, "jobs", Work, Some(DrainReport::unfinished(["j-1"])), t0));
+    assert!(
+        r.drained_in_time(&["gone", "jobs"]),
+        "handing work back is in time"
+    );
+    assert_eq!(r.notes.len(), 1);
+    assert_eq!(r.notes[0].participant, "gone");
+    assert_eq!(r.unfinished[0].item, "j-1");
+}
+
+#[test]
+fn late_cut_or_forced_drains_are_not_in_time() {
+    let t0 = Instant::now();
+    let config = RunnerConfig::default();
+    // Late: the answer came after the phase's deadline.
+    let mut late = run(t0, 1);
+    late.advance(&[Work], &config, t0, wall(0), false);
+    late.answer(0, "jobs", Work, Some(DrainReport::done()), t0 + secs(2));
+    assert!(!late.drained_in_time(&["jobs"]));
+    // Cut: in time, but work was cut that could not be handed back.
+    let mut cut = run(t0, 10);
+    cut.advance(&[Ingress], &config, t0, wall(0), false);
+    let report = DrainReport::done().cut_short("2 in-flight requests cut");
+    cut.answer(0, "http", Ingress, Some(report), t0);
+    assert!(!cut.drained_in_time(&["http"]));
+    assert_eq!(cut.notes[0].note, "2 in-flight requests cut");
+    // Forced: later phases never start.
+    let mut forced = run(t0, 10);
+    forced.advance(&[Ingress, Work], &config, t0, wall(0), false);
+    forced.force(wall(1));
+    assert_eq!(
+        forced.advance(&[Ingress, Work], &config, t0, wall(1), false),
+        Next::Finish
+    );
+    assert!(!forced.drained_in_time(&["http", "jobs"]));
+}
+
+#[test]
+fn an_answer_counts_once_and_a_stale_timer_is_recognised() {
+    let t0 = Instant::now();
+    let config = RunnerConfig::default();
+    let mut r = run(t0, 10);
+    let Next::Ask { generation, .. } = r.advance(&[Work, Final], &config, t0, wall(0), false)
+    else {
+        panic!()
+    };
+    assert!(r.is_current(generation));
+    assert!(r.answer(0, "jobs", Work, Some(DrainReport::unfinished(["a"])), t0));
+    assert!(!r.answer(0, "jobs", Work, Some(DrainReport::unfinished(["a"])), t0));
+    assert_eq!(r.unfinished.len(), 1);
+    r.advance(&[Work, Final], &config, t0, wall(0), false);
+    assert!(
+        !r.is_current(generation),
+        "the work phase's timer is stale now"
+    );
+}
+
+#[test]
+fn a_huge_deadline_is_clamped_instead_of_overflowing() {
+    let t0 = Instant::now();
+    let mut r = run(t0, u64::MAX);
+    let Next::Ask { within, .. } = r.advance(&[Work], &RunnerConfig::default(), t0, wall(0), false)
+    else {
+        panic!()
+    };
+    assert_eq!(within, LONGEST_DEADLINE);
+}
