@@ -29,6 +29,8 @@
 //!   `default-features = false` and compiles none of its dependencies (clap, indicatif,
 //!   tracing-subscriber).
 //! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
+//! - `actix-web`: [`web`](crate::web) — the `HttpServer` as the ingress drain participant,
+//!   readiness that says `draining`, and the exit code `main` returns.
 //!
 //! ## How the pieces fit
 //!
@@ -77,6 +79,8 @@ mod store;
 mod systemd;
 mod verdict;
 mod watcher;
+#[cfg(feature = "actix-web")]
+pub mod web;
 
 pub use clock::{Clock, SystemClock};
 pub use identity::{IdentityError, ProcessIdentity};

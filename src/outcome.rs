@@ -27,10 +27,17 @@ pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Phase {
+    /// A planned stop is held: it arrived before the application declared itself ready, and
+    /// the drain begins once it does. `accepted_at` is when the stop was seen.
+    Held,
     /// Accepted; the participants are draining.
     Draining,
     /// Stopped; `exit_code` is the process's exit code.
     Stopped,
+    /// The process ended before the runner finished (the actix `System` was stopped by someone
+    /// else, or `main` returned): nothing was recorded and the process exits with `exit_code`,
+    /// the unexpected code.
+    Aborted,
 }
 
 /// The runner's acknowledgement and final outcome.

@@ -30,7 +30,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
 use crate::identity::{IdentityError, ProcessIdentity};
-use crate::lifecycle::{StopCause, StopRequest, StopVerdict};
+use crate::lifecycle::{RunnerState, StopCause, StopRequest, StopVerdict};
 use crate::record::{RecordError, StopRecord};
 use crate::runner::{
     Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor, RunnerConfig,
@@ -316,16 +316,25 @@ impl ServiceBuilder {
 
     /// Opens the store, sweeps it, and starts both actors on the current system.
     ///
+    /// The runner owns the process's exit from then on: if the `System` ends (or `main`
+    /// returns) before the runner has stopped, the process exits with the unexpected code (see
+    /// [`Self::stop_system`] to hand that back to the application).
+    ///
     /// ```
-    /// # use planned_stop::{Layout, PlannedStopService, RunnerState};
+    /// # use planned_stop::{Layout, PlannedStopService, RunnerState, StopRequest};
     /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
+    /// let code = actix::System::new().block_on(async {
     ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
     ///         .handle_signals(false)
     ///         .start()
     ///         .unwrap();
     ///     assert_eq!(service.status().state, RunnerState::Starting);
+    ///     service.ready();
+    ///     // The application decides to stop on purpose: drain, record, exit 0.
+    ///     service.request_stop(StopRequest::Planned);
+    ///     service.stopped().await
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn start(self) -> Result<ServiceHandle, StartError> {
         if System::try_current().is_none() {
@@ -347,6 +356,7 @@ impl ServiceBuilder {
             Err(e) => tracing::warn!(error = %ErrorChain(&e), "cannot sweep the marker directory"),
         }
         let state_dir = self.runner.state_dir.clone();
+        let unexpected_code = self.runner.exit_codes.unexpected;
         let mut runner = RunnerActor::new(store.clone(), own, self.runner, self.clock.clone());
         for (phase, name, recipient) in self.participants {
             runner.add_participant(phase, name, recipient);
@@ -367,7 +377,8 @@ impl ServiceBuilder {
             status.clone(),
             self.poll_interval,
             self.clock,
-        );
+        )
+        .with_held_notice(runner.clone().recipient());
         if self.events {
             match SlotEvents::watch(&store.slot_path(own.pid)) {
                 Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),
@@ -382,6 +393,7 @@ impl ServiceBuilder {
             store,
             own,
             state_dir,
+            unexpected_code,
         })
     }
 }
@@ -394,9 +406,59 @@ pub struct ServiceHandle {
     store: MarkerStore,
     own: ProcessIdentity,
     state_dir: Option<PathBuf>,
+    unexpected_code: i32,
+}
+
+/// `code` as a process exit code; one that does not fit in a byte is a failure, never 0.
+fn exit_code_of(code: i32) -> std::process::ExitCode {
+    u8::try_from(code).map_or(
+        std::process::ExitCode::FAILURE,
+        std::process::ExitCode::from,
+    )
 }
 
 impl ServiceHandle {
+    /// Resolves to the process's exit code once the runner has stopped: what `main` returns in
+    /// async layouts (`#[actix::main]`, `#[actix_web::main]`), where returning early would end
+    /// the process before the drain. If the runner is gone without stopping, it resolves to the
+    /// unexpected code.
+    ///
+    /// ```no_run
+    /// use planned_stop::{Layout, PlannedStopService};
+    ///
+    /// #[actix::main]
+    /// async fn main() -> std::process::ExitCode {
+    ///     let service = match PlannedStopService::builder(Layout::Slots("/run/app".into())).start() {
+    ///         Ok(service) => service,
+    ///         Err(e) => {
+    ///             eprintln!("{e}");
+    ///             return std::process::ExitCode::from(2);
+    ///         }
+    ///     };
+    ///     // ... start the application's actors, then:
+    ///     service.ready();
+    ///     service.stopped().await // 0 after a planned stop, 1 after an unexpected one
+    /// }
+    /// ```
+    pub fn stopped(&self) -> impl std::future::Future<Output = std::process::ExitCode> + 'static {
+        let mut status = self.status.clone();
+        let unexpected = self.unexpected_code;
+        async move {
+            loop {
+                let stopped = {
+                    let now = status.borrow_and_update();
+                    (now.state == RunnerState::Stopped).then_some(now.exit_code)
+                };
+                if let Some(code) = stopped {
+                    return exit_code_of(code.unwrap_or(unexpected));
+                }
+                if status.changed().await.is_err() {
+                    return exit_code_of(unexpected);
+                }
+            }
+        }
+    }
+
     /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
     /// on now.
     pub fn ready(&self) {
@@ -443,16 +505,34 @@ impl ServiceHandle {
     /// be resumed (exactly once). `None` without a state directory or record.
     ///
     /// ```
-    /// # use planned_stop::{Layout, PlannedStopService};
+    /// # use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
+    /// # use actix::prelude::*;
+    /// # struct Jobs;
+    /// # impl Actor for Jobs { type Context = Context<Self>; }
+    /// # impl Handler<planned_stop::Drain> for Jobs {
+    /// #     type Result = DrainReport;
+    /// #     fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> DrainReport {
+    /// #         DrainReport::unfinished(["job-7"])
+    /// #     }
+    /// # }
     /// # let dir = tempfile::tempdir().unwrap();
-    /// actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-    ///         .handle_signals(false)
-    ///         .events(false)
-    ///         .start()
-    ///         .unwrap();
-    ///     assert!(service.take_previous_record().unwrap().is_none(), "no state directory");
-    /// });
+    /// let life = |dir: &std::path::Path| {
+    ///     actix::System::new().block_on(async {
+    ///         let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+    ///             .state_dir(dir.join("state"))
+    ///             .handle_signals(false)
+    ///             .participant("jobs", Jobs.start().recipient())
+    ///             .start()
+    ///             .unwrap();
+    ///         let resumed = service.take_previous_record().unwrap();
+    ///         service.ready();
+    ///         service.request_stop(StopRequest::Planned);
+    ///         service.stopped().await;
+    ///         resumed.map(|r| r.unfinished.len())
+    ///     })
+    /// };
+    /// assert_eq!(life(dir.path()), None, "the first life has nothing to resume");
+    /// assert_eq!(life(dir.path()), Some(1), "the second resumes what the first left");
     /// ```
     pub fn take_previous_record(&self) -> Result<Option<StopRecord>, RecordError> {
         match &self.state_dir {

@@ -293,6 +293,12 @@ pub enum WaitOutcome {
     },
     /// The target was still running at the deadline and had not accepted the stop.
     NotAccepted,
+    /// The target saw the stop but holds it: it has not declared itself ready yet, and will
+    /// drain once it does.
+    Held {
+        /// Its outcome file, phase `held`.
+        outcome: Outcome,
+    },
 }
 
 /// Where a wait stands, for a progress display.
@@ -313,6 +319,8 @@ pub enum Progress {
     Waiting,
     /// Accepted; draining.
     Draining,
+    /// Seen, but held until the target declares itself ready.
+    Held,
 }
 
 /// Waits up to `timeout` for `target` to exit, calling `progress` on every poll. See the module
@@ -348,15 +356,18 @@ pub fn wait(
         let elapsed = started.elapsed();
         if elapsed >= timeout {
             return match outcome {
-                Some(outcome) => WaitOutcome::StillDraining { outcome },
-                None => WaitOutcome::NotAccepted,
+                Some(outcome) if outcome.phase == Phase::Held => WaitOutcome::Held { outcome },
+                Some(outcome) if outcome.phase == Phase::Draining => {
+                    WaitOutcome::StillDraining { outcome }
+                }
+                _ => WaitOutcome::NotAccepted,
             };
         }
         progress(
-            if outcome.is_some() {
-                Progress::Draining
-            } else {
-                Progress::Waiting
+            match outcome.as_ref().map(|o| o.phase) {
+                Some(Phase::Draining) => Progress::Draining,
+                Some(Phase::Held) => Progress::Held,
+                _ => Progress::Waiting,
             },
             elapsed,
         );

@@ -26,7 +26,7 @@ use crate::error_chain::ErrorChain;
 use crate::events::{SlotEvents, Wakeups};
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::RunnerState;
-use crate::runner::{PlannedStop, RunnerStatus};
+use crate::runner::{HeldStop, PlannedStop, RunnerStatus};
 use crate::store::{MarkerStore, StoreError};
 use crate::verdict::Verdict;
 use actix::clock::Instant;
@@ -120,6 +120,7 @@ impl ProbeErrors {
 pub struct MarkerWatcherActor {
     probe: Box<dyn MarkerProbe>,
     target: Recipient<PlannedStop>,
+    held_notice: Option<Recipient<HeldStop>>,
     runner: watch::Receiver<RunnerStatus>,
     clock: Arc<dyn Clock>,
     interval: Duration,
@@ -143,6 +144,7 @@ impl MarkerWatcherActor {
         MarkerWatcherActor {
             probe: Box::new(probe),
             target,
+            held_notice: None,
             runner,
             clock,
             interval,
@@ -152,6 +154,13 @@ impl MarkerWatcherActor {
             wakeups: None,
             events: None,
         }
+    }
+
+    /// Tells `notice` when a planned stop is held because the runner is still starting, so
+    /// the runner can say so to stoppers.
+    pub fn with_held_notice(mut self, notice: Recipient<HeldStop>) -> Self {
+        self.held_notice = Some(notice);
+        self
     }
 
     /// Probes at once whenever `wakeups` yields (a filesystem event), besides polling. `events`, if
@@ -198,6 +207,9 @@ impl MarkerWatcherActor {
             WatchStep::Deliver(stop) => self.deliver(stop, ctx),
             WatchStep::Hold(stop) => {
                 tracing::info!("planned stop found while starting; held until running");
+                if let Some(notice) = &self.held_notice {
+                    notice.do_send(HeldStop(stop.clone()));
+                }
                 self.held = Some(stop);
             }
             WatchStep::Continue => return true,

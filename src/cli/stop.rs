@@ -110,6 +110,11 @@ pub fn run(args: StopArgs) -> u8 {
                     args.pid,
                     elapsed.as_secs_f64()
                 ),
+                Progress::Held => format!(
+                    "process {} holds the stop until it is ready ({:.1} s)",
+                    args.pid,
+                    elapsed.as_secs_f64()
+                ),
                 other => format!("process {}: {other:?}", args.pid),
             });
         }
@@ -159,6 +164,16 @@ pub fn run(args: StopArgs) -> u8 {
                 store.dir().display()
             ),
             json!({}),
+        ),
+        WaitOutcome::Held { outcome } => (
+            "held",
+            EXIT_NOT_ACCEPTED,
+            format!(
+                "process {} saw the stop at {} but holds it: it has not declared itself ready \
+                 (it drains once ready)",
+                args.pid, outcome.accepted_at
+            ),
+            json!({ "held_since": outcome.accepted_at }),
         ),
         // A kind of answer this build's library knows and this table does not: never success.
         other => (

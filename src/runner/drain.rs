@@ -82,6 +82,9 @@ pub(crate) struct DrainRun {
     next_phase: usize,
     generation: u64,
     answered: Vec<usize>,
+    /// Participants whose mailbox was closed: counted as answered (they do not delay the drain)
+    /// but their work is unknown, so the record lists them as unanswered.
+    gone: Vec<usize>,
     pub(crate) unfinished: Vec<Unfinished>,
     pub(crate) notes: Vec<Note>,
     pub(crate) phases: Vec<PhaseRecord>,
@@ -116,6 +119,7 @@ impl DrainRun {
             next_phase: 0,
             generation: 0,
             answered: Vec::new(),
+            gone: Vec::new(),
             unfinished: Vec::new(),
             notes: Vec::new(),
             phases: Vec::new(),
@@ -194,10 +198,14 @@ impl DrainRun {
                     note,
                 }));
             }
-            None => self.notes.push(Note {
-                participant: name.to_owned(),
-                note: "gone before it could answer (mailbox closed); nothing handed back".into(),
-            }),
+            None => {
+                self.gone.push(index);
+                self.notes.push(Note {
+                    participant: name.to_owned(),
+                    note: "gone before it could answer (mailbox closed); its work is unknown"
+                        .into(),
+                });
+            }
         }
         match self.current.as_mut() {
             Some(c) if c.phase == phase => {
@@ -221,10 +229,10 @@ impl DrainRun {
     }
 
     /// The participants (of `names`, by index) that never answered, those of phases that never
-    /// started included.
+    /// started and those whose mailbox was closed included: their work is unknown.
     pub(crate) fn unanswered(&self, names: &[&str]) -> Vec<String> {
         (0..names.len())
-            .filter(|i| !self.answered.contains(i))
+            .filter(|i| !self.answered.contains(i) || self.gone.contains(i))
             .map(|i| names[i].to_owned())
             .collect()
     }

@@ -61,6 +61,12 @@ pub struct OsSignal(pub SignalKind);
 #[rtype(result = "()")]
 pub struct RequestStop(pub StopRequest);
 
+/// The watcher holds a planned stop because the runner is still starting (internal: lets the
+/// runner tell stoppers, through the outcome file, why nothing happens yet).
+#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[rtype(result = "()")]
+pub struct HeldStop(pub PlannedStop);
+
 /// The ordered phases of a drain, in the spirit of Akka's coordinated shutdown. A phase starts
 /// when the previous one has answered or timed out, so the ingress stops taking requests before
 /// the workers that those requests feed are told to stop.

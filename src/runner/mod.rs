@@ -26,8 +26,8 @@ mod messages;
 
 pub use config::{ExitCodes, RunnerConfig};
 pub use messages::{
-    AddParticipant, Drain, DrainPhase, DrainReport, OsSignal, PlannedStop, Ready, RequestStop,
-    RunnerStatus,
+    AddParticipant, Drain, DrainPhase, DrainReport, HeldStop, OsSignal, PlannedStop, Ready,
+    RequestStop, RunnerStatus,
 };
 
 use drain::{DrainRun, Next, Participant, Requester};
@@ -345,8 +345,102 @@ impl RunnerActor {
 impl Actor for RunnerActor {
     type Context = Context<Self>;
 
-    fn started(&mut self, _: &mut Context<Self>) {
+    fn started(&mut self, ctx: &mut Context<Self>) {
         self.publish();
+        // actix polls a context once while dropping it (a System torn down before the actor
+        // ever ran): there is no timer then, and the drop guard below takes over.
+        let timers = tokio::runtime::Handle::try_current().is_ok();
+        if let Some(after) = self.config.ready_warning.filter(|_| timers) {
+            ctx.run_later(drain::clamp(after), move |act, _| {
+                if act.lifecycle.state() == RunnerState::Starting {
+                    tracing::warn!(
+                        after_ms = after.as_millis() as u64,
+                        "the application has not called ServiceHandle::ready(); a planned stop \
+                         is held until it does"
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// The guard against a silent exit 0: a runner dropped before it stopped means the actix
+/// `System` was stopped by someone else (an `HttpServer` with its own signal handling, a
+/// `System::stop` elsewhere) or `main` returned, before the stop was decided and recorded. The
+/// process would otherwise exit with whatever code that path chose, usually 0, which a
+/// supervisor reads as a clean stop. So the runner writes an `aborted` outcome, logs what to
+/// change, and ends the process with the unexpected exit code. Armed only when the runner owns
+/// the `System`'s exit (`stop_system`, the default).
+impl Drop for RunnerActor {
+    fn drop(&mut self) {
+        // Also while unwinding: a runner that panicked has stopped deciding anything, and a
+        // process whose runner is gone must not go on ignoring stops or exit 0.
+        if !self.config.stop_system || self.lifecycle.state() == RunnerState::Stopped {
+            return;
+        }
+        let code = self.config.exit_codes.unexpected;
+        let state = self.lifecycle.state();
+        tracing::error!(
+            ?state,
+            code,
+            "the actix System stopped (or main returned) before the planned-stop runner \
+             finished; exiting with the unexpected code. Let the runner stop the System, or await \
+             ServiceHandle::stopped() in main, and disable other signal handlers \
+             (HttpServer::disable_signals, or planned_stop::web::serve)"
+        );
+        let now = self.clock.now();
+        let (cause, verdict, request_id, accepted_at) = match &self.drain {
+            Some(run) => (
+                run.cause,
+                run.verdict,
+                run.requester.request_id.clone(),
+                run.accepted_at,
+            ),
+            None => (StopCause::Request, StopVerdict::Unexpected, None, now),
+        };
+        let outcome = Outcome {
+            pid: self.own.pid,
+            start: self.own.start,
+            phase: Phase::Aborted,
+            cause,
+            verdict,
+            request_id,
+            accepted_at,
+            drain_deadline: accepted_at,
+            finished_at: Some(now),
+            exit_code: Some(code),
+        };
+        if let Err(e) = self.store.write_outcome(&outcome) {
+            tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");
+        }
+        std::process::exit(code);
+    }
+}
+
+impl Handler<HeldStop> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, HeldStop(stop): HeldStop, _: &mut Context<Self>) {
+        if self.lifecycle.state() != RunnerState::Starting {
+            return;
+        }
+        tracing::info!(
+            request_id = stop.request_id.as_deref(),
+            "a planned stop is held until the application is ready"
+        );
+        let now = self.clock.now();
+        self.publish_outcome(Outcome {
+            pid: self.own.pid,
+            start: self.own.start,
+            phase: Phase::Held,
+            cause: StopCause::Marker,
+            verdict: StopVerdict::Planned,
+            request_id: stop.request_id,
+            accepted_at: now,
+            drain_deadline: now,
+            finished_at: None,
+            exit_code: None,
+        });
     }
 }
 

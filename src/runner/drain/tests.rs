@@ -93,19 +93,29 @@ fn a_phase_gets_its_own_deadline_but_never_more_than_what_is_left() {
 }
 
 #[test]
-fn a_closed_mailbox_counts_as_answered_at_once_and_leaves_a_note() {
+fn a_closed_mailbox_does_not_delay_the_drain_but_its_work_is_unknown() {
     let t0 = Instant::now();
     let mut r = run(t0, 10);
     r.advance(&[Work, Work], &RunnerConfig::default(), t0, wall(0), false);
     assert!(!r.answer(0, "gone", Work, None, t0));
-    assert!(r.answer(1, "jobs", Work, Some(DrainReport::unfinished(["j-1"])), t0));
     assert!(
-        r.drained_in_time(&["gone", "jobs"]),
-        "handing work back is in time"
+        r.answer(1, "jobs", Work, Some(DrainReport::unfinished(["j-1"])), t0),
+        "the phase is complete without waiting for the gone participant"
     );
+    assert_eq!(r.unanswered(&["gone", "jobs"]), ["gone"]);
+    assert!(!r.drained_in_time(&["gone", "jobs"]), "its work is unknown");
     assert_eq!(r.notes.len(), 1);
     assert_eq!(r.notes[0].participant, "gone");
     assert_eq!(r.unfinished[0].item, "j-1");
+}
+
+#[test]
+fn handing_work_back_in_time_is_in_time() {
+    let t0 = Instant::now();
+    let mut r = run(t0, 10);
+    r.advance(&[Work], &RunnerConfig::default(), t0, wall(0), false);
+    assert!(r.answer(0, "jobs", Work, Some(DrainReport::unfinished(["j-1"])), t0));
+    assert!(r.drained_in_time(&["jobs"]));
 }
 
 #[test]

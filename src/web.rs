@@ -1,0 +1,244 @@
+//! actix-web integration (feature `actix-web`): planned stops that hold in a real web application.
+//!
+//! Why this exists: an `HttpServer` left to itself handles SIGTERM and SIGINT on its own and then
+//! stops the whole actix `System` with exit code 0, before the runner has decided whether the stop
+//! was planned; and the usual `#[actix_web::main]` layout returns from `main` (exit 0) as soon as
+//! the server future ends, whatever the runner decided. Neither may happen here.
+//!
+//! [`serve`] takes the application's `HttpServer` (bound, not yet running) and:
+//!
+//! - turns the server's own signal handling off, so the runner alone decides what a signal means;
+//! - registers the server as the **ingress** drain participant ([`DrainPhase::Ingress`]), which
+//!   on a stop keeps the listener open for an optional grace period while [`readiness`] already
+//!   answers 503 (so a load balancer or Kubernetes endpoints stop routing to it), then closes the
+//!   listener and lets in-flight requests finish within the phase's deadline; requests still
+//!   running at the deadline are cut and reported in the stop record's notes;
+//! - returns a future that `main` awaits: it resolves once the runner has stopped, to the exit
+//!   code of its verdict, so a planned stop ends the process with 0 and anything else does not.
+//!
+//! ```no_run
+//! use actix_web::{App, HttpServer, get};
+//! use planned_stop::{Layout, PlannedStopService};
+//!
+//! #[get("/")]
+//! async fn hello() -> &'static str {
+//!     "hello"
+//! }
+//!
+//! #[actix_web::main]
+//! async fn main() -> std::io::Result<std::process::ExitCode> {
+//!     let stop = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+//!         .state_dir("/var/lib/app")
+//!         .start()
+//!         .map_err(std::io::Error::other)?;
+//!     let ready = stop.clone();
+//!     let server = HttpServer::new(move || {
+//!         App::new()
+//!             .service(planned_stop::web::readiness("/ready", &ready))
+//!             .service(hello)
+//!     })
+//!     .bind(("127.0.0.1", 8080))?;
+//!     stop.ready();
+//!     planned_stop::web::serve(server, &stop)
+//!         .grace(std::time::Duration::from_secs(5))
+//!         .await
+//! }
+//! ```
+
+use crate::error_chain::ErrorChain;
+use crate::lifecycle::RunnerState;
+use crate::runner::{AddParticipant, Drain, DrainPhase, DrainReport};
+use crate::service::ServiceHandle;
+use actix::prelude::*;
+use actix_http::Request;
+use actix_service::IntoServiceFactory;
+use actix_web::body::MessageBody;
+use actix_web::dev::{AppConfig, Response, Server, ServerHandle, Service, ServiceFactory};
+use actix_web::{HttpResponse, HttpServer, Resource};
+use std::future::{Future, IntoFuture};
+use std::io;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The name the HTTP server has in the stop record and the logs.
+pub const INGRESS_NAME: &str = "http";
+
+/// How long actix-server itself waits for workers on a graceful stop: long enough that the
+/// ingress phase's own deadline is always what cuts requests, never actix-server's default 30 s.
+const SERVER_SHUTDOWN_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
+
+/// A readiness endpoint at `path`: `200 ready` while the runner is running, `503` with the state
+/// (`starting`, `draining`, `stopped`) otherwise. Mount it in the `App` factory; it answers 503
+/// from the moment a stop is accepted, during the grace period and until the listener closes.
+///
+/// ```no_run
+/// # use actix_web::{App, HttpServer};
+/// # fn f(stop: planned_stop::ServiceHandle) {
+/// let server = HttpServer::new(move || {
+///     App::new().service(planned_stop::web::readiness("/ready", &stop))
+/// });
+/// # }
+/// ```
+pub fn readiness(path: &str, service: &ServiceHandle) -> Resource {
+    let status = service.subscribe();
+    actix_web::web::resource(path).to(move || {
+        let state = status.borrow().state;
+        async move {
+            match state {
+                RunnerState::Running => HttpResponse::Ok().body("ready"),
+                other => HttpResponse::ServiceUnavailable().body(state_name(other)),
+            }
+        }
+    })
+}
+
+fn state_name(state: RunnerState) -> &'static str {
+    match state {
+        RunnerState::Starting => "starting",
+        RunnerState::Running => "ready",
+        RunnerState::Draining => "draining",
+        RunnerState::Stopped => "stopped",
+    }
+}
+
+/// Runs `server` under the planned-stop runner of `service` (see the module docs); await what it
+/// returns. Call it inside the actix `System` (in `main`'s async body).
+///
+/// The server must already be bound (`bind`, `listen`); an unbound one, or a call outside an
+/// actix `System`, is an error when awaited, never a panic. The server's own signal handling is
+/// turned off, and it becomes the ingress drain participant.
+pub fn serve<F, I, S, B>(server: HttpServer<F, I, S, B>, service: &ServiceHandle) -> Serve
+where
+    F: Fn() -> I + Send + Clone + 'static,
+    I: IntoServiceFactory<S, Request>,
+    S: ServiceFactory<Request, Config = AppConfig> + 'static,
+    S::Error: Into<actix_web::Error> + 'static,
+    S::InitError: std::fmt::Debug,
+    S::Response: Into<Response<B>> + 'static,
+    <S::Service as Service<Request>>::Future: 'static,
+    S::Service: 'static,
+    B: MessageBody + 'static,
+{
+    let server = if server.addrs().is_empty() {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the HttpServer has no bound address: call bind() or listen() before \
+             planned_stop::web::serve",
+        ))
+    } else if System::try_current().is_none() {
+        Err(io::Error::other(
+            "planned_stop::web::serve must be called inside a running actix System \
+             (in main's async body)",
+        ))
+    } else {
+        Ok(server
+            .disable_signals()
+            .shutdown_timeout(SERVER_SHUTDOWN_TIMEOUT_SECS)
+            .run())
+    };
+    Serve {
+        server,
+        service: service.clone(),
+        grace: Duration::ZERO,
+    }
+}
+
+/// An `HttpServer` running under the runner; `.await` it (see [`serve`]).
+#[must_use = "the server is stopped by the runner only when this is awaited"]
+pub struct Serve {
+    server: io::Result<Server>,
+    service: ServiceHandle,
+    grace: Duration,
+}
+
+impl Serve {
+    /// How long the listener stays open after a stop is accepted while readiness already says
+    /// `draining`, so load balancers stop routing new requests before connections are refused.
+    /// Counted within the ingress phase's deadline. Default 0.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+}
+
+impl IntoFuture for Serve {
+    /// The exit code of the runner's verdict once it has stopped (0 after a planned stop); an
+    /// error when the server could not run.
+    type Output = io::Result<ExitCode>;
+    type IntoFuture = Pin<Box<dyn Future<Output = io::Result<ExitCode>>>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let Serve {
+            server,
+            service,
+            grace,
+        } = self;
+        Box::pin(async move {
+            let server = server?;
+            let ingress = Ingress {
+                server: server.handle(),
+                grace,
+            }
+            .start();
+            service.runner().do_send(AddParticipant {
+                phase: DrainPhase::Ingress,
+                name: INGRESS_NAME.to_owned(),
+                recipient: ingress.recipient(),
+            });
+            let handle = server.handle();
+            let running = actix::spawn(server);
+            let code = service.stopped().await;
+            // The ingress phase stopped the server; if the runner stopped without a drain (or
+            // the server outlived it), stop it now so nothing keeps serving after the verdict.
+            handle.stop(false).await;
+            match running.await {
+                Ok(Ok(())) => Ok(code),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %ErrorChain(&e), "the HTTP server failed");
+                    Err(e)
+                }
+                Err(e) => Err(io::Error::other(e)),
+            }
+        })
+    }
+}
+
+/// The HTTP server as the ingress drain participant.
+struct Ingress {
+    server: ServerHandle,
+    grace: Duration,
+}
+
+impl Actor for Ingress {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for Ingress {
+    type Result = ResponseFuture<DrainReport>;
+
+    fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        let server = self.server.clone();
+        let grace = self.grace.min(drain.within);
+        Box::pin(async move {
+            if !grace.is_zero() {
+                tracing::info!(
+                    grace_ms = grace.as_millis() as u64,
+                    "readiness says draining; listener still open"
+                );
+                actix::clock::sleep(grace).await;
+            }
+            let left = drain.within.saturating_sub(grace);
+            tracing::info!("closing the HTTP listener; finishing in-flight requests");
+            match actix::clock::timeout(left, server.stop(true)).await {
+                Ok(()) => DrainReport::done(),
+                Err(_) => {
+                    // Answer now, at the deadline; the forced stop finishes in the background.
+                    actix::spawn(async move { server.stop(false).await });
+                    DrainReport::done()
+                        .cut_short("in-flight HTTP requests were cut at the ingress deadline")
+                }
+            }
+        })
+    }
+}

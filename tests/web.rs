@@ -1,0 +1,553 @@
+//! actix-web applications stopped for real: the layouts `main` is written in, and HTTP over
+//! 127.0.0.1 during a planned stop (feature `actix-web`: `cargo test --features actix-web --test web`).
+//!
+//! Each application runs as a child process: this test binary, re-run with `PLANNED_STOP_TEST_HELPER`
+//! set to the layout, which executes `helper_web_app` (ignored in normal runs). It prints
+//! `listening PORT` once it serves, then lines for what the test needs to see (`slow-started`).
+
+#![cfg(unix)]
+
+mod common;
+
+use common::{HELPER_ENV, helper_role};
+use planned_stop::stopper::{self, StopOptions};
+use planned_stop::{
+    Drain, DrainPhase, DrainReport, Layout, MarkerStore, Phase, PlannedStopService, StopRecord,
+    StopVerdict,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+const ROUNDS: usize = 20;
+
+/// The ways an application's `main` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AppLayout {
+    /// `System::new()`, the server spawned, `run_with_code`, exit with that code.
+    RunWithCode,
+    /// `#[actix::main]`: the server spawned, `main` returns `service.stopped().await`.
+    ActixMain,
+    /// `#[actix_web::main]`: `main` returns `planned_stop::web::serve(server, ..).await`.
+    ActixWebMain,
+    /// The application runs an `HttpServer` of its own with actix-server's signal handling left
+    /// on (not handed to `serve`), under `run_with_code`.
+    OwnServerWithSignals,
+    /// A mistake: `#[actix::main]` whose `main` returns without awaiting the runner.
+    ActixMainReturnsEarly,
+}
+
+const LAYOUTS: [AppLayout; 4] = [
+    AppLayout::RunWithCode,
+    AppLayout::ActixMain,
+    AppLayout::ActixWebMain,
+    AppLayout::OwnServerWithSignals,
+];
+
+impl AppLayout {
+    fn role(self) -> &'static str {
+        match self {
+            AppLayout::RunWithCode => "run-with-code",
+            AppLayout::ActixMain => "actix-main",
+            AppLayout::ActixWebMain => "actix-web-main",
+            AppLayout::OwnServerWithSignals => "own-server-with-signals",
+            AppLayout::ActixMainReturnsEarly => "actix-main-returns-early",
+        }
+    }
+
+    fn of_role(role: &str) -> Option<AppLayout> {
+        LAYOUTS
+            .into_iter()
+            .chain([AppLayout::ActixMainReturnsEarly])
+            .find(|l| l.role() == role)
+    }
+}
+
+/// What the helper application is asked to do, through its environment.
+struct AppOptions {
+    grace_ms: u64,
+    ingress_ms: Option<u64>,
+    /// How long the work participant takes to answer.
+    jobs_ms: u64,
+}
+
+/// A running helper application, killed when dropped.
+struct App {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    port: u16,
+    base: tempfile::TempDir,
+}
+
+impl App {
+    fn start(layout: AppLayout, options: &AppOptions) -> App {
+        let base = tempfile::tempdir().unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "helper_web_app",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HELPER_ENV, layout.role())
+            .env("BASE", base.path())
+            .env("GRACE_MS", options.grace_ms.to_string())
+            .env(
+                "INGRESS_MS",
+                options
+                    .ingress_ms
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+            )
+            .env("JOBS_MS", options.jobs_ms.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut app = App {
+            child,
+            lines,
+            port: 0,
+            base,
+        };
+        let listening = app.expect("listening ");
+        app.port = listening["listening ".len()..].trim().parse().unwrap();
+        app
+    }
+
+    /// Waits for a stdout line containing `wanted` (libtest prints its own text around it).
+    fn expect(&self, wanted: &str) -> String {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("no line with {wanted:?}: {e}"));
+            if let Some(at) = line.find(wanted) {
+                return line[at..].to_owned();
+            }
+        }
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.base.path().join("run")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.base.path().join("state")
+    }
+
+    /// Asks for a planned stop through the marker, as `planned-stop stop` does.
+    fn planned_stop(&self) {
+        let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
+        stopper::request(&store, self.child.id(), &StopOptions::new()).unwrap();
+    }
+
+    fn sigterm(&self) {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
+            0
+        );
+    }
+
+    fn exit_code(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the application did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn outcome_phase(&self) -> Option<Phase> {
+        let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
+        store.read_outcome(self.child.id()).map(|o| o.phase)
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection; the status code, or `None` when the connection
+/// was refused or closed without an answer.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    Some((status, body))
+}
+
+fn options() -> AppOptions {
+    AppOptions {
+        grace_ms: 0,
+        ingress_ms: None,
+        jobs_ms: 0,
+    }
+}
+
+fn bare_sigterm_is_not_zero_and_a_planned_stop_is(layout: AppLayout) {
+    for round in 0..ROUNDS {
+        let mut app = App::start(layout, &options());
+        app.sigterm();
+        let code = app.exit_code();
+        assert_ne!(
+            code,
+            Some(0),
+            "{layout:?} round {round}: a bare SIGTERM exited 0"
+        );
+        assert!(
+            code.is_some(),
+            "{layout:?} round {round}: killed by a signal"
+        );
+
+        let mut app = App::start(layout, &options());
+        app.planned_stop();
+        assert_eq!(
+            app.exit_code(),
+            Some(0),
+            "{layout:?} round {round}: planned stop"
+        );
+        let record = StopRecord::read(&app.state_dir())
+            .unwrap()
+            .unwrap_or_else(|| panic!("{layout:?} round {round}: no stop record"));
+        assert_eq!(record.verdict, StopVerdict::Planned);
+        assert_eq!(
+            app.outcome_phase(),
+            Some(Phase::Stopped),
+            "{layout:?} round {round}"
+        );
+    }
+}
+
+#[test]
+fn run_with_code_layout() {
+    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::RunWithCode);
+}
+
+#[test]
+fn actix_main_layout() {
+    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::ActixMain);
+}
+
+#[test]
+fn actix_web_main_layout() {
+    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::ActixWebMain);
+}
+
+#[test]
+fn own_server_with_its_signal_handling_left_on() {
+    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::OwnServerWithSignals);
+}
+
+/// An application whose own `HttpServer` also reacts to SIGTERM, with a slow drain (a work
+/// participant needs 1 s): whichever ends first — the runner's drain, or actix-server stopping the
+/// System (which closes the participant's mailbox, or drops the runner) — the exit is never 0, and
+/// the outcome says how it ended.
+#[test]
+fn own_server_with_signals_and_a_slow_drain_never_exits_0() {
+    for round in 0..ROUNDS {
+        let mut app = App::start(
+            AppLayout::OwnServerWithSignals,
+            &AppOptions {
+                jobs_ms: 1_000,
+                ..options()
+            },
+        );
+        app.sigterm();
+        assert_eq!(app.exit_code(), Some(1), "round {round}");
+        match app.outcome_phase() {
+            Some(Phase::Stopped) => {
+                let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+                assert_eq!(record.verdict, StopVerdict::Unexpected, "round {round}");
+                assert_eq!(record.exit_code, 1);
+            }
+            other => assert_eq!(other, Some(Phase::Aborted), "round {round}"),
+        }
+    }
+}
+
+/// The guard: a `main` that returns while the runner is still running (here: without awaiting
+/// it at all) must not exit 0 — the outcome says `aborted` and the exit code is the unexpected one.
+#[test]
+fn main_returning_before_the_runner_stopped_is_not_a_clean_exit() {
+    for round in 0..ROUNDS {
+        let mut app = App::start(AppLayout::ActixMainReturnsEarly, &options());
+        assert_eq!(app.exit_code(), Some(1), "round {round}");
+        assert_eq!(app.outcome_phase(), Some(Phase::Aborted), "round {round}");
+    }
+}
+
+/// A slow request in flight when the stop arrives completes; readiness says `draining` during the
+/// grace; after the listener closes a new connection is refused; the phases ran in order.
+#[test]
+fn a_planned_stop_finishes_in_flight_requests_and_refuses_new_connections() {
+    let mut app = App::start(
+        AppLayout::ActixWebMain,
+        &AppOptions {
+            grace_ms: 1_000,
+            ..options()
+        },
+    );
+    assert_eq!(http_get(app.port, "/ready"), Some((200, "ready".into())));
+    let port = app.port;
+    let slow = std::thread::spawn(move || http_get(port, "/slow"));
+    app.expect("slow-started");
+    app.planned_stop();
+    // Readiness answers 503 "draining" while the listener is still open (the grace).
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        match http_get(app.port, "/ready") {
+            Some((503, body)) if body == "draining" => break,
+            Some((200, _)) => {}
+            other => panic!("readiness during the grace: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "readiness never said draining");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Then the listener closes: connections are refused, not accepted and dropped.
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while TcpStream::connect(("127.0.0.1", app.port)).is_ok() {
+        assert!(Instant::now() < deadline, "the listener never closed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(slow.join().unwrap(), Some((200, "slow done".into())));
+    assert_eq!(app.exit_code(), Some(0));
+    let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+    assert!(record.drained_in_time, "{record:?}");
+    let order: Vec<DrainPhase> = record.phases.iter().map(|p| p.phase).collect();
+    assert_eq!(order, [DrainPhase::Ingress, DrainPhase::Work]);
+    assert!(record.phases[0].finished_at <= record.phases[1].started_at);
+    // The work phase began after the grace and the slow request: the workers were not told to
+    // stop while requests feeding them were still served.
+    let ingress = &record.phases[0];
+    assert!(ingress.finished_at - ingress.started_at >= chrono::TimeDelta::milliseconds(1_000));
+    let resumed: Vec<String> = record
+        .unfinished
+        .iter()
+        .map(|u| u.item_as::<Job>().unwrap().name)
+        .collect();
+    assert_eq!(resumed, ["job-1"]);
+}
+
+/// A request still running at the ingress deadline is cut, and the record says so.
+#[test]
+fn a_request_cut_by_the_ingress_deadline_is_in_the_notes_and_not_in_time() {
+    let mut app = App::start(
+        AppLayout::ActixWebMain,
+        &AppOptions {
+            ingress_ms: Some(300),
+            ..options()
+        },
+    );
+    let port = app.port;
+    let slow = std::thread::spawn(move || http_get(port, "/slow"));
+    app.expect("slow-started");
+    app.planned_stop();
+    assert_eq!(slow.join().unwrap(), None, "the slow request was cut");
+    assert_eq!(app.exit_code(), Some(0), "still a planned stop");
+    let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+    assert!(!record.drained_in_time, "{record:#?}");
+    assert!(
+        record
+            .notes
+            .iter()
+            .any(|n| n.participant == "http" && n.note.contains("cut")),
+        "{record:#?}"
+    );
+    // The cut ingress did not take the work phase's time: the work phase still ran.
+    assert_eq!(record.phases.len(), 2);
+}
+
+/// A typed resume item.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Job {
+    name: String,
+}
+
+/// Hands back one typed job, after `0` of work.
+struct Jobs(Duration);
+
+impl actix::Actor for Jobs {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<Drain> for Jobs {
+    type Result = actix::ResponseFuture<DrainReport>;
+    fn handle(&mut self, _: Drain, _: &mut actix::Context<Self>) -> Self::Result {
+        let work = self.0;
+        Box::pin(async move {
+            actix::clock::sleep(work).await;
+            DrainReport::unfinished([Job {
+                name: "job-1".into(),
+            }])
+        })
+    }
+}
+
+#[actix_web::get("/slow")]
+async fn slow_endpoint() -> &'static str {
+    println!("slow-started");
+    actix::clock::sleep(Duration::from_secs(2)).await;
+    "slow done"
+}
+
+#[actix_web::get("/")]
+async fn hello_endpoint() -> &'static str {
+    "hello"
+}
+
+fn env_ms(name: &str) -> Option<Duration> {
+    std::env::var(name)
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+/// The application: its `main` in the layout the role names.
+#[test]
+#[ignore = "run as a child process by the tests above"]
+fn helper_web_app() {
+    use actix::Actor;
+    use actix_web::{App, HttpServer};
+    let Some(layout) = helper_role().as_deref().and_then(AppLayout::of_role) else {
+        return;
+    };
+    let base = PathBuf::from(std::env::var("BASE").unwrap());
+    let grace = env_ms("GRACE_MS").unwrap_or_default();
+    let ingress = env_ms("INGRESS_MS");
+    let jobs = env_ms("JOBS_MS").unwrap_or_default();
+    // Gives up by itself if the test died.
+    std::thread::spawn(|| {
+        std::thread::sleep(common::HELPER_LIFETIME);
+        std::process::exit(99);
+    });
+    let start = |base: &Path| {
+        let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
+            .state_dir(base.join("state"))
+            .drain_deadline(Duration::from_secs(10))
+            .participant("jobs", Jobs(jobs).start().recipient());
+        if let Some(ms) = ingress {
+            builder = builder.phase_deadline(DrainPhase::Ingress, ms);
+        }
+        builder.start().unwrap()
+    };
+    let server = |stop: &planned_stop::ServiceHandle| {
+        let ready = stop.clone();
+        HttpServer::new(move || {
+            App::new()
+                .service(planned_stop::web::readiness("/ready", &ready))
+                .service(slow_endpoint)
+                .service(hello_endpoint)
+        })
+        .workers(1)
+        .bind(("127.0.0.1", 0))
+        .unwrap()
+    };
+    let announce = |port: u16| {
+        println!("listening {port}");
+        std::io::stdout().flush().unwrap();
+    };
+    let code: i32 = match layout {
+        AppLayout::RunWithCode => {
+            let system = actix::System::new();
+            system.block_on(async {
+                let stop = start(&base);
+                let http = server(&stop);
+                let port = http.addrs()[0].port();
+                let serving = planned_stop::web::serve(http, &stop).grace(grace);
+                actix::spawn(async move {
+                    let _ = serving.await;
+                });
+                stop.ready();
+                announce(port);
+            });
+            system.run_with_code().unwrap()
+        }
+        AppLayout::ActixMain => actix::System::new().block_on(async {
+            let stop = start(&base);
+            let http = server(&stop);
+            let port = http.addrs()[0].port();
+            let serving = planned_stop::web::serve(http, &stop).grace(grace);
+            actix::spawn(async move {
+                let _ = serving.await;
+            });
+            stop.ready();
+            announce(port);
+            exit_code_number(stop.stopped().await)
+        }),
+        AppLayout::ActixWebMain => actix_web::rt::System::new().block_on(async {
+            let stop = start(&base);
+            let http = server(&stop);
+            let port = http.addrs()[0].port();
+            stop.ready();
+            announce(port);
+            let code = planned_stop::web::serve(http, &stop)
+                .grace(grace)
+                .await
+                .unwrap();
+            exit_code_number(code)
+        }),
+        AppLayout::ActixMainReturnsEarly => actix::System::new().block_on(async {
+            let stop = start(&base);
+            stop.ready();
+            announce(0);
+            0 // the mistake: returns "success" without awaiting stop.stopped()
+        }),
+        AppLayout::OwnServerWithSignals => {
+            let system = actix::System::new();
+            system.block_on(async {
+                let stop = start(&base);
+                // Not handed to planned_stop: actix-server handles SIGTERM itself and stops the
+                // System with 0.
+                let http = HttpServer::new(|| App::new().service(hello_endpoint))
+                    .workers(1)
+                    .bind(("127.0.0.1", 0))
+                    .unwrap();
+                let port = http.addrs()[0].port();
+                actix::spawn(http.run());
+                stop.ready();
+                announce(port);
+            });
+            system.run_with_code().unwrap()
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The number inside an `ExitCode` (it has no accessor): 0 for success, else read by equality.
+fn exit_code_number(code: std::process::ExitCode) -> i32 {
+    (0..=255)
+        .find(|&n| std::process::ExitCode::from(n) == code)
+        .map_or(1, i32::from)
+}
