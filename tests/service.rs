@@ -7,9 +7,10 @@ use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
 use planned_stop::OsSignal;
+use planned_stop::stopper::{self, WaitOutcome};
 use planned_stop::{
-    Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle,
-    SignalKind, StopCause, StopRecord, StopVerdict,
+    Layout, Marker, MarkerStore, Phase, PlannedStopService, ProcessIdentity, RunnerState,
+    ServiceHandle, SignalKind, StopCause, StopRecord, StopRequest, StopVerdict,
 };
 use std::rc::Rc;
 use std::time::Duration;
@@ -390,4 +391,86 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
     assert_eq!(code, 0);
     let outcome = f.store().read_outcome(f.me.pid).unwrap();
     assert_eq!(outcome.request_id.as_deref(), Some("event"));
+}
+
+/// A planned stop that arrives before the application said it is ready is held: the outcome file
+/// says `held` (so a stopper's wait reports that, not "not accepted"), the runner warns once after
+/// the configured time, and the stop goes ahead the moment the application is ready.
+#[test]
+fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let warning = "has not called ServiceHandle::ready()";
+    let code = sys.block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .state_dir(f.state())
+            .poll_interval(POLL)
+            .handle_signals(false)
+            .events(false)
+            .ready_warning(Some(Duration::from_secs(30)))
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        f.write_marker("early");
+        advance(POLL).await;
+        let outcome = f.store().read_outcome(f.me.pid).expect("an outcome file");
+        assert_eq!(outcome.phase, Phase::Held);
+        let waited = stopper::wait(&f.store(), &f.me, Duration::ZERO, |_, _| {});
+        assert!(matches!(waited, WaitOutcome::Held { .. }), "{waited:?}");
+        assert_eq!(logs.count(tracing::Level::WARN, warning), 0);
+        advance(Duration::from_secs(30)).await;
+        advance(Duration::from_secs(60)).await;
+        assert_eq!(logs.count(tracing::Level::WARN, warning), 1, "warned once");
+        h.ready();
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    assert_eq!(f.record().request_id.as_deref(), Some("early"));
+}
+
+/// An actor that stops as soon as it starts: a participant whose mailbox is closed.
+struct Gone;
+
+impl Actor for Gone {
+    type Context = Context<Self>;
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<planned_stop::Drain> for Gone {
+    type Result = planned_stop::DrainReport;
+    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
+        planned_stop::DrainReport::done()
+    }
+}
+
+/// A participant that is gone does not hold the drain to its deadline, and the record lists it
+/// as unanswered: its work is unknown.
+#[test]
+fn a_participant_that_is_gone_does_not_delay_the_exit() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = f.start(vec![("gone", Gone.start().recipient())]);
+        h.ready();
+        settle().await;
+        let before = tokio::time::Instant::now();
+        h.request_stop(StopRequest::Planned);
+        let code = stop.await.unwrap();
+        assert_eq!(
+            tokio::time::Instant::now() - before,
+            Duration::ZERO,
+            "the runner did not wait for the {DRAIN:?} deadline"
+        );
+        code
+    });
+    assert_eq!(code, 0);
+    let record = f.record();
+    assert_eq!(record.unanswered, ["gone"]);
+    assert!(!record.drained_in_time);
 }
