@@ -1,86 +1,78 @@
-//! An actix-web server whose stops go through planned-stop.
+//! An actix-web application whose stops go through planned-stop.
 //!
 //! ```sh
-//! cargo run --example actix_web --features web
+//! cargo run --example actix_web --features actix-web
 //! # in another shell, with the pid it prints:
 //! planned-stop stop --pid PID --dir /tmp/planned-stop-actix-web/run --wait 30
 //! ```
 //!
-//! actix-web handles SIGINT/SIGTERM itself by default and would stop the whole `System` on a bare
-//! SIGTERM, leaving no room for the planned/unexpected distinction. So its signal handling is
-//! disabled (`disable_signals`), planned-stop's runner receives the signals, and the HTTP server is a
-//! drain participant: on `Drain` it stops accepting connections and finishes in-flight requests
-//! within the deadline (`ServerHandle::stop(true)`), and reports whether it made it.
+//! `planned_stop::web::serve` owns the server's signals (actix-web's own would stop the `System`
+//! with 0 before the runner decides), makes the server the ingress drain participant — readiness
+//! says 503 for the grace, then the listener closes and in-flight requests finish — and resolves
+//! to the exit code `main` returns: 0 after a planned stop, 1 otherwise. The `jobs` actor is a
+//! work-phase participant handing back typed items, which the next start reads back.
 
 use actix::prelude::*;
-use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpServer, get};
 use planned_stop::{Drain, DrainReport, Layout, PlannedStopService};
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// Work the application resumes at its next start.
+#[derive(Debug, Serialize, Deserialize)]
+struct Job {
+    id: u32,
+}
+
+/// A queue of jobs; on a stop it hands back what it has not done.
+struct Jobs(Vec<Job>);
+
+impl Actor for Jobs {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for Jobs {
+    type Result = DrainReport;
+
+    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport {
+        DrainReport::unfinished(std::mem::take(&mut self.0))
+    }
+}
 
 #[get("/")]
 async fn hello() -> &'static str {
     "hello; stop me with `planned-stop stop`\n"
 }
 
-/// The HTTP server as a drain participant.
-struct Http {
-    server: ServerHandle,
-}
-
-impl Actor for Http {
-    type Context = Context<Self>;
-}
-
-impl Handler<Drain> for Http {
-    type Result = ResponseFuture<DrainReport>;
-
-    fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
-        let server = self.server.clone();
-        Box::pin(async move {
-            // Graceful: stop accepting, let in-flight requests finish (bounded by the deadline).
-            match actix::clock::timeout(drain.within, server.stop(true)).await {
-                Ok(()) => DrainReport::done(),
-                Err(_) => DrainReport::unfinished(["in-flight HTTP requests"]),
-            }
-        })
-    }
-}
-
-fn main() -> std::io::Result<std::process::ExitCode> {
+#[actix_web::main]
+async fn main() -> std::io::Result<std::process::ExitCode> {
     let base = std::env::temp_dir().join("planned-stop-actix-web");
-    let system = System::new();
-    system.block_on(async {
-        let server = HttpServer::new(|| App::new().service(hello))
-            .disable_signals() // planned-stop's runner owns the signals
-            .shutdown_timeout(20)
-            .bind(("127.0.0.1", 8080))?
-            .run();
-        let http = Http {
-            server: server.handle(),
+    // planned-stop: the runner, the watcher and the previous life's resume list.
+    let jobs = Jobs(vec![Job { id: 1 }, Job { id: 2 }]).start();
+    let stop = PlannedStopService::builder(Layout::Slots(base.join("run")))
+        .state_dir(base.join("state"))
+        .drain_deadline(Duration::from_secs(25))
+        .participant("jobs", jobs.recipient())
+        .start()
+        .map_err(std::io::Error::other)?;
+    if let Some(previous) = stop.take_previous_record().map_err(std::io::Error::other)? {
+        for item in &previous.unfinished {
+            println!("resuming {:?}", item.item_as::<Job>());
         }
-        .start();
-        actix::spawn(server);
-        let service = PlannedStopService::builder(Layout::Slots(base.join("run")))
-            .state_dir(base.join("state"))
-            .drain_deadline(Duration::from_secs(20))
-            .participant("http", http.recipient())
-            .start()
-            .map_err(std::io::Error::other)?;
-        service.ready();
-        println!(
-            "serving http://127.0.0.1:8080 as pid {}",
-            std::process::id()
-        );
-        println!(
-            "stop: planned-stop stop --pid {} --dir {}",
-            std::process::id(),
-            base.join("run").display()
-        );
-        Ok::<_, std::io::Error>(())
-    })?;
-    let code = system.run_with_code()?;
-    Ok(std::process::ExitCode::from(
-        u8::try_from(code).unwrap_or(1),
-    ))
+    }
+    let ready = stop.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            .service(planned_stop::web::readiness("/ready", &ready))
+            .service(hello)
+    })
+    .bind(("127.0.0.1", 8080))?;
+    stop.ready();
+    println!(
+        "serving http://127.0.0.1:8080 as pid {}",
+        std::process::id()
+    );
+    planned_stop::web::serve(server, &stop)
+        .grace(Duration::from_secs(2))
+        .await
 }

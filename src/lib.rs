@@ -29,7 +29,7 @@
 //!   `default-features = false` and compiles none of its dependencies (clap, indicatif,
 //!   tracing-subscriber).
 //! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
-//! - `actix-web`: [`web`](crate::web) — the `HttpServer` as the ingress drain participant,
+//! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
 //!   readiness that says `draining`, and the exit code `main` returns.
 //!
 //! ## How the pieces fit
