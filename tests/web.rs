@@ -72,6 +72,8 @@ struct AppOptions {
     ingress_ms: Option<u64>,
     /// How long the work participant takes to answer.
     jobs_ms: u64,
+    /// How long after listening the application declares itself ready.
+    ready_ms: u64,
 }
 
 /// A running helper application, killed when dropped.
@@ -104,6 +106,7 @@ impl App {
                     .unwrap_or_default(),
             )
             .env("JOBS_MS", options.jobs_ms.to_string())
+            .env("READY_MS", options.ready_ms.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -212,6 +215,7 @@ fn options() -> AppOptions {
         grace_ms: 0,
         ingress_ms: None,
         jobs_ms: 0,
+        ready_ms: 0,
     }
 }
 
@@ -318,7 +322,17 @@ fn a_planned_stop_finishes_in_flight_requests_and_refuses_new_connections() {
             ..options()
         },
     );
-    assert_eq!(http_get(app.port, "/ready"), Some((200, "ready".into())));
+    // Readiness says `starting` until the application is ready, then `ready`.
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        match http_get(app.port, "/ready") {
+            Some((200, body)) if body == "ready" => break,
+            Some((503, body)) if body == "starting" => {}
+            other => panic!("readiness while starting: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let port = app.port;
     let slow = std::thread::spawn(move || http_get(port, "/slow"));
     app.expect("slow-started");
@@ -447,6 +461,7 @@ fn helper_web_app() {
     let grace = env_ms("GRACE_MS").unwrap_or_default();
     let ingress = env_ms("INGRESS_MS");
     let jobs = env_ms("JOBS_MS").unwrap_or_default();
+    let ready_after = env_ms("READY_MS").unwrap_or_default();
     // Gives up by itself if the test died.
     std::thread::spawn(|| {
         std::thread::sleep(common::HELPER_LIFETIME);
@@ -510,8 +525,12 @@ fn helper_web_app() {
             let stop = start(&base);
             let http = server(&stop);
             let port = http.addrs()[0].port();
-            stop.ready();
             announce(port);
+            let later = stop.clone();
+            actix::spawn(async move {
+                actix::clock::sleep(ready_after).await;
+                later.ready();
+            });
             let code = planned_stop::web::serve(http, &stop)
                 .grace(grace)
                 .await
@@ -550,4 +569,33 @@ fn exit_code_number(code: std::process::ExitCode) -> i32 {
     (0..=255)
         .find(|&n| std::process::ExitCode::from(n) == code)
         .map_or(1, i32::from)
+}
+
+/// `planned-stop stop --wait` against an application that has not declared itself ready yet
+/// answers `held` (exit 4) instead of "not accepted", and the stop goes ahead once it is ready.
+#[test]
+fn stop_wait_reports_a_stop_held_until_the_application_is_ready() {
+    let mut app = App::start(
+        AppLayout::ActixWebMain,
+        &AppOptions {
+            ready_ms: 3_000,
+            ..options()
+        },
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_planned-stop"))
+        .args(["stop", "--pid", &app.child.id().to_string(), "--dir"])
+        .arg(app.run_dir())
+        .args(["--wait", "1", "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(4), "{report}");
+    assert_eq!(report["outcome"], "held", "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("not declared itself ready")
+    );
+    assert_eq!(app.exit_code(), Some(0), "stopped as planned once ready");
 }
