@@ -33,8 +33,8 @@ use crate::identity::{IdentityError, ProcessIdentity};
 use crate::lifecycle::{RunnerState, StopCause, StopRequest, StopVerdict};
 use crate::record::{RecordError, StopRecord};
 use crate::runner::{
-    Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor, RunnerConfig,
-    RunnerStatus,
+    AddParticipant, Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor,
+    RunnerConfig, RunnerStatus,
 };
 use crate::store::{Layout, MarkerStore, StoreError};
 use crate::verdict::Policy;
@@ -484,6 +484,22 @@ impl ServiceHandle {
     /// A receiver that sees every status change.
     pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
         self.status.clone()
+    }
+
+    /// Registers a drain participant in `phase` after the service started (an actor created
+    /// later, a server started later). Refused, with a warning in the log, once a stop has been
+    /// accepted: the participant would miss its phase.
+    pub fn add_participant(
+        &self,
+        phase: DrainPhase,
+        name: impl Into<String>,
+        recipient: Recipient<Drain>,
+    ) {
+        self.runner.do_send(AddParticipant {
+            phase,
+            name: name.into(),
+            recipient,
+        });
     }
 
     /// The runner's address.

@@ -47,7 +47,7 @@
 
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::RunnerState;
-use crate::runner::{AddParticipant, Drain, DrainPhase, DrainReport};
+use crate::runner::{Drain, DrainPhase, DrainReport};
 use crate::service::ServiceHandle;
 use actix::prelude::*;
 use actix_http::Request;
@@ -181,11 +181,7 @@ impl IntoFuture for Serve {
                 grace,
             }
             .start();
-            service.runner().do_send(AddParticipant {
-                phase: DrainPhase::Ingress,
-                name: INGRESS_NAME.to_owned(),
-                recipient: ingress.recipient(),
-            });
+            service.add_participant(DrainPhase::Ingress, INGRESS_NAME, ingress.recipient());
             let handle = server.handle();
             let running = actix::spawn(server);
             let code = service.stopped().await;

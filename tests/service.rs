@@ -474,3 +474,117 @@ fn a_participant_that_is_gone_does_not_delay_the_exit() {
     assert_eq!(record.unanswered, ["gone"]);
     assert!(!record.drained_in_time);
 }
+
+/// `request_stop` drains like any other cause, with the classification the application gives.
+#[test]
+fn a_programmatic_request_stops_with_its_own_classification() {
+    for (request, expected) in [(StopRequest::Planned, 0), (StopRequest::Unexpected, 1)] {
+        let f = Fixture::new();
+        let sys = paused_system();
+        let stop = sys.stop_future();
+        let code = sys.block_on(async {
+            let h = f.start(vec![]);
+            h.ready();
+            h.request_stop(request);
+            stop.await.unwrap()
+        });
+        assert_eq!(code, expected, "{request:?}");
+        assert_eq!(f.record().cause, StopCause::Request);
+    }
+}
+
+/// A planned stop sent to the runner while it starts is held by the runner itself, acted on once
+/// ready, and keeps who asked.
+#[test]
+fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = f.start(vec![]);
+        let marker = Marker::new(f.me.pid, Some(f.me.start), Utc::now()).with_request_id("held-1");
+        h.runner().do_send(planned_stop::PlannedStop::from(&marker));
+        settle().await;
+        assert_eq!(state(&h), RunnerState::Starting);
+        h.ready();
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    assert_eq!(f.record().request_id.as_deref(), Some("held-1"));
+}
+
+/// A participant added after start takes part in the drain; one added once draining has begun
+/// is refused (it would miss its phase) and never asked.
+#[test]
+fn participants_can_join_after_start_but_not_once_draining() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let (early_asked, late_asked, code) = sys.block_on(async {
+        let h = f.start(vec![]);
+        let (early, early_control) = ParticipantControl::start();
+        h.add_participant(planned_stop::DrainPhase::Work, "early", early);
+        h.ready();
+        settle().await;
+        h.request_stop(StopRequest::Planned);
+        settle().await;
+        let (late, late_control) = ParticipantControl::start();
+        h.add_participant(planned_stop::DrainPhase::Final, "late", late);
+        settle().await;
+        assert!(early_control.finish(&["e-1"]));
+        let code = stop.await.unwrap();
+        (early_control.asked(), late_control.asked(), code)
+    });
+    assert_eq!(code, 0);
+    assert_eq!(early_asked.len(), 1);
+    assert!(
+        late_asked.is_empty(),
+        "the late participant was never asked"
+    );
+    let record = f.record();
+    assert_eq!(record.unfinished.len(), 1);
+    assert!(record.drained_in_time, "{record:?}");
+}
+
+/// The phases run one after the other: a phase's timer that fires after its phase has ended
+/// does not cut the next phase short.
+#[test]
+fn an_earlier_phase_timer_does_not_end_the_next_phase() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let (fast, fast_control) = ParticipantControl::start();
+        let (slow, slow_control) = ParticipantControl::start();
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .state_dir(f.state())
+            .poll_interval(POLL)
+            .drain_deadline(DRAIN)
+            .phase_deadline(planned_stop::DrainPhase::Ingress, Duration::from_secs(1))
+            .participant_in(planned_stop::DrainPhase::Ingress, "http", fast)
+            .participant("jobs", slow)
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        settle().await;
+        assert!(fast_control.finish(&[]), "the ingress was asked first");
+        settle().await;
+        // Past the ingress phase's deadline (1 s + the answer grace): the work phase goes on.
+        advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            state(&h),
+            RunnerState::Draining,
+            "the work phase still runs"
+        );
+        assert!(slow_control.finish(&[]));
+        stop.await.unwrap()
+    });
+    assert_eq!(code, 0);
+    let record = f.record();
+    assert!(record.drained_in_time, "{record:?}");
+    assert_eq!(record.phases.len(), 2);
+}

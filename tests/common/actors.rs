@@ -140,6 +140,11 @@ impl ParticipantControl {
         (p.start().recipient(), control)
     }
 
+    /// The drain requests received so far (deadline, verdict).
+    pub fn asked(&self) -> Vec<(Duration, StopVerdict)> {
+        self.asked.lock().unwrap().clone()
+    }
+
     /// Answers the drain request, if one is waiting. Returns whether one was.
     pub fn finish(&self, unfinished: &[&str]) -> bool {
         match self.pending.lock().unwrap().take() {
