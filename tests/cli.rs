@@ -512,3 +512,45 @@ fn inspect_without_a_target_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--pid"));
 }
+
+/// A marker directory whose path is not valid UTF-8: every verb works, and `--json` carries the
+/// path lossily (U+FFFD for the bytes that are not UTF-8) instead of panicking with exit 101.
+#[cfg(unix)]
+#[test]
+fn every_verb_works_with_a_directory_whose_path_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join(std::ffi::OsStr::from_bytes(b"run-\xff"));
+    let lossy = dir.to_string_lossy().into_owned();
+    assert!(lossy.contains('\u{FFFD}'));
+    let mut target = other_live_process();
+    let pid = target.id().to_string();
+    let verb = |args: &[&str]| {
+        let out = planned_stop()
+            .args(args)
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        out
+    };
+
+    let stopped = json_of(&verb(&["stop", "--pid", &pid, "--json"]));
+    assert_eq!(stopped["outcome"], "marker_written");
+    assert!(stopped["slot"].as_str().unwrap().starts_with(&lossy));
+    let inspected = json_of(&verb(&["inspect", "--pid", &pid, "--json"]));
+    assert!(inspected["path"].as_str().unwrap().starts_with(&lossy));
+    let status = json_of(&verb(&["status", "--json"]));
+    assert_eq!(status["dir"], lossy.as_str());
+    assert_eq!(status["slots"].as_array().unwrap().len(), 1);
+    verb(&["clear", "--pid", &pid]);
+    // With --signal the marker is written first, then the signal is sent.
+    let signalled = json_of(&verb(&["stop", "--pid", &pid, "--signal", "--json"]));
+    assert_eq!(signalled["signalled"], true);
+    assert!(
+        target.wait().unwrap().code().is_some(),
+        "the target got SIGTERM"
+    );
+}

@@ -176,6 +176,12 @@ fn chain(error: &dyn std::error::Error) -> String {
     line
 }
 
+/// A path as a JSON string. A path that is not valid UTF-8 (possible on Unix) is carried lossily,
+/// with U+FFFD for the bytes that are not; `serde_json` would refuse it and `json!` would panic.
+fn path_json(path: &Path) -> serde_json::Value {
+    serde_json::Value::String(path.to_string_lossy().into_owned())
+}
+
 /// Writes one line to stdout and flushes it; a closed stdout is not an error worth dying for.
 fn emit(line: impl std::fmt::Display) {
     let mut out = std::io::stdout().lock();
@@ -251,7 +257,7 @@ fn status(args: StatusArgs) -> u8 {
             .map(|e| verdict_json(&e.path, &e.verdict))
             .collect();
         emit(
-            json!({ "dir": store.dir(), "slots": slots, "outcomes": outcomes, "stop_record": record }),
+            json!({ "dir": path_json(store.dir()), "slots": slots, "outcomes": outcomes, "stop_record": record }),
         );
         return EXIT_OK;
     }
@@ -339,7 +345,7 @@ pub fn verdict_json(path: &Path, verdict: &Result<Verdict, Undecided>) -> serde_
         _ => None,
     };
     json!({
-        "path": path,
+        "path": path_json(path),
         "verdict": kind,
         "detail": describe(verdict),
         "marker": marker,

@@ -2,7 +2,7 @@
 
 use super::{
     EXIT_GONE, EXIT_NOT_ACCEPTED, EXIT_OK, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED,
-    EXIT_USAGE, LayoutArgs, chain, emit, fail,
+    EXIT_USAGE, LayoutArgs, chain, emit, fail, path_json,
 };
 use clap::Args;
 use planned_stop::MarkerStore;
@@ -88,7 +88,7 @@ pub fn run(args: StopArgs) -> u8 {
                     ""
                 }
             ),
-            json!({ "request_id": request_id, "slot": requested.slot, "signalled": requested.signalled }),
+            json!({ "request_id": request_id, "slot": path_json(&requested.slot), "signalled": requested.signalled }),
         );
         return EXIT_OK;
     };
