@@ -554,3 +554,21 @@ fn every_verb_works_with_a_directory_whose_path_is_not_utf8() {
         "the target got SIGTERM"
     );
 }
+
+/// `--wait 0` does not wait: the same answer as no `--wait` (not "not accepted", which the target
+/// would then contradict by stopping as planned).
+#[cfg(unix)]
+#[test]
+fn stop_wait_0_reports_the_marker_written_not_a_refusal() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let out = stop(&d, &service.pid_arg(), &["--wait", "0"]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["outcome"], "marker_written");
+    assert_eq!(
+        service.exit_code(),
+        Some(0),
+        "and the target stops as planned"
+    );
+}

@@ -26,7 +26,7 @@ pub struct StopArgs {
     /// A request id to find this stop by (default: generated).
     #[arg(long)]
     pub request_id: Option<String>,
-    /// Wait up to SECS for the target to exit, and report how it went.
+    /// Wait up to SECS for the target to exit, and report how it went (0: do not wait).
     #[arg(long, value_name = "SECS")]
     pub wait: Option<f64>,
     /// Send SIGTERM after writing the marker (Unix).
@@ -58,8 +58,10 @@ pub fn run(args: StopArgs) -> u8 {
         Ok(store) => store,
         Err(e) => return fail(e),
     };
+    // `--wait 0` waits for nothing: the same answer as without `--wait` (it used to report
+    // "not accepted" at once, for a target that then stopped as planned).
     let wait = match args.wait.map(Duration::try_from_secs_f64).transpose() {
-        Ok(w) => w,
+        Ok(w) => w.filter(|w| !w.is_zero()),
         Err(_) => return fail("--wait takes a number of seconds"),
     };
     let mut options = StopOptions::new()
