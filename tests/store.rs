@@ -502,10 +502,16 @@ fn a_foreign_marker_in_the_shared_file_is_left_and_not_overwritten() {
     let refused = store.write(&ours);
     child.kill().unwrap();
     child.wait().unwrap();
+    let expected_expiry = pending.written_at + chrono::TimeDelta::seconds(60);
     assert!(
-        matches!(refused, Err(StoreError::SlotBusy { pid, .. }) if pid == other.pid),
+        matches!(&refused, Err(StoreError::SlotBusy { pid, expires_at, .. })
+            if *pid == other.pid && *expires_at == expected_expiry),
         "{refused:?}"
     );
+    // The refusal says until when, and how to clear it.
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains(&expected_expiry.to_string()), "{message}");
+    assert!(message.contains("planned-stop clear --marker"), "{message}");
     assert_eq!(Marker::parse(&fs::read(&path).unwrap()).unwrap(), pending);
     // Once that process is gone its marker no longer blocks the file.
     store.write(&ours).unwrap();

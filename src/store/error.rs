@@ -65,14 +65,17 @@ pub enum StoreError {
     },
     /// The shared single file holds a marker that is still good for another process.
     #[error(
-        "{path} holds a pending stop request for process {pid}; wait until it is consumed or use \
-         the per-process slot layout (--dir)"
+        "{path} holds a pending stop request for process {pid}, good until {expires_at}: wait \
+         until process {pid} consumes it or it expires; if process {pid} will never read it, remove \
+         it with `planned-stop clear --marker {path}`; or use the per-process slot layout (--dir)"
     )]
     SlotBusy {
         /// The shared file.
         path: PathBuf,
         /// The process the pending marker is for.
         pid: u32,
+        /// When the pending marker expires (its `written_at` plus the TTL).
+        expires_at: chrono::DateTime<chrono::Utc>,
     },
 }
 

@@ -177,9 +177,15 @@ impl MarkerStore {
             if let Ok(Verdict::ForSelf(pending)) = self.judge_as_owner(&found, None, Utc::now())
                 && pending.target_pid != marker.target_pid
             {
+                let ttl =
+                    chrono::TimeDelta::from_std(self.policy.ttl).unwrap_or(chrono::TimeDelta::MAX);
                 return Err(StoreError::SlotBusy {
                     path: slot,
                     pid: pending.target_pid,
+                    expires_at: pending
+                        .written_at
+                        .checked_add_signed(ttl)
+                        .unwrap_or(DateTime::<Utc>::MAX_UTC),
                 });
             }
         }
