@@ -59,8 +59,9 @@ pub struct Marker {
     /// The process that must stop.
     pub target_pid: u32,
     /// The target's start fingerprint, as [`crate::ProcessIdentity::of`] read it, or `None` when the
-    /// stopper could not read it. A marker without a fingerprint only fires when it was written after
-    /// the target started (see `docs/protocol.md`).
+    /// stopper could not read it. A marker without a fingerprint only fires when it was written no
+    /// earlier than the start slack (2 s by default) before the target started (see
+    /// `docs/protocol.md`).
     pub target_start_time: Option<u64>,
     /// The process that wrote the marker, for the record.
     pub stopper_pid: Option<u32>,

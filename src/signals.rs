@@ -29,6 +29,72 @@ pub fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
     os::listen(runner)
 }
 
+/// Hands one signal to the runner. Never dropped: `do_send` queues even when the runner's
+/// mailbox is full (a burst of messages must not cost the process its SIGTERM). Returns `false`
+/// once the runner is gone, so the listener can end.
+fn forward(runner: &Recipient<OsSignal>, kind: SignalKind) -> bool {
+    if !runner.connected() {
+        return false;
+    }
+    runner.do_send(OsSignal(kind));
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix::prelude::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A runner stand-in with a mailbox of one.
+    struct Tiny(Arc<Mutex<Vec<SignalKind>>>);
+
+    impl Actor for Tiny {
+        type Context = Context<Self>;
+        fn started(&mut self, ctx: &mut Context<Self>) {
+            ctx.set_mailbox_capacity(1);
+        }
+    }
+
+    impl Handler<OsSignal> for Tiny {
+        type Result = ();
+        fn handle(&mut self, OsSignal(kind): OsSignal, _: &mut Context<Self>) {
+            self.0.lock().unwrap().push(kind);
+        }
+    }
+
+    #[test]
+    fn signals_are_delivered_even_when_the_runner_mailbox_is_full() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let delivered = System::new().block_on({
+            let seen = seen.clone();
+            async move {
+                let runner = Tiny(seen).start();
+                tokio::task::yield_now().await;
+                // Five signals before the runner gets to run: four over its mailbox capacity.
+                let recipient = runner.recipient();
+                let all = [
+                    SignalKind::Hangup,
+                    SignalKind::Terminate,
+                    SignalKind::Interrupt,
+                ];
+                let sent: Vec<bool> = all
+                    .iter()
+                    .cycle()
+                    .take(5)
+                    .map(|&kind| forward(&recipient, kind))
+                    .collect();
+                for _ in 0..16 {
+                    tokio::task::yield_now().await;
+                }
+                sent
+            }
+        });
+        assert_eq!(delivered, [true; 5]);
+        assert_eq!(seen.lock().unwrap().len(), 5, "none dropped");
+    }
+}
+
 #[cfg(unix)]
 mod os {
     use super::*;
@@ -47,7 +113,7 @@ mod os {
                     Some(()) = hup.recv() => SignalKind::Hangup,
                     else => break,
                 };
-                if runner.try_send(OsSignal(kind)).is_err() && !runner.connected() {
+                if !forward(&runner, kind) {
                     break;
                 }
             }
@@ -76,7 +142,7 @@ mod os {
                     Some(()) = shutdown.recv() => SignalKind::Terminate,
                     else => break,
                 };
-                if runner.try_send(OsSignal(kind)).is_err() && !runner.connected() {
+                if !forward(&runner, kind) {
                     break;
                 }
             }

@@ -89,7 +89,7 @@ fn another_fingerprint_is_an_earlier_incarnation() {
 }
 
 #[test]
-fn without_a_fingerprint_only_markers_written_after_our_start_fire() {
+fn without_a_fingerprint_only_markers_written_after_our_start_less_the_slack_fire() {
     let start = me().started_at;
     let after = Marker::new(4242, None, start + secs(1));
     assert!(matches!(
@@ -197,5 +197,24 @@ fn policy_thresholds_are_honoured() {
     assert!(matches!(
         decide(SlotContent::Bytes(&early), &me(), start, &p),
         Ok(Verdict::Stale(Stale::BeforeOurStart { .. }))
+    ));
+}
+
+#[test]
+fn a_null_fingerprint_is_ours_from_exactly_the_start_slack_before_our_start() {
+    // The boundary docs/protocol.md states: `started_at - start_slack` is ours, one nanosecond
+    // earlier is a predecessor's.
+    let policy = Policy::default();
+    let me = me();
+    let boundary = me.started_at - TimeDelta::from_std(policy.start_slack).unwrap();
+    let now = me.started_at + secs(1);
+    let judge = |at: DateTime<Utc>| {
+        let bytes = Marker::new(me.pid, None, at).to_json().unwrap();
+        decide(SlotContent::Bytes(&bytes), &me, now, &policy).unwrap()
+    };
+    assert!(matches!(judge(boundary), Verdict::ForSelf(_)));
+    assert!(matches!(
+        judge(boundary - TimeDelta::nanoseconds(1)),
+        Verdict::Stale(Stale::BeforeOurStart { .. })
     ));
 }
