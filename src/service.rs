@@ -156,13 +156,14 @@ impl ServiceBuilder {
         self
     }
 
-    /// How often the watcher probes. Default 250 ms.
+    /// How often the watcher probes. Default 250 ms; anything under 1 ms is taken as 1 ms (a
+    /// zero interval would probe in a busy loop).
     ///
     /// ```
     /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).poll_interval(std::time::Duration::from_secs(1));
     /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
+        self.poll_interval = interval.max(MIN_POLL_INTERVAL);
         self
     }
 
@@ -408,6 +409,9 @@ pub struct ServiceHandle {
     state_dir: Option<PathBuf>,
     unexpected_code: i32,
 }
+
+/// The shortest poll interval taken (see [`ServiceBuilder::poll_interval`]).
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 /// `code` as a process exit code; one that does not fit in a byte is a failure, never 0.
 fn exit_code_of(code: i32) -> std::process::ExitCode {

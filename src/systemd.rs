@@ -33,7 +33,7 @@ fn send(states: &[NotifyState<'_>]) {
 /// passed since it began), plus [`EXTEND_EVERY`].
 fn extension(drain: Duration, began: Instant) -> u32 {
     let left = drain.saturating_sub(began.elapsed());
-    u32::try_from((left + EXTEND_EVERY).as_micros()).unwrap_or(u32::MAX)
+    u32::try_from(left.saturating_add(EXTEND_EVERY).as_micros()).unwrap_or(u32::MAX)
 }
 
 /// Follows `status` on the current actix system and notifies systemd (see the module docs).

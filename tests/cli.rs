@@ -572,3 +572,17 @@ fn stop_wait_0_reports_the_marker_written_not_a_refusal() {
         "and the target stops as planned"
     );
 }
+
+/// A drain deadline of 285,000 years (`--drain-ms 9000000000000000`) used to panic the runner on a
+/// date overflow at stop, leaving a process that ignored every later stop. It is clamped now.
+#[cfg(unix)]
+#[test]
+fn a_huge_drain_deadline_still_stops_as_planned() {
+    let d = dirs();
+    let mut service = serve(&d, &["--drain-ms", "9000000000000000"]);
+    let out = stop(&d, &service.pid_arg(), &["--wait", "20"]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["outcome"], "stopped_planned");
+    assert_eq!(service.exit_code(), Some(0));
+}

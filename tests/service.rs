@@ -588,3 +588,68 @@ fn an_earlier_phase_timer_does_not_end_the_next_phase() {
     assert!(record.drained_in_time, "{record:?}");
     assert_eq!(record.phases.len(), 2);
 }
+
+/// Any duration at all: 0, 1 ns, anything up to `Duration::MAX`.
+fn any_duration() -> impl proptest::strategy::Strategy<Value = Duration> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::from_nanos(1)),
+        Just(Duration::MAX),
+        any::<u64>().prop_map(Duration::from_nanos),
+        any::<u64>().prop_map(Duration::from_secs),
+        (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Every duration the builder takes, over its whole range, yields a service that still
+    /// stops as planned: nothing panics or overflows (a huge drain deadline used to panic the
+    /// runner at stop, leaving a process that ignored every later stop), and nothing busy-loops.
+    #[test]
+    fn any_durations_still_give_a_planned_stop(
+        drain in any_duration(),
+        poll in any_duration(),
+        ingress in any_duration(),
+        ready_warning in any_duration(),
+        ttl in any_duration(),
+        skew in any_duration(),
+        slack in any_duration(),
+    ) {
+        let f = Fixture::new();
+        let sys = paused_system();
+        let stop = sys.stop_future();
+        let code = sys.block_on(async {
+            let (p, control) = ParticipantControl::start();
+            let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+                .state_dir(f.state())
+                .drain_deadline(drain)
+                .poll_interval(poll)
+                .phase_deadline(planned_stop::DrainPhase::Work, ingress)
+                .ready_warning(Some(ready_warning))
+                .policy(
+                    planned_stop::Policy::default()
+                        .with_ttl(ttl)
+                        .with_future_skew(skew)
+                        .with_start_slack(slack),
+                )
+                .participant("jobs", p)
+                .handle_signals(false)
+                .events(false)
+                .clock(TokioClock::new())
+                .start()
+                .unwrap();
+            h.ready();
+            settle().await;
+            h.request_stop(StopRequest::Planned);
+            settle().await;
+            control.finish(&["job"]);
+            stop.await.unwrap()
+        });
+        proptest::prop_assert_eq!(code, 0);
+        let record = f.record();
+        proptest::prop_assert!(record.drain_deadline >= record.accepted_at);
+    }
+}
