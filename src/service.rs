@@ -341,6 +341,7 @@ impl ServiceBuilder {
         if System::try_current().is_none() {
             return Err(StartError::NoSystem);
         }
+        log_panics();
         let own = match self.identity {
             Some(id) => id,
             None => ProcessIdentity::current()?,
@@ -408,6 +409,20 @@ pub struct ServiceHandle {
     own: ProcessIdentity,
     state_dir: Option<PathBuf>,
     unexpected_code: i32,
+}
+
+/// Logs every panic through `tracing` as well (once per process, chained to the hook that was
+/// installed before), so a panic that ends the process — the runner's and the watcher's guards
+/// exit non-zero — is in the service's logs, not only on stderr.
+fn log_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            tracing::error!(panic = %info, "panic");
+            previous(info);
+        }));
+    });
 }
 
 /// The shortest poll interval taken (see [`ServiceBuilder::poll_interval`]).

@@ -301,5 +301,23 @@ impl Actor for MarkerWatcherActor {
     }
 }
 
+/// A watcher that panicked has stopped watching: marker stops (the only ones on Windows) would be
+/// ignored for the rest of the process's life. So it ends the process, non-zero, and says why; a
+/// supervisor restarts it.
+impl Drop for MarkerWatcherActor {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                code = WATCHER_PANIC_EXIT_CODE,
+                "the planned-stop marker watcher panicked; exiting so that stops are not ignored"
+            );
+            std::process::exit(WATCHER_PANIC_EXIT_CODE);
+        }
+    }
+}
+
+/// The exit code after a watcher panic: a failure, so supervisors restart the process.
+pub const WATCHER_PANIC_EXIT_CODE: i32 = 1;
+
 #[cfg(test)]
 mod tests;

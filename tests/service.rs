@@ -653,3 +653,82 @@ proptest::proptest! {
         proptest::prop_assert!(record.drain_deadline >= record.accepted_at);
     }
 }
+
+/// A clock that panics once armed: a stand-in for any bug in the watcher or the runner.
+struct Bomb(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl planned_stop::Clock for Bomb {
+    fn now(&self) -> chrono::DateTime<Utc> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("clock bomb");
+        }
+        Utc::now()
+    }
+}
+
+/// A panic in the watcher or in the runner must not leave a process that ignores stops: it ends,
+/// non-zero, with the panic in the service's log.
+#[test]
+fn a_panic_in_the_watcher_or_the_runner_ends_the_process_non_zero_and_logged() {
+    for role in ["watcher-panics", "runner-panics"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "helper_panicking_service",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(common::HELPER_ENV, role)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{role}: {stderr}");
+        assert!(
+            stderr.contains("ERROR") && stderr.contains("clock bomb"),
+            "{role}: the panic is logged: {stderr}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "run as a child process by the test above"]
+fn helper_panicking_service() {
+    let Some(role) = common::helper_role() else {
+        return;
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    std::thread::spawn(|| {
+        std::thread::sleep(common::HELPER_LIFETIME);
+        std::process::exit(99);
+    });
+    let f = Fixture::new();
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    actix::System::new().block_on(async {
+        // The watcher probes every 10 ms, or (to let the runner panic first) once an hour.
+        let poll = match role.as_str() {
+            "watcher-panics" => Duration::from_millis(10),
+            _ => Duration::from_secs(3600),
+        };
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .poll_interval(poll)
+            .handle_signals(false)
+            .events(false)
+            .clock(std::sync::Arc::new(Bomb(armed.clone())))
+            .start()
+            .unwrap();
+        h.ready();
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        if role == "runner-panics" {
+            // The runner reads the clock when it accepts the stop.
+            h.request_stop(StopRequest::Planned);
+        }
+        h.stopped().await
+    });
+    // Reached only if neither guard ended the process.
+    std::process::exit(0);
+}

@@ -388,7 +388,8 @@ impl Drop for RunnerActor {
              ServiceHandle::stopped() in main, and disable other signal handlers \
              (HttpServer::disable_signals, or planned_stop::web::serve)"
         );
-        let now = self.clock.now();
+        // Not the injected clock: it may be what panicked, and a second panic here would abort.
+        let now = Utc::now();
         let (cause, verdict, request_id, accepted_at) = match &self.drain {
             Some(run) => (
                 run.cause,
