@@ -278,8 +278,8 @@ pub enum WaitOutcome {
         /// Its outcome file.
         outcome: Outcome,
     },
-    /// The target exited, but not as planned: an unexpected verdict, or no outcome at all (killed,
-    /// crashed, or not a planned-stop service).
+    /// The target exited, but not as planned: its outcome says an unexpected verdict, or that it
+    /// was aborted (its actix `System` ended before the runner finished).
     StoppedUnexpectedly {
         /// Its exit code, when it wrote one.
         exit_code: Option<i32>,
@@ -293,6 +293,15 @@ pub enum WaitOutcome {
     },
     /// The target was still running at the deadline and had not accepted the stop.
     NotAccepted,
+    /// The target exited without writing any outcome: not a planned-stop service, or killed
+    /// (SIGKILL, a crash) before it accepted the stop. What happened is unknown.
+    GoneWithoutOutcome,
+    /// The target accepted the stop and was killed (or crashed) before it finished: its last
+    /// outcome still says it was draining (or holding the stop), and no stop record was written.
+    KilledWhileDraining {
+        /// Its last outcome file.
+        outcome: Outcome,
+    },
     /// The target saw the stop but holds it: it has not declared itself ready yet, and will
     /// drain once it does.
     Held {
@@ -383,13 +392,13 @@ fn finished(outcome: Option<Outcome>) -> WaitOutcome {
                 outcome: o,
             }
         }
+        Some(o) if matches!(o.phase, Phase::Draining | Phase::Held) => {
+            WaitOutcome::KilledWhileDraining { outcome: o }
+        }
         Some(o) => WaitOutcome::StoppedUnexpectedly {
             exit_code: o.exit_code,
             outcome: Some(o),
         },
-        None => WaitOutcome::StoppedUnexpectedly {
-            exit_code: None,
-            outcome: None,
-        },
+        None => WaitOutcome::GoneWithoutOutcome,
     }
 }

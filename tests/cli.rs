@@ -261,9 +261,10 @@ fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted()
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let out = waiting.join().unwrap();
+    // Not a planned-stop service watching this directory: gone, and nothing says how.
     assert_eq!(
         (json_of(&out)["outcome"].as_str(), out.status.code()),
-        (Some("stopped_unexpectedly"), Some(1))
+        (Some("gone_outcome_unknown"), Some(8))
     );
     drop(service);
 }
@@ -585,4 +586,50 @@ fn a_huge_drain_deadline_still_stops_as_planned() {
     assert_eq!(out.status.code(), Some(0), "{report}");
     assert_eq!(report["outcome"], "stopped_planned");
     assert_eq!(service.exit_code(), Some(0));
+}
+
+/// A target killed while it drains: the stopper says so (not "stopped unexpectedly", which would
+/// suggest an outcome), and `status` shows the dead owner as gone, not as draining.
+#[cfg(unix)]
+#[test]
+fn a_target_killed_while_draining_is_reported_so_and_status_shows_it_gone() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "30000"],
+    );
+    let pid = service.pid_arg();
+    let waiting = {
+        let run = d.run.clone();
+        let pid = pid.clone();
+        std::thread::spawn(move || run_in(&run, &["stop", "--pid", &pid, "--wait", "20", "--json"]))
+    };
+    service.expect("stop_accepted");
+    service.signal(libc::SIGKILL);
+    assert_eq!(service.exit_code(), None, "killed");
+    let out = waiting.join().unwrap();
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "killed_while_draining", "{report}");
+    assert_eq!(out.status.code(), Some(9));
+    let status = json_of(&run_in(&d.run, &["status", "--json"]));
+    let outcome = &status["outcomes"][0];
+    assert_eq!(outcome["phase"], "draining");
+    assert_eq!(outcome["owner_alive"], false, "{status}");
+    let text = run_in(&d.run, &["status"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("gone: killed before it finished"),
+        "{text:?}"
+    );
+}
+
+/// `planned-stop ARGS --dir DIR`.
+#[cfg(unix)]
+fn run_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    planned_stop()
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
 }

@@ -16,6 +16,8 @@
 //! | 5 | no process with that pid is running (already gone) |
 //! | 6 | refused: the process at that pid is not the one expected (`--start`) |
 //! | 7 | undecided: the slot exists but could not be read this time (`inspect`) |
+//! | 8 | the target exited without any outcome: not a planned-stop service, or killed (`stop --wait`) |
+//! | 9 | the target accepted the stop and was killed before it finished (`stop --wait`) |
 
 mod demo;
 mod serve;
@@ -23,7 +25,7 @@ mod stop;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
-use planned_stop::{Layout, MarkerStore};
+use planned_stop::{Layout, MarkerStore, Outcome, Phase, ProcessIdentity};
 use planned_stop::{Undecided, Verdict};
 use serde_json::json;
 use std::io::Write;
@@ -46,6 +48,10 @@ pub const EXIT_GONE: u8 = 5;
 pub const EXIT_REFUSED: u8 = 6;
 /// Exit code: the slot exists but could not be read this time.
 pub const EXIT_UNDECIDED: u8 = 7;
+/// Exit code: the target exited without any outcome (not a planned-stop service, or killed).
+pub const EXIT_GONE_UNKNOWN: u8 = 8;
+/// Exit code: the target accepted the stop and was killed before it finished.
+pub const EXIT_KILLED_WHILE_DRAINING: u8 = 9;
 
 /// Planned stops for actix services: stop one specific process, on purpose, exactly once.
 #[derive(Debug, Parser)]
@@ -256,9 +262,12 @@ fn status(args: StatusArgs) -> u8 {
             .iter()
             .map(|e| verdict_json(&e.path, &e.verdict))
             .collect();
-        emit(
-            json!({ "dir": path_json(store.dir()), "slots": slots, "outcomes": outcomes, "stop_record": record }),
-        );
+        emit(json!({
+            "dir": path_json(store.dir()),
+            "slots": slots,
+            "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
+            "stop_record": record,
+        }));
         return EXIT_OK;
     }
     emit(format!("marker directory {}", store.dir().display()));
@@ -274,13 +283,20 @@ fn status(args: StatusArgs) -> u8 {
     }
     for o in &outcomes {
         emit(format!(
-            "  outcome of pid {}: {:?}, {:?}{}",
+            "  outcome of pid {}: {:?}, {:?}{}{}",
             o.pid,
             o.phase,
             o.verdict,
             o.exit_code
                 .map(|c| format!(", exit code {c}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if owner_alive(o) {
+                ""
+            } else if matches!(o.phase, Phase::Draining | Phase::Held) {
+                " (gone: killed before it finished)"
+            } else {
+                " (gone)"
+            }
         ));
     }
     if let Some(r) = record {
@@ -315,6 +331,20 @@ fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Whether the process an outcome file belongs to is still running (same pid and start).
+fn owner_alive(outcome: &Outcome) -> bool {
+    ProcessIdentity::of(outcome.pid).is_some_and(|owner| outcome.is_from(&owner))
+}
+
+/// An outcome file as `status --json` shows it: its fields plus `owner_alive`.
+fn outcome_json(outcome: &Outcome) -> serde_json::Value {
+    let mut value = serde_json::to_value(outcome).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("owner_alive".into(), owner_alive(outcome).into());
+    }
+    value
 }
 
 /// A verdict as one line of text.

@@ -1,8 +1,9 @@
 //! `planned-stop stop`: write the marker for one process, optionally signal it, wait and report.
 
 use super::{
-    EXIT_GONE, EXIT_NOT_ACCEPTED, EXIT_OK, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED,
-    EXIT_USAGE, LayoutArgs, chain, emit, fail, path_json,
+    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_OK,
+    EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs, chain, emit, fail,
+    path_json,
 };
 use clap::Args;
 use planned_stop::MarkerStore;
@@ -166,6 +167,27 @@ pub fn run(args: StopArgs) -> u8 {
                 store.dir().display()
             ),
             json!({}),
+        ),
+        WaitOutcome::GoneWithoutOutcome => (
+            "gone_outcome_unknown",
+            EXIT_GONE_UNKNOWN,
+            format!(
+                "process {} is gone and left no outcome: it is not a planned-stop service watching \
+                 {}, or it was killed before it accepted the stop",
+                args.pid,
+                store.dir().display()
+            ),
+            json!({}),
+        ),
+        WaitOutcome::KilledWhileDraining { outcome } => (
+            "killed_while_draining",
+            EXIT_KILLED_WHILE_DRAINING,
+            format!(
+                "process {} accepted the stop at {} and was killed before it finished; no stop \
+                 record was written",
+                args.pid, outcome.accepted_at
+            ),
+            json!({ "accepted_at": outcome.accepted_at, "verdict": outcome.verdict }),
         ),
         WaitOutcome::Held { outcome } => (
             "held",
