@@ -210,7 +210,9 @@ impl StopRecord {
         let taken = state_dir.join(format!(".{RECORD_FILE_NAME}.taken-{}", std::process::id()));
         match fs::rename(&path, &taken) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return absent_unless_not_a_directory(&path, "take");
+            }
             Err(source) => {
                 return Err(RecordError::Io {
                     op: "take",
@@ -232,10 +234,32 @@ impl StopRecord {
     }
 }
 
+/// "No record" for a record path that does not exist — unless the state directory itself exists
+/// as something else than a directory. Unix says so when opening (`ENOTDIR`); Windows answers
+/// "path not found", which must not read as "nothing to resume" and drop the work silently.
+fn absent_unless_not_a_directory(
+    path: &Path,
+    op: &'static str,
+) -> Result<Option<StopRecord>, RecordError> {
+    match path.parent().map(fs::metadata) {
+        Some(Ok(meta)) if !meta.is_dir() => Err(RecordError::Io {
+            op,
+            path: path.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "the state directory is not a directory",
+            ),
+        }),
+        _ => Ok(None),
+    }
+}
+
 fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
     let file = match fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return absent_unless_not_a_directory(path, "open");
+        }
         Err(source) => {
             return Err(RecordError::Io {
                 op: "open",
