@@ -927,3 +927,40 @@ fn test_planned_stop_marker_targets_self_drops_malformed() {
     ));
     assert!(!marker.exists(), "a malformed marker is cleaned up");
 }
+
+/// A directory with contents at a slot: the probe reports it once (not on every poll), and
+/// `write` (the stopper) and `clear` say what is in the way and how to remove it. Its contents
+/// are never touched.
+#[test]
+fn a_directory_with_contents_at_a_slot_is_logged_once_and_named_by_write_and_clear() {
+    let logs = common::actors::LogCapture::default();
+    let _guard = logs.install();
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    let me = ProcessIdentity::current().unwrap();
+    let slot = store.slot_path(me.pid);
+    fs::create_dir(&slot).unwrap();
+    fs::write(slot.join("keep"), b"someone's file").unwrap();
+    for _ in 0..5 {
+        assert!(matches!(
+            store.probe(&me, Utc::now()).unwrap(),
+            Verdict::Malformed(_)
+        ));
+    }
+    assert_eq!(
+        logs.count(tracing::Level::WARN, "sits at the marker slot"),
+        1,
+        "logged once, not on every poll"
+    );
+    let written = store.write(&Marker::new(me.pid, Some(me.start), Utc::now()));
+    assert!(
+        matches!(&written, Err(StoreError::DirectoryInTheWay { path }) if *path == slot),
+        "{written:?}"
+    );
+    assert!(written.unwrap_err().to_string().contains("rm -r"));
+    assert!(matches!(
+        store.clear(me.pid),
+        Err(StoreError::DirectoryInTheWay { .. })
+    ));
+    assert!(slot.join("keep").exists(), "its contents are never deleted");
+}

@@ -89,6 +89,7 @@ impl MarkerStoreBuilder {
             layout: self.layout,
             dir,
             policy: self.policy,
+            reported_dirs: Default::default(),
         })
     }
 }

@@ -63,6 +63,17 @@ pub enum StoreError {
         /// The OS error kind.
         kind: io::ErrorKind,
     },
+    /// A directory with contents sits where a marker belongs: a marker cannot be written there and
+    /// the store never deletes a directory's contents.
+    #[error(
+        "{path} is a directory with contents where a marker belongs; planned-stop never deletes \
+         what a directory holds: look at it and remove it by hand (`rm -r {path}`, or `rmdir /s` \
+         on Windows), then retry"
+    )]
+    DirectoryInTheWay {
+        /// The slot.
+        path: PathBuf,
+    },
     /// The shared single file holds a marker that is still good for another process.
     #[error(
         "{path} holds a pending stop request for process {pid}, good until {expires_at}: wait \

@@ -74,6 +74,9 @@ pub struct MarkerStore {
     layout: Layout,
     dir: PathBuf,
     policy: Policy,
+    /// Slots where a directory that cannot be removed was already reported: it is logged once,
+    /// not on every poll.
+    reported_dirs: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 impl MarkerStore {
@@ -172,6 +175,11 @@ impl MarkerStore {
     pub fn write(&self, marker: &Marker) -> Result<PathBuf, StoreError> {
         let bytes = marker.to_json()?;
         let slot = self.slot_path(marker.target_pid);
+        // A rename cannot replace a non-empty directory; say what is in the way instead of
+        // reporting the rename's OS error.
+        if fs::symlink_metadata(&slot).is_ok_and(|m| m.is_dir()) && fs::remove_dir(&slot).is_err() {
+            return Err(StoreError::DirectoryInTheWay { path: slot });
+        }
         if matches!(self.layout, Layout::SingleFile(_)) {
             let found = read_slot(&slot);
             if let Ok(Verdict::ForSelf(pending)) = self.judge_as_owner(&found, None, Utc::now())
@@ -296,15 +304,16 @@ impl MarkerStore {
     /// ```
     pub fn clear(&self, pid: u32) -> Result<bool, StoreError> {
         let slot = self.slot_path(pid);
-        let removed = match fs::symlink_metadata(&slot) {
+        let (removed, is_dir) = match fs::symlink_metadata(&slot) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => Err(e),
-            Ok(m) if m.is_dir() => fs::remove_dir(&slot),
-            Ok(_) => fs::remove_file(&slot),
+            Err(e) => (Err(e), false),
+            Ok(m) if m.is_dir() => (fs::remove_dir(&slot), true),
+            Ok(_) => (fs::remove_file(&slot), false),
         };
         match removed {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(_) if is_dir => Err(StoreError::DirectoryInTheWay { path: slot }),
             Err(source) => Err(StoreError::Io {
                 op: "remove",
                 path: slot,
@@ -350,8 +359,17 @@ impl MarkerStore {
             return match fs::remove_dir(slot) {
                 Ok(()) => Ok(true),
                 Err(e) => {
-                    tracing::warn!(slot = %slot.display(), error = %e,
-                        "a directory sits at the marker slot and cannot be removed; remove it by hand");
+                    let first = self
+                        .reported_dirs
+                        .lock()
+                        .map(|mut seen| seen.insert(slot.to_path_buf()))
+                        .unwrap_or(true);
+                    if first {
+                        tracing::warn!(slot = %slot.display(), error = %e,
+                            "a directory that cannot be removed sits at the marker slot: no stop \
+                             can be delivered through it until it is removed by hand \
+                             (logged once)");
+                    }
                     Ok(false)
                 }
             };
