@@ -360,6 +360,12 @@ pub fn wait(
                 .read_outcome(target.pid)
                 .filter(|o| o.is_from(target))
                 .or(outcome);
+            // A marker that arrived after the target's last look (a racing stopper's, or ours)
+            // must not stay behind for a pid that is gone.
+            let slot = store.slot_path(target.pid);
+            if let Err(e) = store.sweep_slot(&slot, Utc::now()) {
+                tracing::debug!(error = %crate::error_chain::ErrorChain(&e), "cannot sweep the target's slot");
+            }
             return finished(outcome);
         }
         let elapsed = started.elapsed();

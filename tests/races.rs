@@ -116,3 +116,71 @@ fn stoppers_then_sigterm_racing_the_watcher_are_planned_every_round() {
         assert_eq!(service.exit_code(), Some(0), "round {round}");
     }
 }
+
+/// Two stoppers ask one target at once, and both wait: both see it stop as planned, exactly one
+/// learns that its own request was the one accepted, the other is told whose was — and once the
+/// target has exited no marker is left behind for its pid.
+#[test]
+fn racing_waiting_stoppers_are_told_whose_request_was_accepted_and_nothing_is_left_behind() {
+    let base = tempfile::tempdir().unwrap();
+    let run_dir = base.path().join("run");
+    for round in 0..20 {
+        // One job that never finishes holds the drain to its 1 s deadline, so both stoppers
+        // arrive while the target still runs.
+        let mut service = Serve::start(&[
+            "--dir",
+            s(&run_dir),
+            "--poll-ms",
+            "2",
+            "--jobs",
+            "1",
+            "--job-ms",
+            "60000",
+            "--drain-ms",
+            "1000",
+        ]);
+        let pid = service.pid_arg();
+        let stoppers: Vec<_> = ["first", "second"]
+            .into_iter()
+            .map(|id| {
+                planned_stop()
+                    .args(["stop", "--pid", &pid, "--dir", s(&run_dir), "--wait", "20"])
+                    .args(["--request-id", id, "--json"])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let reports: Vec<serde_json::Value> = stoppers
+            .into_iter()
+            .map(|stopper| {
+                let out = stopper.wait_with_output().unwrap();
+                serde_json::from_slice(&out.stdout).unwrap()
+            })
+            .collect();
+        assert_eq!(service.exit_code(), Some(0), "round {round}");
+        let accepted = service.expect("stop_accepted")["request_id"].clone();
+        for report in &reports {
+            assert_eq!(
+                report["outcome"], "stopped_planned",
+                "round {round}: {report}"
+            );
+            assert_eq!(
+                report["accepted_request_id"], accepted,
+                "round {round}: {report}"
+            );
+            assert_eq!(
+                report["own_request"],
+                report["request_id"] == accepted,
+                "round {round}: {report}"
+            );
+        }
+        let own: Vec<_> = reports
+            .iter()
+            .filter(|r| r["own_request"] == true)
+            .collect();
+        assert_eq!(own.len(), 1, "round {round}: {reports:?}");
+        let slot = run_dir.join(format!("planned-stop-{pid}.json"));
+        assert!(!slot.exists(), "round {round}: a marker was left behind");
+    }
+}

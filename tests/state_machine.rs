@@ -189,6 +189,10 @@ impl Model {
     }
 
     fn stop(&mut self) {
+        // As it finishes the runner claims once more: a marker for us that arrived during the
+        // drain is consumed (so none is left for the pid once the process is gone), and a
+        // removable one is removed; a foreign one stays.
+        self.claim();
         self.state = RunnerState::Stopped;
         self.participant_waiting = false;
         self.exit_code = Some(match self.verdict {

@@ -126,15 +126,34 @@ pub fn run(args: StopArgs) -> u8 {
         bar.finish_and_clear();
     }
     let (kind, code, text, extra) = match &outcome {
-        WaitOutcome::StoppedPlanned { exit_code, outcome } => (
-            "stopped_planned",
-            EXIT_OK,
-            format!(
-                "process {} stopped as planned (exit code {exit_code})",
-                args.pid
-            ),
-            json!({ "exit_code": exit_code, "verdict": outcome.verdict, "cause": outcome.cause }),
-        ),
+        WaitOutcome::StoppedPlanned { exit_code, outcome } => {
+            // Racing stoppers: the target accepted one request; say whose.
+            let own = outcome.request_id.is_none() || outcome.request_id == request_id;
+            (
+                "stopped_planned",
+                EXIT_OK,
+                if own {
+                    format!(
+                        "process {} stopped as planned (exit code {exit_code})",
+                        args.pid
+                    )
+                } else {
+                    format!(
+                        "process {} stopped as planned (exit code {exit_code}) on another stop \
+                         request, {}, not this one",
+                        args.pid,
+                        outcome.request_id.as_deref().unwrap_or("?")
+                    )
+                },
+                json!({
+                    "exit_code": exit_code,
+                    "verdict": outcome.verdict,
+                    "cause": outcome.cause,
+                    "accepted_request_id": outcome.request_id,
+                    "own_request": own,
+                }),
+            )
+        }
         WaitOutcome::StoppedUnexpectedly { exit_code, outcome } => (
             "stopped_unexpectedly",
             EXIT_UNEXPECTED,

@@ -278,6 +278,14 @@ impl RunnerActor {
         let Some(run) = self.drain.take() else {
             return;
         };
+        // A marker a racing stopper wrote after the one accepted would otherwise stay behind for
+        // this pid once the process is gone: consume it now.
+        if let Some(late) = self.claim() {
+            tracing::info!(
+                request_id = late.request_id.as_deref(),
+                "a later stop request for this process is consumed: a stop was already under way"
+            );
+        }
         let finished_at = self.clock.now();
         let code = self.config.exit_codes.code(run.cause, verdict);
         let names: Vec<&str> = self.participants.iter().map(|p| p.name.as_str()).collect();

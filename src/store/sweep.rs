@@ -9,7 +9,7 @@ use crate::identity::ProcessIdentity;
 use crate::verdict::{Undecided, Verdict};
 use chrono::{DateTime, Utc};
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 /// What [`MarkerStore::sweep`] removed.
@@ -66,6 +66,19 @@ impl MarkerStore {
         Ok(entries)
     }
 
+    /// Removes the slot at `path` if its owner (the pid in its name, or the one its marker names)
+    /// would judge it removable: stale, malformed, or for a process that is gone. Returns whether
+    /// it was removed. The same judgement for the whole directory is [`MarkerStore::sweep`].
+    pub(crate) fn sweep_slot(&self, path: &Path, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        let owner = self.owner_of(path);
+        let judge = |found: &Found| self.judge_as_owner(found, owner, now);
+        let found = read_slot(path);
+        match judge(&found) {
+            Ok(v) if v.is_removable() => self.discard(path, &found, judge),
+            _ => Ok(false),
+        }
+    }
+
     /// Removes every slot its owner would find malformed or stale (a slot whose owner has exited
     /// included), and temporary or taken files older than the TTL (left by a writer or claimer that
     /// died mid-way). Fresh temporary files are left: their writer may still be at work.
@@ -81,13 +94,7 @@ impl MarkerStore {
     pub fn sweep(&self, now: DateTime<Utc>) -> Result<SweepReport, StoreError> {
         let mut report = SweepReport::default();
         for path in self.slot_files()? {
-            let owner = self.owner_of(&path);
-            let judge = |found: &Found| self.judge_as_owner(found, owner, now);
-            let found = read_slot(&path);
-            if let Ok(v) = judge(&found)
-                && v.is_removable()
-                && self.discard(&path, &found, judge)?
-            {
+            if self.sweep_slot(&path, now)? {
                 report.removed_slots.push(path);
             }
         }
