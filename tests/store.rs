@@ -964,3 +964,34 @@ fn a_directory_with_contents_at_a_slot_is_logged_once_and_named_by_write_and_cle
     ));
     assert!(slot.join("keep").exists(), "its contents are never deleted");
 }
+
+/// The private-directory policy holds for the life of the store, not only when it is opened: a
+/// directory made writable by group or others while the service runs makes the probe and the
+/// claim refuse whatever is found there (anyone could have planted it), until it is private again.
+#[cfg(unix)]
+#[test]
+fn a_directory_made_shared_while_open_is_refused_until_it_is_private_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let store = MarkerStore::open(Layout::Slots(run.clone())).unwrap();
+    let me = ProcessIdentity::current().unwrap();
+    store
+        .write(&Marker::new(me.pid, Some(me.start), Utc::now()))
+        .unwrap();
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(matches!(
+        store.probe(&me, Utc::now()),
+        Err(StoreError::SharedDirectory { mode: 0o777, .. })
+    ));
+    assert!(matches!(
+        store.claim(&me, Utc::now()),
+        Err(StoreError::SharedDirectory { .. })
+    ));
+    assert!(store.slot_path(me.pid).exists(), "nothing was acted on");
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(matches!(
+        store.probe(&me, Utc::now()).unwrap(),
+        Verdict::ForSelf(_)
+    ));
+}

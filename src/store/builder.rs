@@ -89,6 +89,7 @@ impl MarkerStoreBuilder {
             layout: self.layout,
             dir,
             policy: self.policy,
+            allow_shared_dir: self.allow_shared_dir,
             reported_dirs: Default::default(),
         })
     }

@@ -206,7 +206,21 @@ pub(super) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
     if !meta.is_dir() {
         return Err(StoreError::NotADirectory(dir.to_path_buf()));
     }
-    match os::shared_mode(&meta) {
+    refuse_shared(dir, &meta, allow_shared)
+}
+
+/// Checks again that `dir` is private (see [`prepare_dir`]): whoever can write there can stop
+/// the service, and the mode can change while it runs.
+pub(super) fn check_private_dir(dir: &Path) -> Result<(), StoreError> {
+    let meta = fs::metadata(dir).map_err(|source| StoreError::Directory {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    refuse_shared(dir, &meta, false)
+}
+
+fn refuse_shared(dir: &Path, meta: &fs::Metadata, allow_shared: bool) -> Result<(), StoreError> {
+    match os::shared_mode(meta) {
         Some(mode) if !allow_shared => Err(StoreError::SharedDirectory {
             path: dir.to_path_buf(),
             mode,

@@ -74,6 +74,10 @@ pub struct MarkerStore {
     layout: Layout,
     dir: PathBuf,
     policy: Policy,
+    /// Whether a directory writable by group or others was accepted on purpose; if not, the
+    /// policy is checked again whenever a probe or claim finds a file, since the mode can change
+    /// while the service runs.
+    allow_shared_dir: bool,
     /// Slots where a directory that cannot be removed was already reported: it is logged once,
     /// not on every poll.
     reported_dirs: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
@@ -219,6 +223,7 @@ impl MarkerStore {
         let slot = self.slot_path(own.pid);
         let judge = |found: &Found| verdict::decide(found.content(), own, now, &self.policy);
         let found = read_slot(&slot);
+        self.still_private(&found)?;
         let verdict = judge(&found).map_err(|e| unreadable(&slot, e))?;
         if verdict.is_removable() {
             self.discard(&slot, &found, judge)?;
@@ -248,6 +253,7 @@ impl MarkerStore {
         let slot = self.slot_path(own.pid);
         let judge = |found: &Found| verdict::decide(found.content(), own, now, &self.policy);
         let found = read_slot(&slot);
+        self.still_private(&found)?;
         match judge(&found).map_err(|e| unreadable(&slot, e))? {
             Verdict::ForSelf(_) => {}
             v if v.is_removable() => {
@@ -320,6 +326,16 @@ impl MarkerStore {
                 source,
             }),
         }
+    }
+
+    /// Refuses to act on a file found in a directory that has become writable by group or
+    /// others since the store was opened (unless that was accepted on purpose): anyone could
+    /// have planted it. Checked only when something is there, so an empty slot costs nothing.
+    fn still_private(&self, found: &Found) -> Result<(), StoreError> {
+        if self.allow_shared_dir || matches!(found, Found::Absent) {
+            return Ok(());
+        }
+        files::check_private_dir(&self.dir)
     }
 
     fn judge_as_owner(
