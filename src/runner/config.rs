@@ -113,3 +113,29 @@ impl Default for RunnerConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::SignalKind;
+
+    #[test]
+    fn an_override_applies_to_its_cause_and_verdict_together_only() {
+        let hup = StopCause::Signal(SignalKind::Hangup);
+        let codes = ExitCodes::default().with(hup, StopVerdict::Unexpected, 75);
+        assert_eq!(codes.code(hup, StopVerdict::Unexpected), 75);
+        assert_eq!(
+            codes.code(hup, StopVerdict::Planned),
+            0,
+            "same cause, other verdict"
+        );
+        assert_eq!(
+            codes.code(StopCause::Request, StopVerdict::Unexpected),
+            1,
+            "same verdict, other cause"
+        );
+        // The latest override for the same pair wins.
+        let codes = codes.with(hup, StopVerdict::Unexpected, 76);
+        assert_eq!(codes.code(hup, StopVerdict::Unexpected), 76);
+    }
+}

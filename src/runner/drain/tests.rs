@@ -175,3 +175,21 @@ fn a_huge_deadline_is_clamped_instead_of_overflowing() {
     };
     assert_eq!(within, LONGEST_DEADLINE);
 }
+
+#[test]
+fn an_answer_exactly_at_the_deadline_is_in_time() {
+    let t0 = Instant::now();
+    let mut r = run(t0, 10);
+    let Next::Ask { within, .. } = r.advance(&[Work], &RunnerConfig::default(), t0, wall(0), false)
+    else {
+        panic!()
+    };
+    assert!(r.answer(0, "jobs", Work, Some(DrainReport::done()), t0 + within));
+    assert!(r.drained_in_time(&["jobs"]));
+}
+
+#[test]
+fn the_longest_deadline_is_the_year_the_docs_state() {
+    assert_eq!(LONGEST_DEADLINE, Duration::from_secs(365 * 24 * 60 * 60));
+    assert_eq!(LONGEST_DEADLINE.as_secs(), 31_536_000);
+}
