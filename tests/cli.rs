@@ -538,7 +538,7 @@ fn every_verb_works_with_a_directory_whose_path_is_not_utf8() {
         out
     };
 
-    let stopped = json_of(&verb(&["stop", "--pid", &pid, "--json"]));
+    let stopped = json_of(&verb(&["stop", "--pid", &pid, "--create-dir", "--json"]));
     assert_eq!(stopped["outcome"], "marker_written");
     assert!(stopped["slot"].as_str().unwrap().starts_with(&lossy));
     let inspected = json_of(&verb(&["inspect", "--pid", &pid, "--json"]));
@@ -632,4 +632,44 @@ fn run_in(dir: &Path, args: &[&str]) -> std::process::Output {
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap()
+}
+
+/// A typo in `--dir` used to create the directory silently and stop nobody (and `--wait` then
+/// timed out asking "is it a planned-stop service?"). A missing directory is refused, named by
+/// its absolute path; `--create-dir` creates it on purpose.
+#[cfg(unix)]
+#[test]
+fn stop_refuses_a_marker_directory_that_does_not_exist_unless_asked_to_create_it() {
+    let base = tempfile::tempdir().unwrap();
+    let mut target = other_live_process();
+    let pid = target.id().to_string();
+    let out = planned_stop()
+        .current_dir(base.path())
+        .args(["stop", "--pid", &pid, "--dir", "typo"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&out.stderr);
+    let absolute = base.path().join("typo");
+    assert!(
+        message.contains(&format!("{} does not exist", absolute.display())),
+        "{message}"
+    );
+    assert!(!absolute.exists(), "nothing was created");
+    let out = planned_stop()
+        .current_dir(base.path())
+        .args([
+            "stop",
+            "--pid",
+            &pid,
+            "--dir",
+            "typo",
+            "--create-dir",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(absolute.is_dir());
+    let _ = target.kill();
 }

@@ -93,10 +93,11 @@ pub struct LayoutArgs {
 
 impl LayoutArgs {
     /// The layout given, or a usage error.
+    /// Paths are made absolute, so every message names the directory unambiguously.
     fn layout(&self) -> Result<Layout, String> {
         match (&self.dir, &self.marker) {
-            (Some(dir), None) => Ok(Layout::Slots(dir.clone())),
-            (None, Some(file)) => Ok(Layout::SingleFile(file.clone())),
+            (Some(dir), None) => Ok(Layout::Slots(absolute(dir))),
+            (None, Some(file)) => Ok(Layout::SingleFile(absolute(file))),
             _ => Err("give --dir DIR or --marker FILE".to_owned()),
         }
     }
@@ -180,6 +181,12 @@ fn chain(error: &dyn std::error::Error) -> String {
         cause = next.source();
     }
     line
+}
+
+/// `path` made absolute against the working directory (without resolving links); as given when
+/// that is impossible.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// A path as a JSON string. A path that is not valid UTF-8 (possible on Unix) is carried lossily,

@@ -43,6 +43,10 @@ pub struct StopArgs {
     /// Accept a marker directory writable by group or others.
     #[arg(long)]
     pub allow_shared_dir: bool,
+    /// Create the marker directory (mode 0700) if it does not exist. Without it a missing
+    /// directory is an error: a typo in --dir would otherwise stop nobody.
+    #[arg(long)]
+    pub create_dir: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -51,10 +55,19 @@ pub struct StopArgs {
 /// Runs `stop`; returns the exit code.
 pub fn run(args: StopArgs) -> u8 {
     let store = match args.layout.layout().and_then(|layout| {
-        MarkerStore::builder(layout)
+        let store = MarkerStore::builder(layout)
             .allow_shared_dir(args.allow_shared_dir)
+            .create_dir(args.create_dir)
             .open()
-            .map_err(|e| chain(&e))
+            .map_err(|e| chain(&e))?;
+        if !store.dir().is_dir() {
+            return Err(format!(
+                "marker directory {} does not exist: is --dir (or --marker) right? No target \
+                 can be watching it; --create-dir creates it",
+                store.dir().display()
+            ));
+        }
+        Ok(store)
     }) {
         Ok(store) => store,
         Err(e) => return fail(e),
