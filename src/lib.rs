@@ -85,7 +85,7 @@ pub mod web;
 pub use clock::{Clock, SystemClock};
 pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
-pub use marker::{Marker, MarkerError};
+pub use marker::{Marker, MarkerError, StopAction};
 pub use outcome::{Outcome, Phase};
 pub use record::{Note, PhaseRecord, RecordError, StopRecord, Unfinished};
 pub use runner::{

@@ -74,6 +74,22 @@ pub struct Marker {
     /// `false` asks the watcher to leave the marker alone: it only classifies a signal that follows as
     /// planned (the systemd `ExecStop` case, where systemd itself sends the SIGTERM).
     pub trigger_watcher: bool,
+    /// What the stopper asks for: a stop that stays down (the default), or a planned restart.
+    pub action: StopAction,
+}
+
+/// What a marker asks the target to do. Both drain and record alike; they differ in the exit code,
+/// so a supervisor brings a restarted service back while a stopped one stays down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StopAction {
+    /// Stop and stay down: the planned exit code (0 by default). `"action"` absent or `"stop"`.
+    #[default]
+    Stop,
+    /// Stop so that the supervisor starts the service again: the restart exit code (75,
+    /// `EX_TEMPFAIL`, by default). `"action": "restart"`.
+    Restart,
 }
 
 impl Marker {
@@ -94,7 +110,23 @@ impl Marker {
             request_id: None,
             reason: None,
             trigger_watcher: true,
+            action: StopAction::Stop,
         }
+    }
+
+    /// Asks for `action` (see [`StopAction`]).
+    ///
+    /// ```
+    /// use planned_stop::{Marker, StopAction};
+    /// let m = Marker::new(42, None, chrono::Utc::now()).with_action(StopAction::Restart);
+    /// let json = String::from_utf8(m.to_json().unwrap()).unwrap();
+    /// assert!(json.contains("\"action\":\"restart\""));
+    /// assert_eq!(Marker::parse(json.as_bytes()).unwrap().action, StopAction::Restart);
+    /// ```
+    #[must_use]
+    pub fn with_action(mut self, action: StopAction) -> Self {
+        self.action = action;
+        self
     }
 
     /// Sets the pid of the process writing the marker.
@@ -246,6 +278,17 @@ impl Marker {
                 });
             }
         };
+        let action = match get("action") {
+            None | Some(Value::Null) => StopAction::Stop,
+            Some(Value::String(s)) if s == "stop" => StopAction::Stop,
+            Some(Value::String(s)) if s == "restart" => StopAction::Restart,
+            Some(v) => {
+                return Err(MarkerError::InvalidField {
+                    field: "action",
+                    reason: format!("must be \"stop\" or \"restart\", found {}", brief(v)),
+                });
+            }
+        };
         let marker = Marker {
             target_pid,
             target_start_time,
@@ -254,6 +297,7 @@ impl Marker {
             request_id,
             reason,
             trigger_watcher,
+            action,
         };
         marker.check_fields()?;
         Ok(marker)
@@ -481,6 +525,13 @@ struct Wire<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
     trigger_watcher: bool,
+    /// Written only for a restart, so a stop's marker is what v1 readers have always read.
+    #[serde(skip_serializing_if = "is_stop")]
+    action: StopAction,
+}
+
+fn is_stop(action: &StopAction) -> bool {
+    *action == StopAction::Stop
 }
 
 impl<'a> From<&'a Marker> for Wire<'a> {
@@ -494,6 +545,7 @@ impl<'a> From<&'a Marker> for Wire<'a> {
             request_id: m.request_id.as_deref(),
             reason: m.reason.as_deref(),
             trigger_watcher: m.trigger_watcher,
+            action: m.action,
         }
     }
 }

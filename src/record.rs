@@ -117,6 +117,9 @@ pub struct StopRecord {
     /// The drain phases that ran, in order.
     #[serde(default)]
     pub phases: Vec<PhaseRecord>,
+    /// Stop or restart, as the stopper asked (a stop when it did not say).
+    #[serde(default)]
+    pub action: crate::marker::StopAction,
     /// The exit code the process ended with.
     pub exit_code: i32,
 }

@@ -43,6 +43,8 @@ pub struct StopOptions {
     pub expect_start: Option<u64>,
     /// Send SIGTERM after writing the marker (Unix only).
     pub signal: bool,
+    /// Stop and stay down, or restart (see [`crate::StopAction`]).
+    pub action: crate::StopAction,
 }
 
 impl StopOptions {
@@ -54,7 +56,15 @@ impl StopOptions {
             trigger_watcher: true,
             expect_start: None,
             signal: false,
+            action: crate::StopAction::Stop,
         }
+    }
+
+    /// Ask for a planned restart instead of a stop: the target drains and records alike, and
+    /// exits with its restart code (75 by default) so its supervisor starts it again.
+    pub fn with_action(mut self, action: crate::StopAction) -> StopOptions {
+        self.action = action;
+        self
     }
 
     /// Free text for the target's logs and stop record.
@@ -201,7 +211,8 @@ pub fn request(
     let mut marker = Marker::new(pid, Some(target.start), now)
         .with_stopper_pid(std::process::id())
         .with_request_id(request_id)
-        .with_trigger_watcher(options.trigger_watcher);
+        .with_trigger_watcher(options.trigger_watcher)
+        .with_action(options.action);
     if let Some(reason) = &options.reason {
         marker = marker.with_reason(reason.clone());
     }

@@ -673,3 +673,36 @@ fn stop_refuses_a_marker_directory_that_does_not_exist_unless_asked_to_create_it
     assert!(absolute.is_dir());
     let _ = target.kill();
 }
+
+/// A planned restart: the target drains and records exactly as for a stop, then exits 75
+/// (`EX_TEMPFAIL`) so a supervisor starts it again; the next start resumes what it left. Through
+/// the watcher and through the signal path alike.
+#[cfg(unix)]
+#[test]
+fn a_planned_restart_drains_records_and_exits_75() {
+    for signal in [false, true] {
+        let d = dirs();
+        let mut service = serve(
+            &d,
+            &["--jobs", "2", "--job-ms", "60000", "--drain-ms", "200"],
+        );
+        let mut args = vec!["--restart", "--wait", "20"];
+        if signal {
+            args.push("--signal");
+        }
+        let out = stop(&d, &service.pid_arg(), &args);
+        let report = json_of(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "the stopper got what it asked: {report}"
+        );
+        assert_eq!(report["outcome"], "stopped_planned");
+        assert_eq!(report["exit_code"], 75);
+        assert_eq!(service.exit_code(), Some(75), "signal: {signal}");
+        let record = StopRecord::read(&d.state).unwrap().unwrap();
+        assert_eq!(record.verdict, StopVerdict::Planned);
+        assert_eq!(record.action, planned_stop::StopAction::Restart);
+        assert_eq!(record.unfinished.len(), 2, "kept for the restarted process");
+    }
+}

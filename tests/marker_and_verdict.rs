@@ -25,9 +25,17 @@ fn any_marker() -> impl Strategy<Value = Marker> {
             proptest::string::string_regex(&format!("\\PC{{0,{MAX_REASON_CHARS}}}")).unwrap(),
         ),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(pid, start, stopper, at, id, reason, trigger)| {
-            let mut m = Marker::new(pid, start, at).with_trigger_watcher(trigger);
+        .prop_map(|(pid, start, stopper, at, id, reason, trigger, restart)| {
+            let action = if restart {
+                planned_stop::StopAction::Restart
+            } else {
+                planned_stop::StopAction::Stop
+            };
+            let mut m = Marker::new(pid, start, at)
+                .with_trigger_watcher(trigger)
+                .with_action(action);
             m.stopper_pid = stopper;
             m.request_id = id;
             m.reason = reason;

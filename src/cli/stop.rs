@@ -6,8 +6,8 @@ use super::{
     path_json,
 };
 use clap::Args;
-use planned_stop::MarkerStore;
 use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
+use planned_stop::{MarkerStore, StopAction};
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -47,6 +47,10 @@ pub struct StopArgs {
     /// directory is an error: a typo in --dir would otherwise stop nobody.
     #[arg(long)]
     pub create_dir: bool,
+    /// Ask for a planned restart: the target drains and records as for a stop, then exits with
+    /// its restart code (75 by default) so its supervisor starts it again.
+    #[arg(long)]
+    pub restart: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -80,7 +84,12 @@ pub fn run(args: StopArgs) -> u8 {
     };
     let mut options = StopOptions::new()
         .with_trigger_watcher(!args.no_trigger)
-        .with_signal(args.signal);
+        .with_signal(args.signal)
+        .with_action(if args.restart {
+            StopAction::Restart
+        } else {
+            StopAction::Stop
+        });
     options.reason = args.reason.clone();
     options.request_id = args.request_id.clone();
     options.expect_start = args.start;

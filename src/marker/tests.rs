@@ -309,3 +309,35 @@ fn a_bad_pid_error_says_what_was_wrong() {
     assert_eq!(reason(r#""12""#), "must be an integer, found a string");
     assert_eq!(reason("[12]"), "must be an integer, found an array");
 }
+
+#[test]
+fn the_action_is_stop_unless_the_marker_asks_for_a_restart() {
+    let with = |action: &str| parse_str(&minimal_with(&format!(r#","action":{action}"#)));
+    assert_eq!(
+        parse_str(&minimal_with("")).unwrap().action,
+        StopAction::Stop
+    );
+    assert_eq!(with("null").unwrap().action, StopAction::Stop);
+    assert_eq!(with(r#""stop""#).unwrap().action, StopAction::Stop);
+    assert_eq!(with(r#""restart""#).unwrap().action, StopAction::Restart);
+    for unknown in [r#""reboot""#, r#""Restart""#, "true", "1"] {
+        assert!(
+            matches!(
+                with(unknown),
+                Err(MarkerError::InvalidField {
+                    field: "action",
+                    ..
+                })
+            ),
+            "{unknown} is malformed"
+        );
+    }
+    // A stop's marker is written exactly as before (no `action` key); a restart's names it.
+    let stop = Marker::new(1, None, at(0)).to_json().unwrap();
+    assert!(!String::from_utf8(stop).unwrap().contains("action"));
+    let restart = Marker::new(1, None, at(0))
+        .with_action(StopAction::Restart)
+        .to_json()
+        .unwrap();
+    assert_eq!(Marker::parse(&restart).unwrap().action, StopAction::Restart);
+}

@@ -22,6 +22,7 @@ fn record() -> StopRecord {
         unanswered: vec![],
         notes: vec![],
         phases: vec![],
+        action: crate::marker::StopAction::Stop,
         exit_code: 0,
     }
 }

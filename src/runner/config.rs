@@ -22,6 +22,9 @@ pub struct ExitCodes {
     pub planned: i32,
     /// The code of an unexpected stop.
     pub unexpected: i32,
+    /// A planned stop whose marker asked for a restart. Default 75 (`EX_TEMPFAIL`): a failure
+    /// to a supervisor, which starts the service again, while a planned stop (0) stays down.
+    pub restart: i32,
     overrides: Vec<(StopCause, StopVerdict, i32)>,
 }
 
@@ -30,6 +33,7 @@ impl Default for ExitCodes {
         ExitCodes {
             planned: 0,
             unexpected: 1,
+            restart: 75,
             overrides: Vec::new(),
         }
     }

@@ -35,6 +35,7 @@ pub(crate) struct Requester {
     pub(crate) request_id: Option<String>,
     pub(crate) reason: Option<String>,
     pub(crate) stopper_pid: Option<u32>,
+    pub(crate) action: crate::marker::StopAction,
 }
 
 impl From<super::PlannedStop> for Requester {
@@ -43,6 +44,7 @@ impl From<super::PlannedStop> for Requester {
             request_id: s.request_id,
             reason: s.reason,
             stopper_pid: s.stopper_pid,
+            action: s.action,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! its watch channel.
 
 use crate::lifecycle::{RunnerState, SignalKind, StopRequest, StopVerdict};
-use crate::marker::Marker;
+use crate::marker::{Marker, StopAction};
 use crate::outcome::Outcome;
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -32,6 +32,8 @@ pub struct PlannedStop {
     pub stopper_pid: Option<u32>,
     /// When the marker was written.
     pub written_at: DateTime<Utc>,
+    /// Stop, or restart (the exit code tells the supervisor which).
+    pub action: StopAction,
 }
 
 impl From<&Marker> for PlannedStop {
@@ -41,6 +43,7 @@ impl From<&Marker> for PlannedStop {
             reason: m.reason.clone(),
             stopper_pid: m.stopper_pid,
             written_at: m.written_at,
+            action: m.action,
         }
     }
 }

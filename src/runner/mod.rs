@@ -287,7 +287,13 @@ impl RunnerActor {
             );
         }
         let finished_at = self.clock.now();
-        let code = self.config.exit_codes.code(run.cause, verdict);
+        let action = run.requester.action;
+        let code = match (verdict, action) {
+            (StopVerdict::Planned, crate::marker::StopAction::Restart) => {
+                self.config.exit_codes.restart
+            }
+            _ => self.config.exit_codes.code(run.cause, verdict),
+        };
         let names: Vec<&str> = self.participants.iter().map(|p| p.name.as_str()).collect();
         let drained_in_time = run.drained_in_time(&names);
         let unanswered = run.unanswered(&names);
@@ -310,6 +316,7 @@ impl RunnerActor {
             unanswered,
             notes: run.notes,
             phases: run.phases,
+            action,
             exit_code: code,
         };
         debug_assert_eq!(record.verdict, run.verdict);
