@@ -245,15 +245,18 @@ impl DrainRun {
         !self.late && !self.cut && !self.forced && self.unanswered(names).is_empty()
     }
 
+    /// Records the running phase as ended at `wall`. `timed_out`: it ended at its deadline (or
+    /// by a force) with answers still missing; a phase whose participants all answered ends
+    /// through [`Self::advance`] at once. Who never answered is kept in `answered`, so
+    /// [`Self::drained_in_time`] needs nothing more from here.
     fn close_phase(&mut self, wall: DateTime<Utc>, timed_out: bool) {
         if let Some(c) = self.current.take() {
-            self.late |= timed_out && !c.waiting.is_empty();
             self.phases.push(PhaseRecord {
                 phase: c.phase,
                 participants: c.asked,
                 started_at: c.started_at,
                 finished_at: wall,
-                timed_out: timed_out && !c.waiting.is_empty(),
+                timed_out,
             });
         }
     }

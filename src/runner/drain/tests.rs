@@ -122,11 +122,17 @@ fn handing_work_back_in_time_is_in_time() {
 fn late_cut_or_forced_drains_are_not_in_time() {
     let t0 = Instant::now();
     let config = RunnerConfig::default();
-    // Late: the answer came after the phase's deadline.
+    // Late: the answer came after the phase's deadline, and stays late after the drain moves on.
     let mut late = run(t0, 1);
     late.advance(&[Work], &config, t0, wall(0), false);
     late.answer(0, "jobs", Work, Some(DrainReport::done()), t0 + secs(2));
     assert!(!late.drained_in_time(&["jobs"]));
+    assert_eq!(
+        late.advance(&[Work], &config, t0 + secs(2), wall(2), false),
+        Next::Finish
+    );
+    assert!(!late.drained_in_time(&["jobs"]));
+    assert!(!late.phases[0].timed_out, "every participant had answered");
     // Cut: in time, but work was cut that could not be handed back.
     let mut cut = run(t0, 10);
     cut.advance(&[Ingress], &config, t0, wall(0), false);
@@ -192,4 +198,17 @@ fn an_answer_exactly_at_the_deadline_is_in_time() {
 fn the_longest_deadline_is_the_year_the_docs_state() {
     assert_eq!(LONGEST_DEADLINE, Duration::from_secs(365 * 24 * 60 * 60));
     assert_eq!(LONGEST_DEADLINE.as_secs(), 31_536_000);
+}
+
+#[test]
+fn notes_are_kept_apart_from_the_items_to_resume() {
+    let t0 = Instant::now();
+    let mut r = run(t0, 10);
+    r.advance(&[Work], &RunnerConfig::default(), t0, wall(0), false);
+    let report = DrainReport::unfinished(["j-1"]).with_note("flushed 3 of 4 batches");
+    assert!(r.answer(0, "jobs", Work, Some(report), t0));
+    assert_eq!(r.unfinished.len(), 1);
+    assert_eq!(r.notes.len(), 1);
+    assert_eq!(r.notes[0].note, "flushed 3 of 4 batches");
+    assert!(r.drained_in_time(&["jobs"]), "a note is not a cut");
 }
