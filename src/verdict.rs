@@ -333,6 +333,49 @@ fn read_marker(found: SlotContent<'_>) -> Result<Result<Marker, Verdict>, Undeci
     Ok(Marker::parse(bytes).map_err(|e| Verdict::Malformed(e.into())))
 }
 
+/// How a fingerprint written in centiseconds since the Unix epoch (`round(create_time × 100)`,
+/// what the earlier planned-stop system's stoppers write on macOS and Windows) is matched against
+/// this process's start time, so those stoppers can stop a planned-stop target. Not on Linux, where
+/// both sides read the same `/proc` ticks and nothing but the exact value is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CentisecondForm {
+    /// Only the exact fingerprint.
+    Refused,
+    /// Also centiseconds within `tolerance` of our start time (which is exact here).
+    Within { tolerance: u64 },
+    /// Also centiseconds in the same second as our start time (known to the second here).
+    SameSecond,
+}
+
+/// The rule on this OS: Windows knows the start to 100 ns (±1 centisecond for the other side's
+/// rounding); macOS and the BSDs to the second (sysinfo); Linux needs no alternative.
+pub(crate) const CENTISECOND_FORM: CentisecondForm = if cfg!(windows) {
+    CentisecondForm::Within { tolerance: 1 }
+} else if cfg!(target_os = "linux") {
+    CentisecondForm::Refused
+} else {
+    CentisecondForm::SameSecond
+};
+
+impl CentisecondForm {
+    /// Whether `theirs` is `own`'s start time written in centiseconds since the Unix epoch.
+    pub(crate) fn matches(self, theirs: u64, own: &ProcessIdentity) -> bool {
+        let ours_ms = own.started_at.timestamp_millis();
+        let Ok(ours_ms) = u64::try_from(ours_ms) else {
+            return false;
+        };
+        match self {
+            CentisecondForm::Refused => false,
+            // Our start rounded to the centisecond, as the other side rounds.
+            CentisecondForm::Within { tolerance } => {
+                (ours_ms + 5) / 10 <= theirs.saturating_add(tolerance)
+                    && theirs <= (ours_ms + 5) / 10 + tolerance
+            }
+            CentisecondForm::SameSecond => theirs / 100 == ours_ms / 1000,
+        }
+    }
+}
+
 /// The rules for a well-formed marker.
 fn judge(marker: Marker, own: &ProcessIdentity, now: DateTime<Utc>, policy: &Policy) -> Verdict {
     let age = now.signed_duration_since(marker.written_at);
@@ -353,6 +396,7 @@ fn judge(marker: Marker, own: &ProcessIdentity, now: DateTime<Utc>, policy: &Pol
     }
     if let Some(theirs) = marker.target_start_time
         && theirs != own.start
+        && !CENTISECOND_FORM.matches(theirs, own)
     {
         return Verdict::Stale(Stale::OtherIncarnation {
             pid: own.pid,

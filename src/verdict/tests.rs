@@ -218,3 +218,41 @@ fn a_null_fingerprint_is_ours_from_exactly_the_start_slack_before_our_start() {
         Verdict::Stale(Stale::BeforeOurStart { .. })
     ));
 }
+
+#[test]
+fn the_centisecond_fingerprint_of_the_earlier_system_is_accepted_where_the_os_rule_allows() {
+    // Our start: 2026-11-30T12:00:00.123456Z, i.e. 1_796_040_000_123 ms since the epoch.
+    let mut own = me();
+    own.started_at = DateTime::from_timestamp(1_796_040_000, 123_456_000).unwrap();
+    let centis = 179_604_000_012; // round(1_796_040_000.123456 × 100)
+    let exact = CentisecondForm::Within { tolerance: 1 };
+    assert!(exact.matches(centis, &own));
+    assert!(exact.matches(centis + 1, &own) && exact.matches(centis - 1, &own));
+    assert!(
+        !exact.matches(centis + 2, &own),
+        "another process, 20 ms apart"
+    );
+    let second = CentisecondForm::SameSecond;
+    assert!(second.matches(179_604_000_000, &own) && second.matches(179_604_000_099, &own));
+    assert!(!second.matches(179_604_000_100, &own), "the next second");
+    assert!(!CentisecondForm::Refused.matches(centis, &own));
+    // Linux refuses it: both sides read /proc ticks there.
+    if cfg!(target_os = "linux") {
+        assert_eq!(CENTISECOND_FORM, CentisecondForm::Refused);
+    }
+}
+
+#[test]
+fn a_marker_in_the_centisecond_form_is_ours_only_where_the_os_rule_allows() {
+    let mut own = me();
+    own.started_at = DateTime::from_timestamp(1_796_040_000, 120_000_000).unwrap();
+    let now = own.started_at + secs(5);
+    let bytes = Marker::new(own.pid, Some(179_604_000_012), now)
+        .to_json()
+        .unwrap();
+    let verdict = decide(SlotContent::Bytes(&bytes), &own, now, &Policy::default()).unwrap();
+    match CENTISECOND_FORM {
+        CentisecondForm::Refused => assert!(matches!(verdict, Verdict::Stale(_))),
+        _ => assert!(matches!(verdict, Verdict::ForSelf(_)), "{verdict:?}"),
+    }
+}
