@@ -275,6 +275,14 @@ impl ServiceBuilder {
         self
     }
 
+    /// How long a drain may overrun its deadline (plus the answer graces) before a watchdog
+    /// thread ends the process with the unexpected code, logging who was still draining. It
+    /// catches what the deadline timers cannot: something blocking the event loop. Default 5 s.
+    pub fn overrun_grace(mut self, grace: Duration) -> Self {
+        self.runner.overrun_grace = grace;
+        self
+    }
+
     /// Warn (once) when the application has not called [`ServiceHandle::ready`] this long after
     /// start: a planned stop is held until then. Default 30 s; `None` never warns.
     pub fn ready_warning(mut self, after: Option<Duration>) -> Self {

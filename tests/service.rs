@@ -732,3 +732,70 @@ fn helper_panicking_service() {
     // Reached only if neither guard ended the process.
     std::process::exit(0);
 }
+
+/// A participant that blocks the event loop: the runner's own deadline timers cannot fire.
+struct Blocker;
+
+impl Actor for Blocker {
+    type Context = Context<Self>;
+}
+
+impl Handler<planned_stop::Drain> for Blocker {
+    type Result = planned_stop::DrainReport;
+    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
+        std::thread::sleep(common::HELPER_LIFETIME);
+        planned_stop::DrainReport::done()
+    }
+}
+
+/// No stop can hang forever: a drain whose participant blocks the event loop is ended by the
+/// overrun watchdog once the deadline and its grace have passed, non-zero, saying who was
+/// draining.
+#[test]
+fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_blocked_drain",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(common::HELPER_ENV, "blocked-drain")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("overran") && stderr.contains("blocker"),
+        "{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "run as a child process by the test above"]
+fn helper_blocked_drain() {
+    if common::helper_role().is_none() {
+        return;
+    }
+    std::thread::spawn(|| {
+        std::thread::sleep(common::HELPER_LIFETIME);
+        std::process::exit(99);
+    });
+    let f = Fixture::new();
+    actix::System::new().block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .drain_deadline(Duration::from_millis(200))
+            .overrun_grace(Duration::from_millis(300))
+            .participant("blocker", Blocker.start().recipient())
+            .handle_signals(false)
+            .events(false)
+            .start()
+            .unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await
+    });
+    std::process::exit(0);
+}

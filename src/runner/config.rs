@@ -89,6 +89,10 @@ pub struct RunnerConfig {
     pub phase_deadlines: Vec<(DrainPhase, Duration)>,
     /// Warn when the application has not said it is ready after this long. Default 30 s.
     pub ready_warning: Option<Duration>,
+    /// How long past the drain deadline (plus one answer grace per phase) a drain may run before
+    /// a watchdog thread ends the process with the unexpected code: the actor's own timers cannot
+    /// fire if something blocks the event loop, and no stop may hang forever. Default 5 s.
+    pub overrun_grace: Duration,
 }
 
 impl RunnerConfig {
@@ -114,6 +118,7 @@ impl Default for RunnerConfig {
             stop_system: true,
             phase_deadlines: Vec::new(),
             ready_warning: Some(Duration::from_secs(30)),
+            overrun_grace: Duration::from_secs(5),
         }
     }
 }

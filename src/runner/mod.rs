@@ -190,7 +190,47 @@ impl RunnerActor {
             Instant::now(),
             within,
         ));
+        self.arm_overrun_watchdog(within);
         self.next_phase(false, ctx);
+    }
+
+    /// A plain OS thread (not an actix timer, which a blocked event loop would never fire) that
+    /// ends the process with the unexpected code if the runner has not stopped by the drain
+    /// deadline, one answer grace per phase, and the overrun grace.
+    fn arm_overrun_watchdog(&self, within: std::time::Duration) {
+        // Only when the runner owns the process's exit, as for the drop guard.
+        if !self.config.stop_system {
+            return;
+        }
+        let phases = DrainPhase::ALL.len() as u32;
+        let limit = within
+            .saturating_add(self.config.answer_grace.saturating_mul(phases))
+            .saturating_add(drain::clamp(self.config.overrun_grace));
+        let status = self.status.subscribe();
+        let participants: Vec<String> = self.participants.iter().map(|p| p.name.clone()).collect();
+        let code = self.config.exit_codes.unexpected;
+        let spawned = std::thread::Builder::new()
+            .name("planned-stop-overrun".into())
+            .spawn(move || {
+                std::thread::sleep(limit);
+                if status.borrow().state != RunnerState::Stopped {
+                    tracing::error!(
+                        limit_ms = limit.as_millis() as u64,
+                        ?participants,
+                        code,
+                        "the drain overran its deadline and grace (is something blocking the \
+                         event loop?); exiting so the stop cannot hang"
+                    );
+                    eprintln!(
+                        "planned-stop: the drain overran its deadline by more than the overrun \
+                         grace; participants: {participants:?}; exiting with {code}"
+                    );
+                    std::process::exit(code);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the drain overrun watchdog");
+        }
     }
 
     /// Ends the running phase (`timed_out` says how) and asks the next one's participants, or
