@@ -671,18 +671,7 @@ impl planned_stop::Clock for Bomb {
 #[test]
 fn a_panic_in_the_watcher_or_the_runner_ends_the_process_non_zero_and_logged() {
     for role in ["watcher-panics", "runner-panics"] {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "helper_panicking_service",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(common::HELPER_ENV, role)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
+        let out = common::run_helper("helper_panicking_service", role);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{role}: {stderr}");
         assert!(
@@ -702,10 +691,7 @@ fn helper_panicking_service() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-    std::thread::spawn(|| {
-        std::thread::sleep(common::HELPER_LIFETIME);
-        std::process::exit(99);
-    });
+    common::give_up_after_helper_lifetime();
     let f = Fixture::new();
     let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     actix::System::new().block_on(async {
@@ -753,18 +739,7 @@ impl Handler<planned_stop::Drain> for Blocker {
 /// draining.
 #[test]
 fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "helper_blocked_drain",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(common::HELPER_ENV, "blocked-drain")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = common::run_helper("helper_blocked_drain", "blocked-drain");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -779,10 +754,7 @@ fn helper_blocked_drain() {
     if common::helper_role().is_none() {
         return;
     }
-    std::thread::spawn(|| {
-        std::thread::sleep(common::HELPER_LIFETIME);
-        std::process::exit(99);
-    });
+    common::give_up_after_helper_lifetime();
     let f = Fixture::new();
     actix::System::new().block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))

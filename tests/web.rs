@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{HELPER_ENV, helper_role};
+use common::helper_role;
 use planned_stop::stopper::{self, StopOptions};
 use planned_stop::{
     Drain, DrainPhase, DrainReport, Layout, MarkerStore, Phase, PlannedStopService, StopRecord,
@@ -18,7 +18,7 @@ use planned_stop::{
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -87,15 +87,7 @@ struct App {
 impl App {
     fn start(layout: AppLayout, options: &AppOptions) -> App {
         let base = tempfile::tempdir().unwrap();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "helper_web_app",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(HELPER_ENV, layout.role())
+        let mut child = common::helper_command("helper_web_app", layout.role())
             .env("BASE", base.path())
             .env("GRACE_MS", options.grace_ms.to_string())
             .env(
@@ -107,7 +99,6 @@ impl App {
             )
             .env("JOBS_MS", options.jobs_ms.to_string())
             .env("READY_MS", options.ready_ms.to_string())
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -462,11 +453,7 @@ fn helper_web_app() {
     let ingress = env_ms("INGRESS_MS");
     let jobs = env_ms("JOBS_MS").unwrap_or_default();
     let ready_after = env_ms("READY_MS").unwrap_or_default();
-    // Gives up by itself if the test died.
-    std::thread::spawn(|| {
-        std::thread::sleep(common::HELPER_LIFETIME);
-        std::process::exit(99);
-    });
+    common::give_up_after_helper_lifetime();
     let start = |base: &Path| {
         let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
             .state_dir(base.join("state"))
@@ -582,7 +569,7 @@ fn stop_wait_reports_a_stop_held_until_the_application_is_ready() {
             ..options()
         },
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_planned-stop"))
+    let out = common::process::planned_stop()
         .args(["stop", "--pid", &app.child.id().to_string(), "--dir"])
         .arg(app.run_dir())
         .args(["--wait", "1", "--json"])

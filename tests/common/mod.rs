@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 /// The environment variable that turns a test binary into a helper process (see [`spawn_helper`]).
 pub const HELPER_ENV: &str = "PLANNED_STOP_TEST_HELPER";
 
-/// Runs the `#[ignore]`d test `name` of the current test binary as a child process, with
-/// [`HELPER_ENV`] set to `role` and the given extra environment.
-pub fn spawn_helper(name: &str, role: &str, env: &[(&str, &Path)]) -> Helper {
+/// The command that runs the `#[ignore]`d test `name` of the current test binary as a child
+/// process, with [`HELPER_ENV`] set to `role` and no standard input.
+pub fn helper_command(name: &str, role: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--exact",
@@ -25,13 +25,32 @@ pub fn spawn_helper(name: &str, role: &str, env: &[(&str, &Path)]) -> Helper {
         "--test-threads=1",
     ])
     .env(HELPER_ENV, role)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
+    .stdin(Stdio::null());
+    cmd
+}
+
+/// Starts the helper test `name` as `role` with the given extra environment; its stdout is piped.
+pub fn spawn_helper(name: &str, role: &str, env: &[(&str, &Path)]) -> Helper {
+    let mut cmd = helper_command(name, role);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
     for (k, v) in env {
         cmd.env(k, v);
     }
     Helper(cmd.spawn().unwrap(), None)
+}
+
+/// Runs the helper test `name` as `role` to completion; returns its output.
+pub fn run_helper(name: &str, role: &str) -> std::process::Output {
+    helper_command(name, role).output().unwrap()
+}
+
+/// In a helper: end the process with 99 after [`HELPER_LIFETIME`], so a helper whose test died
+/// never lingers.
+pub fn give_up_after_helper_lifetime() {
+    std::thread::spawn(|| {
+        std::thread::sleep(HELPER_LIFETIME);
+        std::process::exit(99);
+    });
 }
 
 /// A helper child process that is killed when dropped, so a failing test leaves nothing running.
