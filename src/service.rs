@@ -290,7 +290,10 @@ impl ServiceBuilder {
         self
     }
 
-    /// Whether the runner stops the actix system when stopped (default `true`).
+    /// Whether the runner stops the actix system when stopped (default `true`). With `false` the
+    /// application owns the process's exit: the runner's guards are disarmed too (no exit when
+    /// the runner is dropped before it stopped, no overrun watchdog); await
+    /// [`ServiceHandle::stopped`] and exit with its code.
     ///
     /// ```
     /// // Run the runner inside a larger system that stops by other means.

@@ -754,6 +754,10 @@ fn helper_blocked_drain() {
     if common::helper_role().is_none() {
         return;
     }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     common::give_up_after_helper_lifetime();
     let f = Fixture::new();
     actix::System::new().block_on(async {

@@ -45,10 +45,6 @@ impl RunnerActor {
                         "the drain overran its deadline and grace (is something blocking the \
                          event loop?); exiting so the stop cannot hang"
                     );
-                    eprintln!(
-                        "planned-stop: the drain overran its deadline by more than the overrun \
-                         grace; participants: {participants:?}; exiting with {code}"
-                    );
                     std::process::exit(code);
                 }
             });
