@@ -55,10 +55,12 @@ async fn main() -> std::io::Result<std::process::ExitCode> {
         .participant("jobs", jobs.recipient())
         .start()
         .map_err(std::io::Error::other)?;
-    if let Some(previous) = stop.take_previous_record().map_err(std::io::Error::other)? {
-        for item in &previous.unfinished {
-            println!("resuming {:?}", item.item_as::<Job>());
-        }
+    for leased in stop.resume().await.map_err(std::io::Error::other)? {
+        println!("resuming {:?}", leased.item.item_as::<Job>());
+        // ... once the job is queued again for good:
+        stop.acknowledge(&leased)
+            .await
+            .map_err(std::io::Error::other)?;
     }
     let ready = stop.clone();
     let server = HttpServer::new(move || {

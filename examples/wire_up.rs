@@ -45,12 +45,10 @@ fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
             .drain_deadline(Duration::from_secs(5))
             .participant("jobs", jobs.recipient())
             .start()?;
-        if let Some(previous) = service.take_previous_record()? {
-            println!(
-                "resuming {} unfinished jobs: {:?}",
-                previous.unfinished.len(),
-                previous.unfinished
-            );
+        for leased in service.resume().await? {
+            println!("resuming {} ({})", leased.item.item, leased.item.id);
+            // ... once the work is taken over for good:
+            service.acknowledge(&leased).await?;
         }
         service.ready();
         // -----------------------------------------------------------------------------------------

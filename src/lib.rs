@@ -87,7 +87,11 @@ pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use marker::{Marker, MarkerError, StopAction};
 pub use outcome::{Outcome, Phase};
-pub use record::{Note, PhaseRecord, RecordError, StopRecord, Unfinished};
+pub use record::{
+    FileRecordStore, ItemState, Lease, Leased, Liveness, Note, Owner, PhaseRecord, RecordError,
+    RecordFuture, RecordStore, ResumeItem, StopRecord, Unfinished, holds, is_offered,
+    is_valid_item_id, local_host,
+};
 pub use runner::{
     Drain, DrainPhase, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus,
 };

@@ -34,6 +34,10 @@ pub enum Phase {
     Draining,
     /// Stopped; `exit_code` is the process's exit code.
     Stopped,
+    /// The stop finished, but the unfinished items could not be made durable (the record store
+    /// failed): the items were written to stderr as JSON at ERROR, and `exit_code` is the
+    /// record-lost code. Never a planned success, whatever the verdict.
+    RecordLost,
     /// The process ended before the runner finished (the actix `System` was stopped by someone
     /// else, or `main` returned): nothing was recorded and the process exits with `exit_code`,
     /// the unexpected code.

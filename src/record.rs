@@ -1,16 +1,31 @@
-//! The stop record: what a stop left behind, for the next start.
+//! The stop record and the resume items: what a stop left behind, for the next start.
 //!
-//! When the runner has drained it writes one [`StopRecord`] into the application's state directory,
-//! atomically: why it stopped, whether that was planned, the request it answered, whether the drain
-//! finished in time, and every item the drain participants left unfinished (the *resume pending*
-//! list). At its next start the application takes the record ([`StopRecord::take`]) and resumes what
-//! is listed. Taking is atomic, so a record is resumed once even if two instances start together.
+//! When the runner has drained it persists one [`StopRecord`] through the service's
+//! [`RecordStore`]: why it stopped, whether that was planned, the request it answered, whether the
+//! drain finished in time, and every item the drain participants left unfinished. Each item gets a
+//! stable id and becomes a [`ResumeItem`] of its own, so that several processes sharing one store
+//! never overwrite each other's work. The items are durable *before* the stop is reported as
+//! planned; when they cannot be made durable the stop ends as `record_lost` instead (its own exit
+//! code and outcome phase, and the items on stderr as JSON), never as a planned success.
+//!
+//! At its next start an application leases the items ([`crate::ServiceHandle::resume`]) and
+//! acknowledges each once it has taken it over for good. Until then a crash loses nothing: the
+//! lease rules ([`is_offered`]) offer the item again once its holder is gone. So every item is
+//! resumed at least once and acknowledged exactly once, and never held by two live owners at once.
+
+mod file;
+mod lease;
+mod store;
+
+pub use file::FileRecordStore;
+pub(crate) use lease::item_id;
+pub use lease::{Lease, Liveness, Owner, holds, is_offered, is_valid_item_id, local_host};
+pub use store::{ItemState, Leased, RecordFuture, RecordStore, ResumeItem};
 
 use crate::lifecycle::{StopCause, StopVerdict};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// The file name of the record inside the state directory.
@@ -35,6 +50,11 @@ pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Unfinished {
+    /// The item's id in the record store: given by the runner when the stop is recorded, or the
+    /// id it had when it was resumed and handed back again ([`crate::DrainReport::handed_back`]).
+    /// `None` only in records of an earlier version.
+    #[serde(default)]
+    pub id: Option<String>,
     /// The participant's name, as registered.
     pub participant: String,
     /// The item as the participant handed it back: any JSON value (a job id string, an object).
@@ -74,7 +94,8 @@ pub struct PhaseRecord {
     pub timed_out: bool,
 }
 
-/// What a stop left behind. Written once per process life by the runner.
+/// What a stop left behind. Persisted once per process life by the runner; a file store keeps the
+/// most recent one as a summary for people (the items themselves are kept one by one).
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
@@ -153,9 +174,41 @@ pub enum RecordError {
         /// What is wrong.
         reason: String,
     },
-    /// Writing failed in the store's atomic write.
+    /// The state directory cannot be used, or writing failed in the atomic write.
     #[error(transparent)]
     Write(#[from] crate::store::StoreError),
+    /// Another process held the state directory's lock for too long.
+    #[error(
+        "the state directory's lock {path} was held by another process for {waited:?}; \
+         find it with `fuser {path}` (or stop it) and try again",
+        path = path.display()
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+        /// How long this process waited.
+        waited: std::time::Duration,
+    },
+    /// No such item (acknowledged already, removed by an operator, or never stored).
+    #[error("no resume item {id}; `planned-stop records list` shows what there is")]
+    UnknownItem {
+        /// The item id.
+        id: String,
+    },
+    /// The caller does not hold the item's lease.
+    #[error("resume item {id} is not leased by this process (holder: {})", holder.as_deref().unwrap_or("nobody: it is pending"))]
+    NotHolder {
+        /// The item id.
+        id: String,
+        /// Who holds it, if anyone.
+        holder: Option<String>,
+    },
+    /// The database (or another remote store) could not be reached or refused the operation.
+    #[error("the record store failed: {message}")]
+    Backend {
+        /// What went wrong, with what to do.
+        message: String,
+    },
 }
 
 impl StopRecord {
@@ -169,23 +222,6 @@ impl StopRecord {
         state_dir.join(RECORD_FILE_NAME)
     }
 
-    /// Writes the record atomically into `state_dir` (created if missing), replacing any earlier one.
-    pub(crate) fn write(&self, state_dir: &Path) -> Result<PathBuf, RecordError> {
-        let path = StopRecord::path(state_dir);
-        fs::create_dir_all(state_dir).map_err(|source| RecordError::Io {
-            op: "create the directory of",
-            path: path.clone(),
-            source,
-        })?;
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| RecordError::Invalid {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let temp = state_dir.join(format!(".{RECORD_FILE_NAME}.tmp-{}", std::process::id()));
-        crate::store::write_atomically(&path, &temp, &bytes)?;
-        Ok(path)
-    }
-
     /// Reads the record in `state_dir` without removing it; `None` when there is none.
     ///
     /// ```
@@ -195,58 +231,41 @@ impl StopRecord {
     pub fn read(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
         read_file(&StopRecord::path(state_dir))
     }
+}
 
-    /// Takes the record in `state_dir`: reads and removes it, atomically, so that exactly one caller
-    /// gets it. `None` when there is none. An unreadable record is left in place (and reported), so
-    /// resume work is never silently lost.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// use planned_stop::StopRecord;
-    /// // At start-up: resume what the previous life left, exactly once.
-    /// if let Some(previous) = StopRecord::take(dir.path()).unwrap() {
-    ///     for item in previous.unfinished { /* resume item.item */ }
-    /// }
-    /// ```
-    pub fn take(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
-        let path = StopRecord::path(state_dir);
-        let taken = state_dir.join(format!(".{RECORD_FILE_NAME}.taken-{}", std::process::id()));
-        match fs::rename(&path, &taken) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return absent_unless_not_a_directory(&path, "take");
-            }
-            Err(source) => {
-                return Err(RecordError::Io {
-                    op: "take",
-                    path,
-                    source,
-                });
-            }
+fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
+    use crate::store::files::{Found, read_private};
+    let invalid = |reason: String| RecordError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match read_private(path, MAX_RECORD_BYTES as usize) {
+        Found::Absent => absent_unless_not_a_directory(path),
+        Found::Bytes(bytes) if bytes.len() as u64 > MAX_RECORD_BYTES => {
+            Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")))
         }
-        match read_file(&taken) {
-            Ok(record) => {
-                let _ = fs::remove_file(&taken);
-                Ok(record)
-            }
-            Err(e) => {
-                let _ = fs::rename(&taken, &path);
-                Err(e)
-            }
-        }
+        Found::Bytes(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| invalid(e.to_string())),
+        Found::NotAFile(kind) => Err(invalid(format!("a {kind:?}, not a regular file"))),
+        Found::Foreign(uid) => Err(invalid(format!(
+            "owned by uid {uid}, not by this user: it is never trusted"
+        ))),
+        Found::Unreadable(kind) => Err(RecordError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source: io::Error::from(kind),
+        }),
     }
 }
 
 /// "No record" for a record path that does not exist — unless the state directory itself exists
 /// as something else than a directory. Unix says so when opening (`ENOTDIR`); Windows answers
-/// "path not found", which must not read as "nothing to resume" and drop the work silently.
-fn absent_unless_not_a_directory(
-    path: &Path,
-    op: &'static str,
-) -> Result<Option<StopRecord>, RecordError> {
-    match path.parent().map(fs::metadata) {
+/// "path not found", which must not read as "nothing to resume".
+fn absent_unless_not_a_directory(path: &Path) -> Result<Option<StopRecord>, RecordError> {
+    match path.parent().map(std::fs::metadata) {
         Some(Ok(meta)) if !meta.is_dir() => Err(RecordError::Io {
-            op,
+            op: "read",
             path: path.to_path_buf(),
             source: io::Error::new(
                 io::ErrorKind::NotADirectory,
@@ -255,42 +274,6 @@ fn absent_unless_not_a_directory(
         }),
         _ => Ok(None),
     }
-}
-
-fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
-    let file = match fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return absent_unless_not_a_directory(path, "open");
-        }
-        Err(source) => {
-            return Err(RecordError::Io {
-                op: "open",
-                path: path.to_path_buf(),
-                source,
-            });
-        }
-    };
-    let mut bytes = Vec::new();
-    file.take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| RecordError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source,
-        })?;
-    if bytes.len() as u64 > MAX_RECORD_BYTES {
-        return Err(RecordError::Invalid {
-            path: path.to_path_buf(),
-            reason: format!("larger than {MAX_RECORD_BYTES} bytes"),
-        });
-    }
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| RecordError::Invalid {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })
 }
 
 #[cfg(test)]

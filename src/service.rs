@@ -11,8 +11,9 @@
 //!         .state_dir("/var/lib/my-app")
 //!         .drain_deadline(Duration::from_secs(20))
 //!         .start()?;
-//!     if let Some(previous) = service.take_previous_record()? {
-//!         println!("resuming {} unfinished items", previous.unfinished.len());
+//!     for leased in service.resume().await? {
+//!         // ... resume leased.item, then:
+//!         service.acknowledge(&leased).await?;
 //!     }
 //!     // ... start the application's actors, then:
 //!     service.ready();
@@ -31,7 +32,7 @@ use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
 use crate::identity::{IdentityError, ProcessIdentity};
 use crate::lifecycle::{RunnerState, StopCause, StopRequest, StopVerdict};
-use crate::record::{RecordError, StopRecord};
+use crate::record::{FileRecordStore, Leased, Owner, RecordError, RecordStore};
 use crate::runner::{
     AddParticipant, Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor,
     RunnerConfig, RunnerStatus,
@@ -61,6 +62,9 @@ pub enum StartError {
     /// The marker store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The state directory (the record store) cannot be used.
+    #[error(transparent)]
+    Records(#[from] RecordError),
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
@@ -93,6 +97,9 @@ impl PlannedStopService {
             identity: None,
             handle_signals: true,
             events: true,
+            records: Records::None,
+            allow_shared_state: false,
+            lease_for: DEFAULT_LEASE,
         }
     }
 }
@@ -118,7 +125,21 @@ pub struct ServiceBuilder {
     identity: Option<ProcessIdentity>,
     handle_signals: bool,
     events: bool,
+    records: Records,
+    allow_shared_state: bool,
+    lease_for: Duration,
 }
+
+/// Where the builder keeps records: opened at start, so a state directory that cannot be used
+/// fails the start rather than the stop.
+enum Records {
+    None,
+    Dir(PathBuf),
+    Store(Arc<dyn RecordStore>),
+}
+
+/// How long a lease lasts by default (see [`ServiceBuilder::lease_for`]).
+const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
 impl ServiceBuilder {
     /// Whether to install handlers for SIGTERM, SIGINT and SIGHUP (console events on Windows) that
@@ -134,13 +155,37 @@ impl ServiceBuilder {
         self
     }
 
-    /// The application's state directory, where the stop record (resume list) is written.
+    /// Keeps the stop record and the unfinished items in a state directory on this host
+    /// ([`FileRecordStore`], created 0700 at start; one that group or others can write is refused
+    /// unless [`ServiceBuilder::allow_shared_state`]). Several services may share it.
     ///
     /// ```
     /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).state_dir("/var/lib/app");
     /// ```
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.runner.state_dir = Some(dir.into());
+        self.records = Records::Dir(dir.into());
+        self
+    }
+
+    /// Keeps the stop record and the unfinished items in `store` (another backend than the
+    /// state directory, such as a database every replica reaches).
+    pub fn record_store(mut self, store: Arc<dyn RecordStore>) -> Self {
+        self.records = Records::Store(store);
+        self
+    }
+
+    /// Accepts a state directory that group or others can write (default `false`: whoever can
+    /// write there can plant work for this service to resume).
+    pub fn allow_shared_state(mut self, allow: bool) -> Self {
+        self.allow_shared_state = allow;
+        self
+    }
+
+    /// How long a lease taken by [`ServiceHandle::resume`] lasts where the holder's liveness
+    /// cannot be checked (a holder on another host). Default 5 minutes; on this host a lease
+    /// lasts as long as its holder lives.
+    pub fn lease_for(mut self, lease_for: Duration) -> Self {
+        self.lease_for = lease_for;
         self
     }
 
@@ -368,9 +413,17 @@ impl ServiceBuilder {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %ErrorChain(&e), "cannot sweep the marker directory"),
         }
-        let state_dir = self.runner.state_dir.clone();
-        let unexpected_code = self.runner.exit_codes.unexpected;
-        let mut runner = RunnerActor::new(store.clone(), own, self.runner, self.clock.clone());
+        let records: Option<Arc<dyn RecordStore>> = match self.records {
+            Records::None => None,
+            Records::Dir(dir) => Some(Arc::new(
+                FileRecordStore::open(dir, self.allow_shared_state)?.with_clock(self.clock.clone()),
+            )),
+            Records::Store(store) => Some(store),
+        };
+        let mut config = self.runner;
+        config.records = records.clone();
+        let unexpected_code = config.exit_codes.unexpected;
+        let mut runner = RunnerActor::new(store.clone(), own, config, self.clock.clone());
         for (phase, name, recipient) in self.participants {
             runner.add_participant(phase, name, recipient);
         }
@@ -405,7 +458,9 @@ impl ServiceBuilder {
             status,
             store,
             own,
-            state_dir,
+            owner: Owner::this_process(&own),
+            records,
+            lease_for: self.lease_for,
             unexpected_code,
         })
     }
@@ -418,7 +473,9 @@ pub struct ServiceHandle {
     status: watch::Receiver<RunnerStatus>,
     store: MarkerStore,
     own: ProcessIdentity,
-    state_dir: Option<PathBuf>,
+    owner: Owner,
+    records: Option<Arc<dyn RecordStore>>,
+    lease_for: Duration,
     unexpected_code: i32,
 }
 
@@ -477,7 +534,9 @@ impl ServiceHandle {
             loop {
                 let stopped = {
                     let now = status.borrow_and_update();
-                    (now.state == RunnerState::Stopped).then_some(now.exit_code)
+                    // The exit code comes with the final outcome, once the record is persisted.
+                    (now.state == RunnerState::Stopped && now.exit_code.is_some())
+                        .then_some(now.exit_code)
                 };
                 if let Some(code) = stopped {
                     return exit_code_of(code.unwrap_or(unexpected));
@@ -547,8 +606,13 @@ impl ServiceHandle {
         self.own
     }
 
-    /// Takes the previous life's stop record from the state directory, so its unfinished work can
-    /// be resumed (exactly once). `None` without a state directory or record.
+    /// Leases every item earlier stops left unfinished in the record store, oldest first, to
+    /// this process: resume each, then [`ServiceHandle::acknowledge`] it once the work is taken
+    /// over for good (or hand it back at the next stop with [`DrainReport::handed_back`]). An
+    /// item this process neither acknowledges nor hands back is offered again once it is gone,
+    /// so a crash loses nothing. Empty without a record store.
+    ///
+    /// [`DrainReport::handed_back`]: crate::DrainReport::handed_back
     ///
     /// ```
     /// # use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
@@ -570,20 +634,73 @@ impl ServiceHandle {
     ///             .participant("jobs", Jobs.start().recipient())
     ///             .start()
     ///             .unwrap();
-    ///         let resumed = service.take_previous_record().unwrap();
+    ///         let resumed = service.resume().await.unwrap();
+    ///         for item in &resumed {
+    ///             // ... take the work over, then:
+    ///             service.acknowledge(item).await.unwrap();
+    ///         }
     ///         service.ready();
     ///         service.request_stop(StopRequest::Planned);
     ///         service.stopped().await;
-    ///         resumed.map(|r| r.unfinished.len())
+    ///         resumed.iter().map(|l| l.item.item_as::<String>().unwrap()).collect::<Vec<_>>()
     ///     })
     /// };
-    /// assert_eq!(life(dir.path()), None, "the first life has nothing to resume");
-    /// assert_eq!(life(dir.path()), Some(1), "the second resumes what the first left");
+    /// assert!(life(dir.path()).is_empty(), "the first life has nothing to resume");
+    /// assert_eq!(life(dir.path()), ["job-7"], "the second resumes what the first left");
     /// ```
-    pub fn take_previous_record(&self) -> Result<Option<StopRecord>, RecordError> {
-        match &self.state_dir {
-            Some(dir) => StopRecord::take(dir),
-            None => Ok(None),
+    pub fn resume(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static {
+        let store = self.records.clone();
+        let owner = self.owner.clone();
+        let lease_for = self.lease_for;
+        async move {
+            match store {
+                Some(store) => store.lease(&owner, usize::MAX, lease_for).await,
+                None => Ok(Vec::new()),
+            }
         }
+    }
+
+    /// This process has taken `item` over for good: it is never offered again.
+    pub fn acknowledge(
+        &self,
+        item: &Leased,
+    ) -> impl std::future::Future<Output = Result<(), RecordError>> + 'static {
+        let store = self.records.clone();
+        let owner = self.owner.clone();
+        let id = item.item.id.clone();
+        async move {
+            match store {
+                Some(store) => store.acknowledge(&owner, &id).await,
+                None => Err(RecordError::UnknownItem { id }),
+            }
+        }
+    }
+
+    /// Gives `item` up without resuming it: it is offered again at once, to whoever leases next.
+    pub fn release(
+        &self,
+        item: &Leased,
+    ) -> impl std::future::Future<Output = Result<bool, RecordError>> + 'static {
+        let store = self.records.clone();
+        let owner = self.owner.clone();
+        let id = item.item.id.clone();
+        async move {
+            match store {
+                Some(store) => store.release(Some(&owner), &id).await,
+                None => Err(RecordError::UnknownItem { id }),
+            }
+        }
+    }
+
+    /// The record store, if one is configured.
+    pub fn record_store(&self) -> Option<&Arc<dyn RecordStore>> {
+        self.records.as_ref()
+    }
+
+    /// This process as the owner of its leases.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
     }
 }

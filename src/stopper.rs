@@ -313,6 +313,14 @@ pub enum WaitOutcome {
         /// Its last outcome file.
         outcome: Outcome,
     },
+    /// The target stopped, but could not make its unfinished work durable (its record store
+    /// failed): the items are only in its log (stderr, as JSON at ERROR). Never a planned success.
+    RecordLost {
+        /// Its exit code (the record-lost code).
+        exit_code: Option<i32>,
+        /// Its outcome file, phase `record_lost`.
+        outcome: Outcome,
+    },
     /// The target saw the stop but holds it: it has not declared itself ready yet, and will
     /// drain once it does.
     Held {
@@ -412,6 +420,10 @@ fn finished(outcome: Option<Outcome>) -> WaitOutcome {
         Some(o) if matches!(o.phase, Phase::Draining | Phase::Held) => {
             WaitOutcome::KilledWhileDraining { outcome: o }
         }
+        Some(o) if o.phase == Phase::RecordLost => WaitOutcome::RecordLost {
+            exit_code: o.exit_code,
+            outcome: o,
+        },
         Some(o) => WaitOutcome::StoppedUnexpectedly {
             exit_code: o.exit_code,
             outcome: Some(o),

@@ -7,6 +7,7 @@ use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
 use planned_stop::OsSignal;
+use planned_stop::RecordStore;
 use planned_stop::stopper::{self, WaitOutcome};
 use planned_stop::{
     Layout, Marker, MarkerStore, Phase, PlannedStopService, ProcessIdentity, RunnerState,
@@ -256,9 +257,26 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
         .collect();
     assert_eq!(unfinished, [("fast", "job-7"), ("fast", "job-9")]);
     assert_eq!(record.unanswered, vec!["slow".to_string()]);
-    // The next start takes the record once.
-    assert_eq!(StopRecord::take(&f.state()).unwrap(), Some(record));
-    assert_eq!(StopRecord::take(&f.state()).unwrap(), None);
+    // The next start leases the items, each to one owner.
+    let store = planned_stop::FileRecordStore::open(f.state(), false).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let next = planned_stop::Owner::new("another-host", 1, 1);
+    let leased = rt
+        .block_on(store.lease(&next, usize::MAX, Duration::from_secs(60)))
+        .unwrap();
+    let ids: Vec<_> = leased.iter().map(|l| Some(l.item.id.clone())).collect();
+    let recorded: Vec<_> = record.unfinished.iter().map(|u| u.id.clone()).collect();
+    assert_eq!(
+        ids, recorded,
+        "every item, oldest first, under the id the record names"
+    );
+    let other = planned_stop::Owner::new("another-host", 2, 1);
+    let again = rt
+        .block_on(store.lease(&other, usize::MAX, Duration::from_secs(60)))
+        .unwrap();
+    assert!(again.is_empty(), "leased already: {again:?}");
 }
 
 #[test]

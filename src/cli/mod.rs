@@ -18,8 +18,11 @@
 //! | 7 | undecided: the slot exists but could not be read this time (`inspect`) |
 //! | 8 | the target exited without any outcome: not a planned-stop service, or killed (`stop --wait`) |
 //! | 9 | the target accepted the stop and was killed before it finished (`stop --wait`) |
+//! | 10 | the target stopped but could not record its unfinished work (`stop --wait`) |
+//! | 11 | no such item in the state directory (`records release`, `records drop`) |
 
 mod demo;
+mod records;
 mod serve;
 mod stop;
 
@@ -52,6 +55,10 @@ pub const EXIT_UNDECIDED: u8 = 7;
 pub const EXIT_GONE_UNKNOWN: u8 = 8;
 /// Exit code: the target accepted the stop and was killed before it finished.
 pub const EXIT_KILLED_WHILE_DRAINING: u8 = 9;
+/// Exit code: the target stopped but its unfinished work could not be recorded.
+pub const EXIT_RECORD_LOST: u8 = 10;
+/// Exit code: no such item in the state directory.
+pub const EXIT_NO_SUCH_ITEM: u8 = 11;
 
 /// Planned stops for actix services: stop one specific process, on purpose, exactly once.
 #[derive(Debug, Parser)]
@@ -75,6 +82,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Remove a slot, whatever it holds.
     Clear(ClearArgs),
+    /// List, release or drop the unfinished items in a state directory.
+    Records(records::RecordsArgs),
     /// The main job: run the reference service and stop it through every path, with a timeline.
     Demo,
 }
@@ -134,7 +143,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub layout: LayoutArgs,
-    /// Also show the stop record in this state directory.
+    /// Also show the last stop record and the unfinished items in this state directory.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
     /// Print one JSON object instead of text.
@@ -159,6 +168,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect(args),
         Command::Status(args) => status(args),
         Command::Clear(args) => clear(args),
+        Command::Records(args) => records::run(args),
         Command::Demo => demo::run(),
     };
     ExitCode::from(code)
@@ -264,6 +274,13 @@ fn status(args: StatusArgs) -> u8 {
         Some(Err(e)) => return fail(chain(&e)),
         None => None,
     };
+    let items = match &args.state {
+        Some(dir) => match state_items(dir) {
+            Ok(items) => items,
+            Err(e) => return fail(e),
+        },
+        None => Vec::new(),
+    };
     if args.json {
         let slots: Vec<_> = entries
             .iter()
@@ -274,6 +291,7 @@ fn status(args: StatusArgs) -> u8 {
             "slots": slots,
             "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
             "stop_record": record,
+            "items": items,
         }));
         return EXIT_OK;
     }
@@ -315,7 +333,30 @@ fn status(args: StatusArgs) -> u8 {
             r.unfinished.len()
         ));
     }
+    if args.state.is_some() {
+        let leased = items.iter().filter(|s| s.lease.is_some()).count();
+        emit(format!(
+            "unfinished items: {} pending, {leased} leased",
+            items.len() - leased
+        ));
+        for s in &items {
+            emit(format!("  {}", records::describe_item(s)));
+        }
+    }
     EXIT_OK
+}
+
+/// The items in a state directory, without creating it.
+fn state_items(dir: &Path) -> Result<Vec<planned_stop::ItemState>, String> {
+    use planned_stop::RecordStore;
+    if !dir.join("planned-stop-items").is_dir() {
+        return Ok(Vec::new());
+    }
+    let store = planned_stop::FileRecordStore::open(absolute(dir), true).map_err(|e| chain(&e))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(store.list()).map_err(|e| chain(&e))
 }
 
 fn clear(args: ClearArgs) -> u8 {

@@ -2,10 +2,12 @@
 //!
 //! It runs `--jobs N` simulated jobs of `--job-ms` each, every job a drain participant. A job that
 //! can finish within the drain deadline finishes; one that cannot is handed back unfinished and goes
-//! into the stop record in `--state DIR`, and the next start resumes exactly those jobs. Lifecycle
+//! into the record store in `--state DIR`, and a later start leases and resumes exactly those jobs,
+//! acknowledging each when it finishes (or handing it back again at its own stop). Lifecycle
 //! events go to stdout as JSON lines:
 //!
-//! - `{"event":"resumed","jobs":K,"items":[...]}` (with `--state`, before `ready`)
+//! - `{"event":"resumed","jobs":K,"items":[...],"ids":[...]}` (with `--state`, before `ready`)
+//! - `{"event":"acked","id":I,"item":NAME}` (a resumed job finished and was acknowledged)
 //! - `{"event":"ready","pid":N,"start":S,"jobs":J}`
 //! - `{"event":"stop_accepted","cause":...,"verdict":...,"request_id":...}`
 //! - `{"event":"draining","deadline_ms":D}`
@@ -15,8 +17,7 @@ use super::{EXIT_USAGE, LayoutArgs, chain, emit, fail};
 use actix::clock::Instant;
 use actix::prelude::*;
 use clap::Args;
-use planned_stop::StopRecord;
-use planned_stop::{Drain, DrainReport, RunnerStatus};
+use planned_stop::{Drain, DrainReport, Leased, RunnerStatus};
 use planned_stop::{PlannedStopService, ServiceHandle};
 use planned_stop::{RunnerState, StopVerdict};
 use serde_json::json;
@@ -48,26 +49,65 @@ pub struct ServeArgs {
     /// Accept a marker directory writable by group or others.
     #[arg(long)]
     pub allow_shared_dir: bool,
+    /// Accept a state directory writable by group or others.
+    #[arg(long)]
+    pub allow_shared_state: bool,
     /// Poll only: do not use filesystem notifications.
     #[arg(long)]
     pub no_events: bool,
 }
 
-/// One simulated job: done `duration` after it started. A drain participant.
+/// One simulated job: done `duration` after it started. A drain participant. A resumed job
+/// holds its lease: it acknowledges the item when it finishes, or hands it back at a stop.
 struct Job {
     name: String,
     started: Instant,
     duration: Duration,
+    leased: Option<(Leased, ServiceHandle)>,
+    done: bool,
 }
 
 impl Job {
     fn remaining(&self) -> Duration {
         self.duration.saturating_sub(self.started.elapsed())
     }
+
+    /// Marks the job done and, for a resumed one, acknowledges its item (once).
+    fn finish(&mut self) -> impl ActorFuture<Self, Output = ()> + 'static {
+        let ack = match (&self.leased, self.done) {
+            (Some((leased, handle)), false) => {
+                Some((leased.item.id.clone(), handle.acknowledge(leased)))
+            }
+            _ => None,
+        };
+        self.done = true;
+        let name = self.name.clone();
+        async move {
+            if let Some((id, ack)) = ack {
+                match ack.await {
+                    Ok(()) => emit(json!({ "event": "acked", "id": id, "item": name })),
+                    Err(e) => {
+                        tracing::error!(error = %chain(&e), id, "cannot acknowledge a resumed job")
+                    }
+                }
+            }
+        }
+        .into_actor(self)
+    }
 }
 
 impl Actor for Job {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // A resumed job acknowledges its item as soon as it is done, not only at a stop.
+        if self.leased.is_some() {
+            ctx.run_later(self.remaining(), |job, ctx| {
+                let finish = job.finish();
+                ctx.wait(finish);
+            });
+        }
+    }
 }
 
 /// How much before the runner's deadline a job answers, so its answer is never late.
@@ -77,6 +117,9 @@ impl Handler<Drain> for Job {
     type Result = ResponseActFuture<Self, DrainReport>;
 
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        if self.done {
+            return Box::pin(actix::fut::ready(DrainReport::default()));
+        }
         let remaining = self.remaining();
         let budget = drain.within.saturating_sub(ANSWER_MARGIN);
         let finishes = remaining <= budget;
@@ -84,12 +127,22 @@ impl Handler<Drain> for Job {
         Box::pin(
             actix::clock::sleep(wait)
                 .into_actor(self)
-                .map(move |(), job, _| {
-                    if finishes {
+                .then(move |(), job, _| {
+                    let report = if finishes || job.done {
                         DrainReport::default()
+                    } else if let Some((leased, _)) = job.leased.clone() {
+                        job.done = true;
+                        DrainReport::default().handed_back([leased])
                     } else {
                         DrainReport::unfinished([job.name.clone()])
-                    }
+                    };
+                    let finish: std::pin::Pin<Box<dyn ActorFuture<Job, Output = ()>>> = if finishes
+                    {
+                        Box::pin(job.finish())
+                    } else {
+                        Box::pin(actix::fut::ready(()))
+                    };
+                    finish.map(move |(), _, _| report)
                 }),
         )
     }
@@ -102,7 +155,7 @@ pub fn run(args: ServeArgs) -> u8 {
         Err(e) => return fail(e),
     };
     let system = System::new();
-    let started = system.block_on(async { start(&args, layout) });
+    let started = system.block_on(start(&args, layout));
     let handle = match started {
         Ok(h) => h,
         Err(e) => return fail(e),
@@ -124,49 +177,61 @@ pub fn run(args: ServeArgs) -> u8 {
     u8::try_from(code).unwrap_or(EXIT_USAGE)
 }
 
-fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle, String> {
-    let previous = match &args.state {
-        Some(dir) => StopRecord::take(dir).map_err(|e| chain(&e))?,
-        None => None,
-    };
-    let mut names: Vec<String> = previous
-        .iter()
-        .flat_map(|r| r.unfinished.iter())
-        // The reference service hands back job names; anything else is resumed under its JSON.
-        .map(|u| u.item_as::<String>().unwrap_or_else(|_| u.item.to_string()))
-        .collect();
-    let resumed = names.len();
-    // Named by this process's pid, so resumed jobs and new ones never share a name.
+async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle, String> {
     let pid = std::process::id();
-    names.extend((0..args.jobs).map(|i| format!("job-{pid}-{i}")));
-
+    // Named by this process's pid, so resumed jobs and new ones never share a name.
+    let names: Vec<String> = (0..args.jobs).map(|i| format!("job-{pid}-{i}")).collect();
     let mut builder = PlannedStopService::builder(layout)
         .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
         .drain_deadline(Duration::from_millis(args.drain_ms))
         .allow_shared_dir(args.allow_shared_dir)
+        .allow_shared_state(args.allow_shared_state)
         .events(!args.no_events);
     if let Some(dir) = &args.state {
         builder = builder.state_dir(dir.clone());
     }
     let duration = Duration::from_millis(args.job_ms);
-    for name in &names {
-        let job = Job {
-            name: name.clone(),
+    let job = |name: &str, leased| {
+        Job {
+            name: name.to_owned(),
             started: Instant::now(),
             duration,
+            leased,
+            done: false,
         }
-        .start();
-        builder = builder.participant(name.clone(), job.recipient());
+        .start()
+    };
+    for name in &names {
+        builder = builder.participant(name.clone(), job(name, None).recipient());
     }
     let handle = builder.start().map_err(|e| chain(&e))?;
+    // Leased before `ready`: a stop that comes meanwhile is held, and the resumed jobs take part.
+    let leased = handle.resume().await.map_err(|e| chain(&e))?;
+    let mut resumed = Vec::new();
+    for item in &leased {
+        // The reference service hands back job names; anything else is resumed under its JSON.
+        let name = item
+            .item
+            .item_as::<String>()
+            .unwrap_or_else(|_| item.item.item.to_string());
+        let addr = job(&name, Some((item.clone(), handle.clone())));
+        handle.add_participant(
+            planned_stop::DrainPhase::Work,
+            name.clone(),
+            addr.recipient(),
+        );
+        resumed.push(name);
+    }
     if args.state.is_some() {
-        let items = &names[..resumed];
-        emit(json!({ "event": "resumed", "jobs": resumed, "items": items }));
+        let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
+        emit(json!({ "event": "resumed", "jobs": resumed.len(), "items": resumed, "ids": ids }));
     }
     follow(&handle, args.drain_ms);
     handle.ready();
     let id = handle.identity();
-    emit(json!({ "event": "ready", "pid": id.pid, "start": id.start, "jobs": names.len() }));
+    emit(
+        json!({ "event": "ready", "pid": id.pid, "start": id.start, "jobs": names.len() + resumed.len() }),
+    );
     Ok(handle)
 }
 

@@ -2,8 +2,8 @@
 
 use super::{
     EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_OK,
-    EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs, chain, emit, fail,
-    path_json,
+    EXIT_RECORD_LOST, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs,
+    chain, emit, fail, path_json,
 };
 use clap::Args;
 use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
@@ -229,6 +229,17 @@ pub fn run(args: StopArgs) -> u8 {
                 args.pid, outcome.accepted_at
             ),
             json!({ "accepted_at": outcome.accepted_at, "verdict": outcome.verdict }),
+        ),
+        WaitOutcome::RecordLost { exit_code, outcome } => (
+            "record_lost",
+            EXIT_RECORD_LOST,
+            format!(
+                "process {} stopped (exit code {}), but could not record its unfinished work: \
+                 the items are in its log (stderr, an ERROR line with `items`); resubmit them",
+                args.pid,
+                exit_code.map_or("?".to_owned(), |c| c.to_string())
+            ),
+            json!({ "exit_code": exit_code, "verdict": outcome.verdict, "cause": outcome.cause }),
         ),
         WaitOutcome::Held { outcome } => (
             "held",

@@ -1,5 +1,8 @@
 use super::*;
 use crate::lifecycle::SignalKind;
+use std::fs;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 fn record() -> StopRecord {
     let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
@@ -16,6 +19,7 @@ fn record() -> StopRecord {
         drained_in_time: false,
         forced: false,
         unfinished: vec![Unfinished {
+            id: Some("item-1".into()),
             participant: "jobs".into(),
             item: "job-3".into(),
         }],
@@ -27,38 +31,80 @@ fn record() -> StopRecord {
     }
 }
 
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A store whose owners' liveness the test sets: every owner alive unless marked dead.
+fn store(dir: &std::path::Path) -> (FileRecordStore, Arc<Mutex<Vec<u32>>>) {
+    let dead = Arc::new(Mutex::new(Vec::new()));
+    let probe = dead.clone();
+    let store = FileRecordStore::open(dir.join("state"), false)
+        .unwrap()
+        .with_liveness(move |o: &Owner| {
+            if probe.lock().unwrap().contains(&o.pid) {
+                Liveness::Dead
+            } else {
+                Liveness::Alive
+            }
+        });
+    (store, dead)
+}
+
+fn owner(pid: u32) -> Owner {
+    Owner::new("here", pid, 1)
+}
+
 #[test]
-fn a_record_is_written_read_and_taken_once() {
+fn persisted_items_are_leased_once_and_gone_once_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    assert_eq!(StopRecord::read(&state).unwrap(), None);
-    assert_eq!(StopRecord::take(&state).unwrap(), None);
-    record().write(&state).unwrap();
-    assert_eq!(StopRecord::read(&state).unwrap(), Some(record()));
-    assert_eq!(StopRecord::take(&state).unwrap(), Some(record()));
-    assert_eq!(
-        StopRecord::take(&state).unwrap(),
-        None,
-        "taken exactly once"
+    let (store, dead) = store(dir.path());
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    assert_eq!(StopRecord::read(store.dir()).unwrap(), Some(record()));
+    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].item.id, "item-1");
+    assert_eq!(leased[0].item.item_as::<String>().unwrap(), "job-3");
+    assert!(
+        block_on(store.lease(&owner(2), 10, Duration::from_secs(60)))
+            .unwrap()
+            .is_empty(),
+        "held by a live owner"
     );
-    assert_eq!(
-        fs::read_dir(&state).unwrap().count(),
-        0,
-        "nothing left behind"
+    let err = block_on(store.acknowledge(&owner(2), "item-1")).unwrap_err();
+    assert!(matches!(err, RecordError::NotHolder { .. }), "{err}");
+    // The holder dies before acknowledging: the item is offered again.
+    dead.lock().unwrap().push(1);
+    let again = block_on(store.lease(&owner(2), 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(again.len(), 1);
+    block_on(store.acknowledge(&owner(2), "item-1")).unwrap();
+    assert!(block_on(store.list()).unwrap().is_empty());
+    let err = block_on(store.acknowledge(&owner(2), "item-1")).unwrap_err();
+    assert!(
+        matches!(err, RecordError::UnknownItem { .. }),
+        "acknowledged once: {err}"
     );
 }
 
 #[test]
-fn a_corrupt_record_is_reported_and_kept() {
+fn an_item_handed_back_by_its_holder_is_pending_again_with_its_attempts_counted() {
     let dir = tempfile::tempdir().unwrap();
-    fs::write(StopRecord::path(dir.path()), b"{\"pid\": 4").unwrap();
-    let err = StopRecord::take(dir.path()).unwrap_err();
-    assert!(matches!(err, RecordError::Invalid { .. }), "{err}");
-    assert!(err.to_string().contains("move it aside"));
-    assert!(
-        StopRecord::path(dir.path()).exists(),
-        "resume work is never silently dropped"
-    );
+    let (store, _) = store(dir.path());
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    // Someone else handing it back changes nothing: it is not theirs.
+    block_on(store.persist(&owner(9), &record())).unwrap();
+    let listed = block_on(store.list()).unwrap();
+    assert_eq!(listed[0].lease.as_ref().unwrap().owner, owner(1));
+    assert_eq!(listed[0].item.attempts, 1);
+    block_on(store.persist(&owner(1), &record())).unwrap();
+    let listed = block_on(store.list()).unwrap();
+    assert_eq!(listed[0].lease, None);
+    assert_eq!(listed[0].item.attempts, 2);
+    assert_eq!(listed[0].item.stopped_by, owner(1));
 }
 
 #[test]
@@ -78,14 +124,8 @@ fn a_state_directory_that_cannot_be_read_is_an_error_not_an_absent_record() {
     let dir = tempfile::tempdir().unwrap();
     let not_a_dir = dir.path().join("state");
     fs::write(&not_a_dir, b"").unwrap();
-    assert!(matches!(
-        StopRecord::read(&not_a_dir),
-        Err(RecordError::Io { op: "open", .. })
-    ));
-    assert!(matches!(
-        StopRecord::take(&not_a_dir),
-        Err(RecordError::Io { op: "take", .. })
-    ));
+    assert!(StopRecord::read(&not_a_dir).is_err());
+    assert!(FileRecordStore::open(&not_a_dir, false).is_err());
 }
 
 #[test]
@@ -93,9 +133,8 @@ fn a_record_is_read_up_to_its_size_limit_and_refused_past_it() {
     let dir = tempfile::tempdir().unwrap();
     let limit = usize::try_from(MAX_RECORD_BYTES).unwrap();
     // A valid record padded with white space to exactly the limit is read.
-    record().write(dir.path()).unwrap();
     let path = StopRecord::path(dir.path());
-    let mut bytes = fs::read(&path).unwrap();
+    let mut bytes = serde_json::to_vec(&record()).unwrap();
     bytes.resize(limit, b' ');
     fs::write(&path, &bytes).unwrap();
     assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record()));
@@ -111,12 +150,124 @@ fn a_record_is_read_up_to_its_size_limit_and_refused_past_it() {
 }
 
 #[test]
-fn a_record_written_before_notes_and_phases_existed_still_reads() {
+fn a_record_written_by_an_earlier_version_still_reads_and_its_items_are_imported() {
     let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
     let mut json = serde_json::to_value(record()).unwrap();
     let fields = json.as_object_mut().unwrap();
     fields.remove("notes");
     fields.remove("phases");
-    fs::write(StopRecord::path(dir.path()), json.to_string()).unwrap();
-    assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record()));
+    fields["unfinished"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("id");
+    fs::write(StopRecord::path(store.dir()), json.to_string()).unwrap();
+    let read = StopRecord::read(store.dir()).unwrap().unwrap();
+    assert_eq!(read.unfinished[0].id, None);
+    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(leased.len(), 1, "the earlier version's item is resumed");
+    assert_eq!(leased[0].item.item, "job-3");
+    // Imported once: the summary now names the item by its id.
+    let read = StopRecord::read(store.dir()).unwrap().unwrap();
+    assert_eq!(
+        read.unfinished[0].id.as_deref(),
+        Some(leased[0].item.id.as_str())
+    );
+    assert!(
+        block_on(store.lease(&owner(2), 10, Duration::from_secs(60)))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let mut two = record();
+    two.unfinished.push(Unfinished {
+        id: Some("item-2".into()),
+        participant: "jobs".into(),
+        item: "job-4".into(),
+    });
+    block_on(store.persist(&owner(42), &two)).unwrap();
+    let fifo = |path: &std::path::Path| {
+        fs::remove_file(path).unwrap();
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string; mkfifo has no other preconditions.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    };
+    fifo(&StopRecord::path(store.dir()));
+    fifo(&store.dir().join("planned-stop-items/item-1.item.json"));
+    assert!(matches!(
+        StopRecord::read(store.dir()),
+        Err(RecordError::Invalid { .. })
+    ));
+    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    let ids: Vec<_> = leased.iter().map(|l| l.item.id.as_str()).collect();
+    assert_eq!(ids, ["item-2"], "the FIFO is skipped, the rest resumed");
+}
+
+#[test]
+fn a_leftover_temporary_file_never_stops_a_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    // What an earlier process with this pid left behind, under every name this one might pick
+    // first (the older naming, and the new one's prefix).
+    let items = store.dir().join("planned-stop-items");
+    let pid = std::process::id();
+    fs::write(items.join(format!(".item-1.item.json.tmp-{pid}")), b"x").unwrap();
+    fs::write(
+        store
+            .dir()
+            .join(format!(".planned-stop-record.json.tmp-{pid}")),
+        b"x",
+    )
+    .unwrap();
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    assert_eq!(block_on(store.list()).unwrap().len(), 1);
+}
+
+#[cfg(unix)]
+#[test]
+fn the_state_directory_is_created_private_and_a_shared_one_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    for path in [
+        store.dir().to_path_buf(),
+        store.dir().join("planned-stop-items"),
+    ] {
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", path.display());
+    }
+    let shared = dir.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let err = FileRecordStore::open(&shared, false).unwrap_err();
+    assert!(err.to_string().contains("writable"), "{err}");
+    FileRecordStore::open(&shared, true).unwrap();
+}
+
+#[test]
+fn operators_release_and_drop_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    assert!(block_on(store.release(None, "item-1")).unwrap());
+    assert!(
+        !block_on(store.release(None, "item-1")).unwrap(),
+        "pending now"
+    );
+    let leased = block_on(store.lease(&owner(2), 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(leased.len(), 1, "offered again after the release");
+    assert!(block_on(store.remove("item-1")).unwrap());
+    assert!(!block_on(store.remove("item-1")).unwrap());
+    assert!(
+        !block_on(store.remove("../../etc/passwd")).unwrap(),
+        "not an id"
+    );
+    assert!(block_on(store.list()).unwrap().is_empty());
 }

@@ -2,7 +2,8 @@
 
 use super::DrainPhase;
 use crate::lifecycle::{StopCause, StopVerdict};
-use std::path::PathBuf;
+use crate::record::RecordStore;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// ```
@@ -25,7 +26,11 @@ pub struct ExitCodes {
     /// A planned stop whose marker asked for a restart. Default 75 (`EX_TEMPFAIL`): a failure
     /// to a supervisor, which starts the service again, while a planned stop (0) stays down.
     pub restart: i32,
+    /// A stop whose unfinished items could not be made durable (the record store failed): never
+    /// a success, whatever the verdict. Default 74 (`EX_IOERR`); see [`ExitCodes::record_lost_code`].
+    pub record_lost: i32,
     overrides: Vec<(StopCause, StopVerdict, i32)>,
+    record_lost_overrides: Vec<(StopCause, i32)>,
 }
 
 impl Default for ExitCodes {
@@ -34,7 +39,9 @@ impl Default for ExitCodes {
             planned: 0,
             unexpected: 1,
             restart: 75,
+            record_lost: 74,
             overrides: Vec::new(),
+            record_lost_overrides: Vec::new(),
         }
     }
 }
@@ -50,6 +57,28 @@ impl ExitCodes {
     pub fn with(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
         self.overrides.push((cause, verdict, code));
         self
+    }
+
+    /// Uses `code` when a stop with `cause` could not record its unfinished items (the last
+    /// override given wins).
+    ///
+    /// ```
+    /// use planned_stop::{ExitCodes, SignalKind, StopCause};
+    /// let codes = ExitCodes::default().with_record_lost(StopCause::Marker, 70);
+    /// assert_eq!(codes.record_lost_code(StopCause::Marker), 70);
+    /// assert_eq!(codes.record_lost_code(StopCause::Signal(SignalKind::Terminate)), 74);
+    /// ```
+    pub fn with_record_lost(mut self, cause: StopCause, code: i32) -> Self {
+        self.record_lost_overrides.push((cause, code));
+        self
+    }
+
+    /// The code for a stop with `cause` whose unfinished items could not be recorded.
+    pub fn record_lost_code(&self, cause: StopCause) -> i32 {
+        let mut overridden = self.record_lost_overrides.iter().rev();
+        overridden
+            .find(|(c, _)| *c == cause)
+            .map_or(self.record_lost, |&(_, code)| code)
     }
 
     /// The code for a stop with `cause` and `verdict`.
@@ -78,8 +107,9 @@ pub struct RunnerConfig {
     pub answer_grace: Duration,
     /// Exit codes.
     pub exit_codes: ExitCodes,
-    /// Where to write the stop record; `None` writes none.
-    pub state_dir: Option<PathBuf>,
+    /// Where to persist the stop record and its unfinished items; `None` keeps none (and the
+    /// items are logged at ERROR, as for a store that fails).
+    pub records: Option<Arc<dyn RecordStore>>,
     /// Stop the actix `System` with the exit code when stopped. Default `true`. It also arms
     /// the guard: a runner dropped before it stopped (the `System` stopped by someone else, or
     /// `main` returned) ends the process with the unexpected exit code.
@@ -114,7 +144,7 @@ impl Default for RunnerConfig {
             drain_deadline: Duration::from_secs(10),
             answer_grace: Duration::from_millis(100),
             exit_codes: ExitCodes::default(),
-            state_dir: None,
+            records: None,
             stop_system: true,
             phase_deadlines: Vec::new(),
             ready_warning: Some(Duration::from_secs(30)),

@@ -192,8 +192,15 @@ impl DrainRun {
                 self.cut |= report.cut;
                 self.unfinished
                     .extend(report.unfinished.into_iter().map(|item| Unfinished {
+                        id: None,
                         participant: name.to_owned(),
                         item,
+                    }));
+                self.unfinished
+                    .extend(report.handed_back.into_iter().map(|resumed| Unfinished {
+                        id: Some(resumed.id),
+                        participant: name.to_owned(),
+                        item: resumed.item,
                     }));
                 self.notes.extend(report.notes.into_iter().map(|note| Note {
                     participant: name.to_owned(),

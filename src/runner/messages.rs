@@ -144,6 +144,9 @@ pub struct DrainReport {
     /// Work was cut at the deadline that could not be handed back (such as in-flight requests):
     /// the drain did not complete in time.
     pub cut: bool,
+    /// Items this process leased from an earlier stop and hands back unfinished, under their ids
+    /// (see [`DrainReport::handed_back`]).
+    pub handed_back: Vec<crate::ResumeItem>,
 }
 
 impl DrainReport {
@@ -172,6 +175,21 @@ impl DrainReport {
             }
         }
         report
+    }
+
+    /// Hands back items this process leased at start-up ([`crate::ServiceHandle::resume`]) and
+    /// could not finish: they are recorded again under their own ids (their attempts counted up),
+    /// so the item is still acknowledged exactly once, by whoever finishes it.
+    ///
+    /// ```
+    /// # fn leased() -> Vec<planned_stop::Leased> { Vec::new() }
+    /// let report = planned_stop::DrainReport::done().handed_back(leased());
+    /// assert!(report.handed_back.is_empty());
+    /// ```
+    #[must_use]
+    pub fn handed_back(mut self, items: impl IntoIterator<Item = crate::Leased>) -> DrainReport {
+        self.handed_back.extend(items.into_iter().map(|l| l.item));
+        self
     }
 
     /// Adds a remark for people, kept apart from the items to resume.

@@ -39,7 +39,7 @@ use crate::identity::ProcessIdentity;
 use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
 use crate::marker::Marker;
 use crate::outcome::{Outcome, Phase};
-use crate::record::StopRecord;
+use crate::record::{Owner, RecordError, StopRecord, is_valid_item_id, item_id};
 use crate::store::MarkerStore;
 use actix::clock::Instant;
 use actix::prelude::*;
@@ -299,6 +299,13 @@ impl RunnerActor {
         let names: Vec<&str> = self.participants.iter().map(|p| p.name.as_str()).collect();
         let drained_in_time = run.drained_in_time(&names);
         let unanswered = run.unanswered(&names);
+        let stopper = Owner::this_process(&self.own);
+        let mut unfinished = run.unfinished;
+        for (index, item) in unfinished.iter_mut().enumerate() {
+            if item.id.as_deref().is_none_or(|id| !is_valid_item_id(id)) {
+                item.id = Some(item_id(&stopper, finished_at, index));
+            }
+        }
         let record = StopRecord {
             pid: self.own.pid,
             cause: run.cause,
@@ -314,7 +321,7 @@ impl RunnerActor {
             finished_at,
             drained_in_time,
             forced: run.forced,
-            unfinished: run.unfinished,
+            unfinished,
             unanswered,
             notes: run.notes,
             phases: run.phases,
@@ -322,18 +329,66 @@ impl RunnerActor {
             exit_code: code,
         };
         debug_assert_eq!(record.verdict, run.verdict);
-        if let Some(dir) = &self.config.state_dir {
-            match record.write(dir) {
-                Ok(path) => {
-                    tracing::info!(path = %path.display(), unfinished = record.unfinished.len(), "stop record written")
+        match self.config.records.clone() {
+            // Persisted before anything reports the stop: the outcome, the status and the exit
+            // code all wait for the items to be durable.
+            Some(store) => {
+                let persisting = async move {
+                    let result = store.persist(&stopper, &record).await;
+                    (record, result)
+                };
+                ctx.wait(
+                    persisting
+                        .into_actor(self)
+                        .map(|(record, result), act, ctx| act.conclude(record, result, ctx)),
+                );
+            }
+            None => {
+                if !record.unfinished.is_empty() {
+                    tracing::error!(
+                        items = %serde_json::to_string(&record.unfinished).unwrap_or_default(),
+                        "no record store is configured (ServiceBuilder::state_dir or \
+                         record_store); the unfinished items are only in this log line"
+                    );
                 }
-                Err(e) => {
-                    tracing::error!(error = %ErrorChain(&e), "cannot write the stop record; unfinished work will not be resumed")
-                }
+                self.conclude(record, Ok(()), ctx);
             }
         }
+    }
+
+    /// Ends the stop once the record is persisted (or could not be): the final outcome, the
+    /// status, the exit code.
+    fn conclude(
+        &mut self,
+        mut record: StopRecord,
+        persisted: Result<(), RecordError>,
+        ctx: &mut Context<Self>,
+    ) {
+        let phase = match persisted {
+            Ok(()) => {
+                if self.config.records.is_some() {
+                    tracing::info!(
+                        unfinished = record.unfinished.len(),
+                        "stop record and unfinished items persisted"
+                    );
+                }
+                Phase::Stopped
+            }
+            Err(e) => {
+                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
+                tracing::error!(
+                    error = %ErrorChain(&e),
+                    code = record.exit_code,
+                    items = %serde_json::to_string(&record.unfinished).unwrap_or_default(),
+                    "cannot persist the stop record: the unfinished items are not recorded \
+                     anywhere but in this log line; resubmit them, then fix the record store"
+                );
+                Phase::RecordLost
+            }
+        };
+        let code = record.exit_code;
         tracing::info!(
-            ?verdict,
+            verdict = ?record.verdict,
             code,
             drained_in_time = record.drained_in_time,
             "stopped"
@@ -341,9 +396,9 @@ impl RunnerActor {
         self.publish_outcome(Outcome {
             pid: self.own.pid,
             start: self.own.start,
-            phase: Phase::Stopped,
+            phase,
             cause: record.cause,
-            verdict,
+            verdict: record.verdict,
             request_id: record.request_id.clone(),
             accepted_at: record.accepted_at,
             drain_deadline: record.drain_deadline,

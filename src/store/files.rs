@@ -14,11 +14,13 @@ use std::path::Path;
 
 /// What [`read_slot`] found: [`SlotContent`] with owned bytes.
 #[derive(Debug)]
-pub(super) enum Found {
+pub(crate) enum Found {
     Absent,
     Bytes(Vec<u8>),
     NotAFile(FileKind),
     Unreadable(io::ErrorKind),
+    /// A regular file owned by another user (uid), refused by [`read_private`].
+    Foreign(u32),
 }
 
 impl Found {
@@ -28,6 +30,7 @@ impl Found {
             Found::Bytes(b) => SlotContent::Bytes(b),
             Found::NotAFile(k) => SlotContent::NotAFile(*k),
             Found::Unreadable(k) => SlotContent::Unreadable(*k),
+            Found::Foreign(_) => SlotContent::Unreadable(io::ErrorKind::PermissionDenied),
         }
     }
 }
@@ -39,6 +42,16 @@ pub(super) fn read_slot(path: &Path) -> Found {
 
 /// Reads at most `limit + 1` bytes of a regular file, never following a symlink or opening a FIFO.
 pub(super) fn read_bounded(path: &Path, limit: usize) -> Found {
+    read_checked(path, limit, false)
+}
+
+/// [`read_bounded`], and refuses ([`Found::Foreign`]) a file this process's user does not own:
+/// files only this user may write (records it will act on).
+pub(crate) fn read_private(path: &Path, limit: usize) -> Found {
+    read_checked(path, limit, true)
+}
+
+fn read_checked(path: &Path, limit: usize, own_only: bool) -> Found {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
@@ -57,7 +70,10 @@ pub(super) fn read_bounded(path: &Path, limit: usize) -> Found {
     let size = match file.metadata() {
         Ok(m) => match non_file_kind(&m) {
             Some(kind) => return Found::NotAFile(kind),
-            None => m.len(),
+            None => match os::foreign_owner(&m) {
+                Some(uid) if own_only => return Found::Foreign(uid),
+                _ => m.len(),
+            },
         },
         Err(e) => return Found::Unreadable(e.kind()),
     };
@@ -150,7 +166,7 @@ fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
     })
 }
 
-pub(super) fn remove(path: &Path) -> Result<(), StoreError> {
+pub(crate) fn remove(path: &Path) -> Result<(), StoreError> {
     match with_sharing_retries(|| fs::remove_file(path)) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -193,7 +209,7 @@ fn is_sharing_violation(e: &io::Error) -> bool {
     os::is_sharing_violation(e)
 }
 
-pub(super) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
+pub(crate) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
     let err = |source| StoreError::Directory {
         path: dir.to_path_buf(),
         source,
@@ -207,6 +223,21 @@ pub(super) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
         return Err(StoreError::NotADirectory(dir.to_path_buf()));
     }
     refuse_shared(dir, &meta, allow_shared)
+}
+
+/// Opens (creating it, mode 0600, never through a symlink) a file to take an advisory lock on.
+pub(crate) fn open_lock_file(path: &Path) -> io::Result<fs::File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    os::private_file(&mut options);
+    os::no_follow(&mut options);
+    let file = options.open(path)?;
+    match non_file_kind(&file.metadata()?) {
+        None => Ok(file),
+        Some(kind) => Err(io::Error::other(format!(
+            "a {kind:?} is in the way of the lock file"
+        ))),
+    }
 }
 
 /// Checks again that `dir` is private (see [`prepare_dir`]): whoever can write there can stop
@@ -278,6 +309,20 @@ mod os {
         (mode & 0o022 != 0).then_some(mode)
     }
 
+    /// The owner of a file this process's effective user does not own.
+    pub(super) fn foreign_owner(meta: &Metadata) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        (meta.uid() != me).then_some(meta.uid())
+    }
+
+    /// Never follow a symlink at the last component, never block on a FIFO.
+    pub(super) fn no_follow(options: &mut OpenOptions) {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    }
+
     /// Unix has no sharing violations: an open file can be renamed over or removed.
     pub(super) fn is_sharing_violation(_: &io::Error) -> bool {
         false
@@ -303,6 +348,14 @@ mod os {
     pub(super) fn sync_dir(_: &Path) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Files belong to whoever the directory's ACL lets in: there is no owner uid to compare.
+    pub(super) fn foreign_owner(_: &Metadata) -> Option<u32> {
+        None
+    }
+
+    /// Windows opens a symlink's target only with explicit flags, and has no FIFOs in the file system.
+    pub(super) fn no_follow(_: &mut OpenOptions) {}
 
     /// Windows ACLs are inherited from the directory; there are no mode bits to set.
     pub(super) fn private_file(_: &mut OpenOptions) {}

@@ -30,7 +30,7 @@
 
 mod builder;
 mod error;
-mod files;
+pub(crate) mod files;
 mod layout;
 mod naming;
 mod outcomes;

@@ -4,6 +4,7 @@
 
 pub mod actors;
 pub mod process;
+pub mod record_conformance;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::{Marker, ProcessIdentity};

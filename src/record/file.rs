@@ -1,0 +1,451 @@
+//! [`FileRecordStore`]: the record store in a local state directory.
+//!
+//! Layout, all private to the service's user (directories 0700, files 0600):
+//!
+//! - `DIR/planned-stop-record.json` — the most recent stop's summary, for people (`status`); the
+//!   last writer wins, which loses nothing, because the work itself is in the item files;
+//! - `DIR/planned-stop-items/<id>.item.json` — one file per unfinished item, written once;
+//! - `DIR/planned-stop-items/<id>.lease.json` — its lease, while someone resumes it;
+//! - `DIR/planned-stop-items/<id>.acked.json` — its acknowledgement: written first, so a crash in
+//!   the middle of an acknowledgement still counts it done; removed with the item a day later;
+//! - `DIR/.planned-stop.lock` — every operation holds an exclusive lock on it (`flock`,
+//!   `LockFileEx`), so several processes sharing the directory never interleave. The OS drops the
+//!   lock of a process that dies; a lock held longer than [`LOCK_WAIT`] is an error, never a wedge.
+//!
+//! Every write goes through a new temporary file with a unique name (created exclusively, retried
+//! on a collision with a leftover), fsync, rename and a directory fsync. Nothing is ever opened
+//! through a symlink, a FIFO, a device or a directory, and a file owned by another user is never
+//! read: such a file is skipped with one warning, and the operator sees it with `records list`.
+
+use super::lease::{self, Lease, Liveness, Owner};
+use super::store::{ItemState, Leased, RecordFuture, RecordStore, ResumeItem, oldest_first};
+use super::{RecordError, StopRecord};
+use crate::clock::{Clock, SystemClock};
+use crate::store::files::{self as fsx, Found};
+use chrono::{DateTime, TimeDelta, Utc};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The directory of the item files inside the state directory.
+pub const ITEMS_DIR_NAME: &str = "planned-stop-items";
+/// The lock file inside the state directory.
+pub const LOCK_FILE_NAME: &str = ".planned-stop.lock";
+/// How long an operation waits for another process's lock on the state directory.
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Largest item or lease file read, in bytes.
+pub const MAX_ITEM_BYTES: usize = 1 << 20;
+/// How long an acknowledgement is kept (so `records list` can show it, and a second
+/// acknowledgement of the same item is refused), and how old a leftover temporary file must be
+/// before it is removed.
+pub const ACK_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+const ITEM: &str = ".item.json";
+const LEASE: &str = ".lease.json";
+const ACKED: &str = ".acked.json";
+
+type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
+
+/// The record store in a state directory on this host. See the module docs.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// use planned_stop::{FileRecordStore, RecordStore};
+/// let store = FileRecordStore::open(dir.path().join("state"), false).unwrap();
+/// let items = tokio::runtime::Builder::new_current_thread().build().unwrap()
+///     .block_on(store.list()).unwrap();
+/// assert!(items.is_empty(), "nothing stopped here yet");
+/// ```
+#[derive(Clone)]
+pub struct FileRecordStore {
+    dir: PathBuf,
+    items: PathBuf,
+    clock: Arc<dyn Clock>,
+    liveness: LivenessProbe,
+}
+
+impl std::fmt::Debug for FileRecordStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileRecordStore")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileRecordStore {
+    /// Opens the store in `dir`, creating it (and its item directory) mode 0700. A directory that
+    /// group or others can write is refused unless `allow_shared` (whoever can write there can plant
+    /// work for this service to resume).
+    pub fn open(
+        dir: impl Into<PathBuf>,
+        allow_shared: bool,
+    ) -> Result<FileRecordStore, RecordError> {
+        let dir = dir.into();
+        let items = dir.join(ITEMS_DIR_NAME);
+        fsx::prepare_dir(&dir, allow_shared)?;
+        fsx::prepare_dir(&items, allow_shared)?;
+        Ok(FileRecordStore {
+            dir,
+            items,
+            clock: Arc::new(SystemClock),
+            liveness: Arc::new(Owner::liveness_here),
+        })
+    }
+
+    /// Reads lease times from `clock` instead of the system clock (tests).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> FileRecordStore {
+        self.clock = clock;
+        self
+    }
+
+    /// Decides whether a lease's owner still runs with `probe` instead of looking the process up
+    /// on this host ([`Owner::liveness_here`]; tests).
+    #[must_use]
+    pub fn with_liveness(
+        mut self,
+        probe: impl Fn(&Owner) -> Liveness + Send + Sync + 'static,
+    ) -> FileRecordStore {
+        self.liveness = Arc::new(probe);
+        self
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, id: &str, kind: &str) -> PathBuf {
+        self.items.join(format!("{id}{kind}"))
+    }
+
+    /// Runs `op` holding the directory's lock.
+    fn locked<T>(&self, op: impl FnOnce() -> Result<T, RecordError>) -> Result<T, RecordError> {
+        let path = self.dir.join(LOCK_FILE_NAME);
+        let file = fsx::open_lock_file(&path).map_err(|source| RecordError::Io {
+            op: "open the lock file",
+            path: path.clone(),
+            source,
+        })?;
+        let started = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(RecordError::Locked {
+                        path,
+                        waited: LOCK_WAIT,
+                    });
+                }
+                Err(fs::TryLockError::Error(source)) => {
+                    return Err(RecordError::Io {
+                        op: "lock",
+                        path,
+                        source,
+                    });
+                }
+            }
+        }
+        let result = op();
+        drop(file); // closing releases the lock
+        result
+    }
+
+    fn read_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Option<T> {
+        match fsx::read_private(path, MAX_ITEM_BYTES) {
+            Found::Absent => None,
+            Found::Bytes(bytes) if bytes.len() <= MAX_ITEM_BYTES => {
+                match serde_json::from_slice(&bytes) {
+                    Ok(value) => Some(value),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "not a record file; skipped (see `planned-stop records list`)");
+                        None
+                    }
+                }
+            }
+            found => {
+                tracing::warn!(path = %path.display(), ?found, "not a private regular file of this user; skipped (see `planned-stop records list`)");
+                None
+            }
+        }
+    }
+
+    fn write_json<T: serde::Serialize>(&self, path: &Path, value: &T) -> Result<(), RecordError> {
+        let bytes = serde_json::to_vec_pretty(value).map_err(|e| RecordError::Invalid {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        write_unique(path, &bytes)
+    }
+
+    fn remove_file(&self, path: &Path) -> Result<(), RecordError> {
+        fsx::remove(path).map_err(RecordError::from)
+    }
+
+    /// The ids of every item file, and removes leftovers: acknowledgements older than
+    /// [`ACK_KEEP`] and the items they acknowledge, temporary files as old.
+    fn scan(&self) -> Result<Vec<String>, RecordError> {
+        let entries = fs::read_dir(&self.items).map_err(|source| RecordError::Io {
+            op: "list",
+            path: self.items.clone(),
+            source,
+        })?;
+        let mut ids = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(id) = name.strip_suffix(ITEM) {
+                if lease::is_valid_item_id(id) && !self.path(id, ACKED).exists() {
+                    ids.push(id.to_owned());
+                } else if lease::is_valid_item_id(id) {
+                    // Acknowledged, then the process died before removing it: finish the job.
+                    self.remove_file(&entry.path())?;
+                    self.remove_file(&self.path(id, LEASE))?;
+                }
+            } else if name.ends_with(ACKED) || name.starts_with('.') {
+                let old = entry
+                    .metadata()
+                    .ok()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > ACK_KEEP);
+                if old {
+                    self.remove_file(&entry.path())?;
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn state_of(&self, id: &str) -> Option<ItemState> {
+        let item: ResumeItem = self.read_json(&self.path(id, ITEM))?;
+        if item.id != id {
+            tracing::warn!(id, found = %item.id, "an item file names another id; skipped");
+            return None;
+        }
+        let lease = self.read_json(&self.path(id, LEASE));
+        Some(ItemState { item, lease })
+    }
+
+    fn all(&self) -> Result<Vec<ItemState>, RecordError> {
+        let mut items: Vec<ItemState> = self
+            .scan()?
+            .iter()
+            .filter_map(|id| self.state_of(id))
+            .collect();
+        oldest_first(&mut items);
+        Ok(items)
+    }
+
+    fn persist_now(&self, stopper: &Owner, record: &StopRecord) -> Result<(), RecordError> {
+        fsx::prepare_dir(&self.items, true)?;
+        let stopped_at = record.finished_at;
+        for unfinished in &record.unfinished {
+            let Some(id) = unfinished
+                .id
+                .as_deref()
+                .filter(|id| lease::is_valid_item_id(id))
+            else {
+                return Err(RecordError::Invalid {
+                    path: self.items.clone(),
+                    reason: format!("an item without a valid id: {:?}", unfinished.id),
+                });
+            };
+            let mut attempts = 1;
+            if let Some(existing) = self.state_of(id) {
+                if !lease::holds(existing.lease.as_ref(), stopper) {
+                    tracing::warn!(id, holder = ?existing.lease.map(|l| l.owner.to_string()),
+                        "an item handed back is not this process's any more; left to its holder");
+                    continue;
+                }
+                attempts = existing.item.attempts.saturating_add(1);
+            }
+            let item = ResumeItem {
+                id: id.to_owned(),
+                participant: unfinished.participant.clone(),
+                item: unfinished.item.clone(),
+                stopped_by: stopper.clone(),
+                stopped_at,
+                attempts,
+            };
+            self.write_json(&self.path(id, ITEM), &item)?;
+            self.remove_file(&self.path(id, LEASE))?;
+        }
+        self.write_json(&StopRecord::path(&self.dir), record)
+    }
+
+    /// A summary written before items had ids (an earlier version) still holds its items:
+    /// turn them into item files once, so upgrading loses nothing.
+    fn import_legacy(&self) -> Result<(), RecordError> {
+        let path = StopRecord::path(&self.dir);
+        let Some(mut record) = self.read_json::<StopRecord>(&path) else {
+            return Ok(());
+        };
+        if record.unfinished.iter().all(|u| u.id.is_some()) {
+            return Ok(());
+        }
+        let stopper = Owner::new(lease::local_host(), record.pid, 0);
+        for (index, unfinished) in record.unfinished.iter_mut().enumerate() {
+            if unfinished.id.is_none() {
+                unfinished.id = Some(lease::item_id(&stopper, record.finished_at, index));
+            }
+        }
+        tracing::info!(
+            items = record.unfinished.len(),
+            "importing the items of an earlier version's stop record"
+        );
+        self.persist_now(&stopper, &record)
+    }
+
+    fn lease_now(
+        &self,
+        owner: &Owner,
+        max: usize,
+        lease_for: Duration,
+    ) -> Result<Vec<Leased>, RecordError> {
+        self.import_legacy()?;
+        let now = self.clock.now();
+        let expires_at = now + TimeDelta::from_std(lease_for).unwrap_or(TimeDelta::MAX / 2);
+        let expires_at: DateTime<Utc> = expires_at.max(now);
+        let mut leased = Vec::new();
+        for state in self.all()? {
+            if leased.len() >= max {
+                break;
+            }
+            let liveness = state
+                .lease
+                .as_ref()
+                .map_or(Liveness::Dead, |l| (self.liveness)(&l.owner));
+            if !lease::is_offered(state.lease.as_ref(), now, liveness) {
+                continue;
+            }
+            if let Some(previous) = &state.lease {
+                tracing::info!(id = %state.item.id, previous = %previous.owner, ?liveness, "offering again an item whose holder is gone or whose lease lapsed");
+            }
+            let lease = Lease::new(owner.clone(), now, expires_at);
+            self.write_json(&self.path(&state.item.id, LEASE), &lease)?;
+            leased.push(Leased {
+                item: state.item,
+                lease,
+            });
+        }
+        Ok(leased)
+    }
+
+    fn acknowledge_now(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
+        let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
+            return Err(RecordError::UnknownItem { id: id.to_owned() });
+        };
+        if !lease::holds(state.lease.as_ref(), owner) {
+            return Err(RecordError::NotHolder {
+                id: id.to_owned(),
+                holder: state.lease.map(|l| l.owner.to_string()),
+            });
+        }
+        let acked = serde_json::json!({ "id": id, "by": owner, "at": self.clock.now() });
+        self.write_json(&self.path(id, ACKED), &acked)?;
+        self.remove_file(&self.path(id, ITEM))?;
+        self.remove_file(&self.path(id, LEASE))
+    }
+
+    fn release_now(&self, owner: Option<&Owner>, id: &str) -> Result<bool, RecordError> {
+        let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
+            return Err(RecordError::UnknownItem { id: id.to_owned() });
+        };
+        let Some(lease) = state.lease else {
+            return Ok(false);
+        };
+        if let Some(owner) = owner
+            && lease.owner != *owner
+        {
+            return Err(RecordError::NotHolder {
+                id: id.to_owned(),
+                holder: Some(lease.owner.to_string()),
+            });
+        }
+        self.remove_file(&self.path(id, LEASE))?;
+        Ok(true)
+    }
+
+    fn remove_now(&self, id: &str) -> Result<bool, RecordError> {
+        if self.valid(id).is_none() {
+            return Ok(false);
+        }
+        let existed = fs::symlink_metadata(self.path(id, ITEM)).is_ok();
+        self.remove_file(&self.path(id, LEASE))?;
+        self.remove_file(&self.path(id, ITEM))?;
+        Ok(existed)
+    }
+
+    fn valid(&self, id: &str) -> Option<()> {
+        lease::is_valid_item_id(id).then_some(())
+    }
+}
+
+impl RecordStore for FileRecordStore {
+    fn persist<'a>(&'a self, stopper: &'a Owner, record: &'a StopRecord) -> RecordFuture<'a, ()> {
+        Box::pin(async move { self.locked(|| self.persist_now(stopper, record)) })
+    }
+
+    fn lease<'a>(
+        &'a self,
+        owner: &'a Owner,
+        max: usize,
+        lease_for: Duration,
+    ) -> RecordFuture<'a, Vec<Leased>> {
+        Box::pin(async move { self.locked(|| self.lease_now(owner, max, lease_for)) })
+    }
+
+    fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {
+        Box::pin(async move { self.locked(|| self.acknowledge_now(owner, id)) })
+    }
+
+    fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
+        Box::pin(async move { self.locked(|| self.release_now(owner, id)) })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
+        Box::pin(async move { self.locked(|| self.remove_now(id)) })
+    }
+
+    fn list(&self) -> RecordFuture<'_, Vec<ItemState>> {
+        Box::pin(async move { self.locked(|| self.all()) })
+    }
+
+    fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>> {
+        Box::pin(async move { StopRecord::read(&self.dir) })
+    }
+}
+
+/// Writes `bytes` to `path` atomically through a temporary file whose name no leftover can
+/// take: created exclusively, with a new name on a collision.
+fn write_unique(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut tries = 0;
+    loop {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let temp = dir.join(format!(
+            ".{name}.tmp-{}-{}-{nanos:x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        match fsx::write_atomically(path, &temp, bytes) {
+            Err(crate::StoreError::Io { source, .. })
+                if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
+            {
+                tries += 1;
+            }
+            result => return result.map_err(RecordError::from),
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The [`RecordStore`] contract: where a stop's unfinished work waits for the start that resumes it.
+//!
+//! A backend keeps three things: the items a stop left (each with a stable id), a lease per item
+//! (who is resuming it), and the most recent stop's summary for people. It answers five
+//! operations, each atomic with respect to every other caller, in this process or another:
+//! persist, lease, acknowledge, release, remove. The file store in a state directory is the
+//! default; any other backend (a database every replica reaches) implements the same trait and
+//! passes the same conformance suite (`tests/records.rs`).
+//!
+//! The methods return boxed futures so a network backend can be asynchronous and the trait stays
+//! usable as `Arc<dyn RecordStore>`; the file store does its (short, local) work when polled.
+
+use super::lease::{Lease, Owner};
+use super::{RecordError, StopRecord};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// What a [`RecordStore`] method returns.
+pub type RecordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RecordError>> + Send + 'a>>;
+
+/// One unit of work a stop left unfinished, as the next start sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ResumeItem {
+    /// Stable across every hand-over: leases and acknowledgements name it.
+    pub id: String,
+    /// The drain participant that handed it back.
+    pub participant: String,
+    /// The item as the participant handed it back.
+    pub item: serde_json::Value,
+    /// The process whose stop left it (the last one, when it was handed back again).
+    pub stopped_by: Owner,
+    /// When that stop finished.
+    pub stopped_at: DateTime<Utc>,
+    /// How many stops handed it back (1 the first time).
+    pub attempts: u32,
+}
+
+impl ResumeItem {
+    /// The item read back as `T`, the type the participant handed back.
+    pub fn item_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(&self.item)
+    }
+}
+
+/// An item and its lease, if any: what [`RecordStore::list`] shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ItemState {
+    /// The item.
+    pub item: ResumeItem,
+    /// Who is resuming it; `None` while pending.
+    pub lease: Option<Lease>,
+}
+
+/// An item leased to the caller: resume it, then acknowledge it (or hand it back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leased {
+    /// The item.
+    pub item: ResumeItem,
+    /// The caller's lease.
+    pub lease: Lease,
+}
+
+/// Where stop records and their unfinished items are kept. See the module docs.
+///
+/// Every method is atomic with respect to every other caller of the same store, in any process.
+pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Makes `record`'s unfinished items durable, then its summary. Items without an id were
+    /// given one by the caller; an item whose id is already stored is being handed back by its
+    /// lease holder `stopper`: it becomes pending again with its attempts counted up (when
+    /// `stopper` does not hold its lease any more, the item is someone else's now and is left
+    /// as it is). Returns only once everything is durable; an error means the items may not be.
+    fn persist<'a>(&'a self, stopper: &'a Owner, record: &'a StopRecord) -> RecordFuture<'a, ()>;
+
+    /// Leases to `owner` up to `max` of the items on offer ([`crate::is_offered`]), oldest first,
+    /// until `lease_for` from now.
+    fn lease<'a>(
+        &'a self,
+        owner: &'a Owner,
+        max: usize,
+        lease_for: Duration,
+    ) -> RecordFuture<'a, Vec<Leased>>;
+
+    /// `owner` has taken item `id` over for good: it is removed, never offered again. Refused
+    /// ([`RecordError::NotHolder`]) unless `owner` holds its lease ([`crate::holds`]).
+    fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()>;
+
+    /// Makes item `id` pending again. With `Some(owner)`, only if `owner` holds its lease; with
+    /// `None` (an operator), whoever holds it. Returns whether it was leased.
+    fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool>;
+
+    /// Removes item `id` whatever its lease (an operator giving the work up). Returns whether it
+    /// existed.
+    fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool>;
+
+    /// Every item with its lease, oldest first.
+    fn list(&self) -> RecordFuture<'_, Vec<ItemState>>;
+
+    /// The summary of the most recent stop persisted here, if any.
+    fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>>;
+}
+
+/// Sorts items oldest first: by the time their stop finished, then by id (in order within one
+/// stop). Every backend lists and leases in this order.
+pub(crate) fn oldest_first(items: &mut [ItemState]) {
+    items.sort_by(|a, b| (a.item.stopped_at, &a.item.id).cmp(&(b.item.stopped_at, &b.item.id)));
+}

@@ -1,0 +1,484 @@
+//! The record-store conformance suite: any [`RecordStore`] against one model, as a proptest state
+//! machine. A backend's test file names its [`Backend`] and runs [`Conformance`] with
+//! `prop_state_machine!`; the file store's is `tests/records.rs`.
+//!
+//! The model: four owners (two on this host, whose liveness the store can check, two on another
+//! host, where only lease expiry counts), each living, crashing and starting again with a new
+//! start fingerprint (pid reuse); stops that leave new items and hand leased ones back; leases,
+//! acknowledgements, releases and drops; a wall clock that only the test moves. After every step
+//! the store must list exactly what the model holds, and every answer must be the model's.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use planned_stop::{Clock, Liveness, Owner, RecordError, RecordStore, StopRecord};
+use proptest::prelude::*;
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How an owner's liveness is decided: the suite's probe, which a backend must use.
+pub type Probe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
+
+/// A backend under test: a fresh, empty store reading `clock` and deciding liveness with `probe`.
+pub trait Backend: 'static {
+    /// The store, and what keeps it alive (a temporary directory, a schema to drop).
+    fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>);
+}
+
+const OWNERS: usize = 4;
+const HERE: &str = "this-host";
+const THERE: &str = "another-host";
+
+fn host(k: usize) -> &'static str {
+    if k < 2 { HERE } else { THERE }
+}
+
+fn owner(k: usize, start: u64) -> Owner {
+    Owner::new(host(k), 100 + k as u32, start)
+}
+
+/// The pid of the process whose stops leave new items (it never leases).
+const STOPPER: u32 = 900;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Item {
+    id: String,
+    stopped_at: i64,
+    attempts: u32,
+    /// (owner index, its start fingerprint, lease expiry).
+    lease: Option<(usize, u64, i64)>,
+    value: String,
+}
+
+/// What the last step must have answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    Nothing,
+    Leased(Vec<String>),
+    Acked(Result<(), &'static str>),
+    Released(Result<bool, &'static str>),
+    Dropped(bool),
+}
+
+/// The model's state.
+#[derive(Debug, Clone)]
+pub struct Model {
+    now: i64,
+    /// Each owner's current start fingerprint and whether it runs.
+    lives: [(u64, bool); OWNERS],
+    items: Vec<Item>,
+    gone: Vec<String>,
+    stops: u32,
+    expect: Expect,
+    /// The item id the last acknowledgement, release or drop named (picked before it applied).
+    last_pick: Option<String>,
+}
+
+/// One step.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// A stop: `new` fresh items, plus, from `by`, the items it holds handed back (it then exits).
+    Stop {
+        new: usize,
+        by: Option<usize>,
+    },
+    Lease {
+        k: usize,
+        max: usize,
+        secs: u64,
+    },
+    Ack {
+        k: usize,
+        pick: usize,
+    },
+    Release {
+        k: Option<usize>,
+        pick: usize,
+    },
+    Drop {
+        pick: usize,
+    },
+    Crash {
+        k: usize,
+    },
+    Start {
+        k: usize,
+    },
+    Advance {
+        secs: i64,
+    },
+}
+
+impl Model {
+    fn liveness(&self, k: usize, start: u64) -> Liveness {
+        if host(k) == THERE {
+            Liveness::Unknown
+        } else if self.lives[k] == (start, true) {
+            Liveness::Alive
+        } else {
+            Liveness::Dead
+        }
+    }
+
+    fn sort(&mut self) {
+        self.items
+            .sort_by(|a, b| (a.stopped_at, &a.id).cmp(&(b.stopped_at, &b.id)));
+    }
+
+    fn pick(&self, pick: usize) -> String {
+        let known = self.items.len() + self.gone.len();
+        if known == 0 {
+            return "no-such-item".into();
+        }
+        let i = pick % known;
+        match self.items.get(i) {
+            Some(item) => item.id.clone(),
+            None => self.gone[i - self.items.len()].clone(),
+        }
+    }
+}
+
+/// The reference state machine.
+pub struct Reference;
+
+impl ReferenceStateMachine for Reference {
+    type State = Model;
+    type Transition = Step;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        Just(Model {
+            now: 0,
+            lives: [(1, true); OWNERS],
+            items: Vec::new(),
+            gone: Vec::new(),
+            stops: 0,
+            expect: Expect::Nothing,
+            last_pick: None,
+        })
+        .boxed()
+    }
+
+    fn transitions(_: &Model) -> BoxedStrategy<Step> {
+        let k = 0..OWNERS;
+        prop_oneof![
+            3 => (0..4usize, proptest::option::of(0..OWNERS)).prop_map(|(new, by)| Step::Stop { new, by }),
+            4 => (k.clone(), 0..4usize, 1..6u64).prop_map(|(k, max, secs)| Step::Lease { k, max, secs }),
+            3 => (k.clone(), any::<usize>()).prop_map(|(k, pick)| Step::Ack { k, pick }),
+            1 => (proptest::option::of(k.clone()), any::<usize>()).prop_map(|(k, pick)| Step::Release { k, pick }),
+            1 => any::<usize>().prop_map(|pick| Step::Drop { pick }),
+            1 => k.clone().prop_map(|k| Step::Crash { k }),
+            2 => k.prop_map(|k| Step::Start { k }),
+            2 => (0..8i64).prop_map(|secs| Step::Advance { secs }),
+        ]
+        .boxed()
+    }
+
+    fn preconditions(m: &Model, step: &Step) -> bool {
+        match *step {
+            Step::Stop { by: Some(k), .. } | Step::Lease { k, .. } | Step::Ack { k, .. } => {
+                m.lives[k].1
+            }
+            Step::Release { k: Some(k), .. } | Step::Crash { k } => m.lives[k].1,
+            Step::Start { k } => !m.lives[k].1,
+            _ => true,
+        }
+    }
+
+    fn apply(mut m: Model, step: &Step) -> Model {
+        m.expect = Expect::Nothing;
+        m.last_pick = match *step {
+            Step::Ack { pick, .. } | Step::Release { pick, .. } | Step::Drop { pick } => {
+                Some(m.pick(pick))
+            }
+            _ => None,
+        };
+        match *step {
+            Step::Stop { new, by } => {
+                m.stops += 1;
+                for i in 0..new {
+                    m.items.push(Item {
+                        id: format!("s{:04}-{i:02}", m.stops),
+                        stopped_at: m.now,
+                        attempts: 1,
+                        lease: None,
+                        value: format!("work {} of stop {}", i, m.stops),
+                    });
+                }
+                if let Some(k) = by {
+                    let start = m.lives[k].0;
+                    let now = m.now;
+                    for item in &mut m.items {
+                        if item.lease.is_some_and(|(o, s, _)| (o, s) == (k, start)) {
+                            item.lease = None;
+                            item.attempts += 1;
+                            item.stopped_at = now;
+                        }
+                    }
+                    m.lives[k].1 = false; // a stop ends the process
+                }
+                m.sort();
+            }
+            Step::Lease { k, max, secs } => {
+                let start = m.lives[k].0;
+                let now = m.now;
+                let mut leased = Vec::new();
+                for i in 0..m.items.len() {
+                    if leased.len() >= max {
+                        break;
+                    }
+                    let offered = match m.items[i].lease {
+                        None => true,
+                        Some((o, s, expires)) => match m.liveness(o, s) {
+                            Liveness::Alive => false,
+                            Liveness::Dead => true,
+                            Liveness::Unknown => now >= expires,
+                        },
+                    };
+                    if offered {
+                        m.items[i].lease = Some((k, start, now + secs as i64));
+                        leased.push(m.items[i].id.clone());
+                    }
+                }
+                m.expect = Expect::Leased(leased);
+            }
+            Step::Ack { k, pick } => {
+                let id = m.pick(pick);
+                let start = m.lives[k].0;
+                m.expect = Expect::Acked(match m.items.iter().position(|i| i.id == id) {
+                    None => Err("unknown"),
+                    Some(i)
+                        if m.items[i]
+                            .lease
+                            .is_some_and(|(o, s, _)| (o, s) == (k, start)) =>
+                    {
+                        m.items.remove(i);
+                        m.gone.push(id);
+                        Ok(())
+                    }
+                    Some(_) => Err("not holder"),
+                });
+            }
+            Step::Release { k, pick } => {
+                let id = m.pick(pick);
+                let holder = k.map(|k| (k, m.lives[k].0));
+                m.expect = Expect::Released(match m.items.iter_mut().find(|i| i.id == id) {
+                    None => Err("unknown"),
+                    Some(item) => match (item.lease, holder) {
+                        (None, _) => Ok(false),
+                        (Some((o, s, _)), Some(h)) if (o, s) != h => Err("not holder"),
+                        (Some(_), _) => {
+                            item.lease = None;
+                            Ok(true)
+                        }
+                    },
+                });
+            }
+            Step::Drop { pick } => {
+                let id = m.pick(pick);
+                let existed = m.items.iter().any(|i| i.id == id);
+                m.items.retain(|i| i.id != id);
+                if existed {
+                    m.gone.push(id);
+                }
+                m.expect = Expect::Dropped(existed);
+            }
+            Step::Crash { k } => m.lives[k].1 = false,
+            Step::Start { k } => m.lives[k] = (m.lives[k].0 + 1, true),
+            Step::Advance { secs } => m.now += secs,
+        }
+        m
+    }
+}
+
+/// The test clock: the model's seconds after a fixed instant.
+#[derive(Debug)]
+struct TestClock(Mutex<i64>);
+
+fn base() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_900_000_000, 0).unwrap()
+}
+
+impl Clock for TestClock {
+    fn now(&self) -> DateTime<Utc> {
+        base() + TimeDelta::seconds(*self.0.lock().unwrap())
+    }
+}
+
+/// An item as compared: id, attempts, lease holder (pid, start), value.
+type Listed = (String, u32, Option<(u32, u64)>, String);
+
+/// The store under test and the world it sees.
+pub struct Sut {
+    store: Arc<dyn RecordStore>,
+    _keep: Box<dyn std::any::Any>,
+    clock: Arc<TestClock>,
+    lives: Arc<Mutex<[(u64, bool); OWNERS]>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+/// The suite, for backend `B`.
+pub struct Conformance<B>(PhantomData<B>);
+
+fn error_kind(e: &RecordError) -> &'static str {
+    match e {
+        RecordError::UnknownItem { .. } => "unknown",
+        RecordError::NotHolder { .. } => "not holder",
+        other => panic!("the store failed: {other}"),
+    }
+}
+
+fn stop_record(pid: u32, at: DateTime<Utc>, items: Vec<serde_json::Value>) -> StopRecord {
+    serde_json::from_value(serde_json::json!({
+        "pid": pid, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
+        "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
+        "finished_at": at, "drained_in_time": true, "forced": false, "unfinished": items,
+        "unanswered": [], "exit_code": 0,
+    }))
+    .unwrap()
+}
+
+impl<B: Backend> StateMachineTest for Conformance<B> {
+    type SystemUnderTest = Sut;
+    type Reference = Reference;
+
+    fn init_test(m: &Model) -> Sut {
+        let clock = Arc::new(TestClock(Mutex::new(m.now)));
+        let lives = Arc::new(Mutex::new(m.lives));
+        let seen = lives.clone();
+        let probe: Probe = Arc::new(move |o: &Owner| {
+            if o.host != HERE {
+                return Liveness::Unknown;
+            }
+            let k = (o.pid - 100) as usize;
+            if seen.lock().unwrap()[k] == (o.start, true) {
+                Liveness::Alive
+            } else {
+                Liveness::Dead
+            }
+        });
+        let (store, keep) = B::open(clock.clone(), probe);
+        Sut {
+            store,
+            _keep: keep,
+            clock,
+            lives,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn apply(sut: Sut, m: &Model, step: Step) -> Sut {
+        let store = sut.store.clone();
+        let now = sut.clock.now();
+        let before_lives = *sut.lives.lock().unwrap();
+        match step {
+            Step::Stop { new, by } => {
+                let mut items: Vec<serde_json::Value> = Vec::new();
+                // The model's new items are the last `new` with this stop's prefix.
+                for i in 0..new {
+                    let id = format!("s{:04}-{i:02}", m.stops);
+                    let value = format!("work {} of stop {}", i, m.stops);
+                    items.push(serde_json::json!({"id": id, "participant": "jobs", "item": value}));
+                }
+                let stopper = match by {
+                    Some(k) => {
+                        let start = before_lives[k].0;
+                        let me = owner(k, start);
+                        let held = sut.runtime.block_on(store.list()).unwrap();
+                        for s in held
+                            .iter()
+                            .filter(|s| s.lease.as_ref().is_some_and(|l| l.owner == me))
+                        {
+                            items.push(serde_json::json!({"id": s.item.id, "participant": "jobs", "item": s.item.item}));
+                        }
+                        me
+                    }
+                    None => Owner::new(HERE, STOPPER, u64::from(m.stops)),
+                };
+                let record = stop_record(stopper.pid, now, items);
+                sut.runtime
+                    .block_on(store.persist(&stopper, &record))
+                    .unwrap();
+            }
+            Step::Lease { k, max, secs } => {
+                let me = owner(k, before_lives[k].0);
+                let leased = sut
+                    .runtime
+                    .block_on(store.lease(&me, max, Duration::from_secs(secs)))
+                    .unwrap();
+                let ids: Vec<String> = leased.iter().map(|l| l.item.id.clone()).collect();
+                assert_eq!(Expect::Leased(ids), m.expect, "lease by owner {k}");
+                for l in &leased {
+                    assert_eq!(l.lease.owner, me);
+                }
+            }
+            Step::Ack { k, pick } => {
+                let me = owner(k, before_lives[k].0);
+                let id = ack_target(m, pick);
+                let got = sut.runtime.block_on(store.acknowledge(&me, &id));
+                assert_eq!(
+                    Expect::Acked(got.map_err(|e| error_kind(&e))),
+                    m.expect,
+                    "ack {id} by {k}"
+                );
+            }
+            Step::Release { k, pick } => {
+                let me = k.map(|k| owner(k, before_lives[k].0));
+                let id = ack_target(m, pick);
+                let got = sut.runtime.block_on(store.release(me.as_ref(), &id));
+                assert_eq!(
+                    Expect::Released(got.map_err(|e| error_kind(&e))),
+                    m.expect,
+                    "release {id}"
+                );
+            }
+            Step::Drop { pick } => {
+                let id = ack_target(m, pick);
+                let got = sut.runtime.block_on(store.remove(&id)).unwrap();
+                assert_eq!(Expect::Dropped(got), m.expect, "drop {id}");
+            }
+            Step::Crash { .. } | Step::Start { .. } | Step::Advance { .. } => {}
+        }
+        *sut.lives.lock().unwrap() = m.lives;
+        *sut.clock.0.lock().unwrap() = m.now;
+        sut
+    }
+
+    fn check_invariants(sut: &Sut, m: &Model) {
+        let listed = sut.runtime.block_on(sut.store.list()).unwrap();
+        let got: Vec<Listed> = listed
+            .iter()
+            .map(|s| {
+                (
+                    s.item.id.clone(),
+                    s.item.attempts,
+                    s.lease.as_ref().map(|l| (l.owner.pid, l.owner.start)),
+                    s.item.item.as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        let want: Vec<Listed> = m
+            .items
+            .iter()
+            .map(|i| {
+                (
+                    i.id.clone(),
+                    i.attempts,
+                    i.lease.map(|(k, s, _)| (100 + k as u32, s)),
+                    i.value.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got, want,
+            "the store lists exactly the model's items, oldest first"
+        );
+    }
+}
+
+/// The id the step named, as the model picked it before applying the step.
+fn ack_target(m: &Model, _pick: usize) -> String {
+    m.last_pick.clone().expect("the model picked an id")
+}

@@ -1,0 +1,480 @@
+//! The record store: the conformance suite against the file store, and the resume guarantees
+//! with real `serve` processes (kill -9 in the middle of a resume, services sharing a state
+//! directory, a record store that fails at the stop).
+
+mod common;
+
+use common::record_conformance::{Backend, Conformance, Probe};
+use planned_stop::{Clock, FileRecordStore, RecordStore};
+use proptest::prelude::ProptestConfig;
+use proptest_state_machine::prop_state_machine;
+use std::sync::Arc;
+
+struct Files;
+
+impl Backend for Files {
+    fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileRecordStore::open(dir.path().join("state"), false)
+            .unwrap()
+            .with_clock(clock)
+            .with_liveness(move |o| probe(o));
+        (Arc::new(store), Box::new(dir))
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 4096,
+        .. ProptestConfig::default()
+    })]
+
+    /// Every answer of the file store is the model's, and it lists exactly the model's items.
+    #[test]
+    fn the_file_store_conforms(sequential 1..=30 => Conformance<Files>);
+}
+
+#[cfg(unix)]
+mod with_processes {
+    use super::common::process::*;
+    use serde_json::Value;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    struct Dirs {
+        _base: tempfile::TempDir,
+        run: PathBuf,
+        state: PathBuf,
+    }
+
+    fn dirs() -> Dirs {
+        let base = tempfile::tempdir().unwrap();
+        Dirs {
+            run: base.path().join("run"),
+            state: base.path().join("state"),
+            _base: base,
+        }
+    }
+
+    fn s(p: &Path) -> &str {
+        p.to_str().unwrap()
+    }
+
+    fn serve(d: &Dirs, extra: &[&str]) -> Serve {
+        let mut args = vec![
+            "--dir",
+            s(&d.run),
+            "--state",
+            s(&d.state),
+            "--poll-ms",
+            "20",
+        ];
+        args.extend_from_slice(extra);
+        Serve::start(&args)
+    }
+
+    fn stop_wait(d: &Dirs, pid: u32) -> (Option<i32>, Value) {
+        let pid = pid.to_string();
+        let out = run(&[
+            "stop",
+            "--pid",
+            &pid,
+            "--dir",
+            s(&d.run),
+            "--json",
+            "--wait",
+            "20",
+        ]);
+        (out.status.code(), json_of(&out))
+    }
+
+    /// The items the record store holds (`records list --json`).
+    fn listed(d: &Dirs) -> Vec<Value> {
+        let out = run(&["records", "list", "--state", s(&d.state), "--json"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_of(&out)["items"].as_array().unwrap().clone()
+    }
+
+    /// The ids acknowledged so far (the store keeps each acknowledgement for a day).
+    fn acknowledged(d: &Dirs) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(d.state.join("planned-stop-items"))
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.strip_suffix(".acked.json").map(str::to_owned)
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    fn strings(v: &Value) -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// A stop of a service with `jobs` jobs that cannot finish: returns the ids it left.
+    fn leave_items(d: &Dirs, jobs: u32) -> Vec<String> {
+        let existing = if d.state.exists() {
+            listed(d)
+        } else {
+            Vec::new()
+        };
+        let before: BTreeSet<String> = existing
+            .iter()
+            .map(|i| i["item"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        let jobs = jobs.to_string();
+        let mut first = serve(
+            d,
+            &["--jobs", &jobs, "--job-ms", "600000", "--drain-ms", "50"],
+        );
+        let (code, report) = stop_wait(d, first.pid());
+        assert_eq!(code, Some(0), "{report}");
+        assert_eq!(first.exit_code(), Some(0));
+        listed(d)
+            .iter()
+            .map(|i| i["item"]["id"].as_str().unwrap().to_owned())
+            .filter(|id| !before.contains(id))
+            .collect()
+    }
+
+    /// Waits until `serve` has printed an `acked` event per resumed item; returns the ids.
+    fn wait_all_acked(serve: &Serve) -> Vec<String> {
+        let n = serve.seen("resumed").unwrap()["jobs"].as_u64().unwrap() as usize;
+        let acked = |history: &[Value]| -> Vec<String> {
+            history
+                .iter()
+                .filter(|e| e["event"] == "acked")
+                .map(|e| e["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let mut ids = acked(&serve.history.lock().unwrap());
+        while ids.len() < n {
+            // `expect` records the event in the history as well.
+            serve.expect("acked");
+            ids = acked(&serve.history.lock().unwrap());
+        }
+        ids
+    }
+
+    /// A small deterministic generator for kill delays (the seed is printed on failure).
+    struct Lcg(u64);
+    impl Lcg {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_persisted_is_reported_as_lost_never_as_planned() {
+        let d = dirs();
+        let mut service = serve(
+            &d,
+            &["--jobs", "2", "--job-ms", "600000", "--drain-ms", "50"],
+        );
+        // The store breaks while the service runs: a file where the item directory was.
+        let items = d.state.join("planned-stop-items");
+        std::fs::remove_dir_all(&items).unwrap();
+        std::fs::write(&items, b"in the way").unwrap();
+        let (code, report) = stop_wait(&d, service.pid());
+        assert_eq!(report["outcome"], "record_lost", "{report}");
+        assert_eq!(code, Some(10), "{report}");
+        assert_eq!(report["exit_code"], 74);
+        assert_eq!(service.exit_code(), Some(74), "never exit 0");
+        assert_eq!(service.expect("exit")["code"], 74);
+        // The items are on stderr, as JSON, for an operator to resubmit.
+        let stderr = service.stderr.lock().unwrap().join("\n");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("cannot persist the stop record"))
+            .unwrap_or_else(|| panic!("no ERROR line: {stderr}"));
+        assert!(line.contains("ERROR"), "{line}");
+        let json = &line[line.find("items=").unwrap() + "items=".len()..];
+        let json = &json[..=json.find(']').unwrap()];
+        let items: Vec<Value> = serde_json::from_str(json).unwrap();
+        let names: BTreeSet<&str> = items.iter().map(|i| i["item"].as_str().unwrap()).collect();
+        let pid = service.pid();
+        assert_eq!(
+            names,
+            BTreeSet::from([&*format!("job-{pid}-0"), &*format!("job-{pid}-1")])
+        );
+    }
+
+    #[test]
+    fn a_state_directory_that_cannot_be_used_fails_the_start_before_ready() {
+        let d = dirs();
+        std::fs::create_dir_all(&d.run).unwrap();
+        let file = d.run.join("not-a-dir");
+        std::fs::write(&file, b"").unwrap();
+        let state = file.join("state");
+        let out = run(&[
+            "serve",
+            "--dir",
+            s(&d.run),
+            "--state",
+            s(&state),
+            "--jobs",
+            "1",
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(s(&state)) || stderr.contains(s(&file)),
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn a_shared_state_directory_is_refused_unless_allowed() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dirs();
+        std::fs::create_dir_all(&d.state).unwrap();
+        std::fs::set_permissions(&d.state, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let out = run(&["serve", "--dir", s(&d.run), "--state", s(&d.state)]);
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("writable"), "{stderr}");
+        let service = serve(&d, &["--allow-shared-state"]);
+        assert_eq!(service.ready["event"], "ready");
+    }
+
+    #[test]
+    fn under_umask_0_the_state_directory_is_still_created_private() {
+        use std::io::BufRead;
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let d = dirs();
+        let mut cmd = planned_stop();
+        cmd.args(["serve", "--dir", s(&d.run), "--state", s(&d.state)])
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null());
+        // SAFETY: umask(2) is async-signal-safe and touches only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let ready = stdout
+            .lines()
+            .map(Result::unwrap)
+            .find(|l| l.contains("\"ready\""));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(ready.is_some());
+        for dir in [d.state.clone(), d.state.join("planned-stop-items")] {
+            let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", dir.display());
+        }
+    }
+
+    #[test]
+    fn a_fifo_at_the_record_path_does_not_block_the_start_or_the_stop() {
+        let d = dirs();
+        std::fs::create_dir_all(&d.state).unwrap();
+        let record = d.state.join("planned-stop-record.json");
+        let c = std::ffi::CString::new(s(&record)).unwrap();
+        // SAFETY: a valid C string; mkfifo has no other preconditions.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut service = serve(
+            &d,
+            &["--jobs", "1", "--job-ms", "600000", "--drain-ms", "50"],
+        );
+        let (code, report) = stop_wait(&d, service.pid());
+        assert_eq!(code, Some(0), "{report}");
+        assert_eq!(service.exit_code(), Some(0));
+        assert_eq!(listed(&d).len(), 1, "the item is recorded");
+        let taken: Vec<_> = std::fs::read_dir(&d.state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains(".taken-") || n.contains(".tmp-"))
+            .collect();
+        assert!(taken.is_empty(), "nothing left behind: {taken:?}");
+    }
+
+    #[test]
+    fn an_item_file_owned_by_another_user_is_never_resumed() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: needs root to give a file to another user");
+            return;
+        }
+        let d = dirs();
+        let ids = leave_items(&d, 2);
+        let planted = d
+            .state
+            .join("planned-stop-items")
+            .join(format!("{}.item.json", ids[0]));
+        let c = std::ffi::CString::new(s(&planted)).unwrap();
+        // SAFETY: a valid C string; chown to nobody.
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        let next = serve(&d, &["--jobs", "0", "--job-ms", "10"]);
+        let resumed = next.seen("resumed").unwrap();
+        assert_eq!(
+            strings(&resumed["ids"]),
+            [ids[1].clone()],
+            "only this user's item"
+        );
+        let stderr = next.stderr.lock().unwrap().join("\n");
+        assert!(stderr.contains("skipped"), "{stderr}");
+    }
+
+    /// Kill -9 at random points of a resume, 20 rounds: two resumers lease together (never the
+    /// same item), one is killed; what it held and had not acknowledged is resumed by the next
+    /// start. Every item is acknowledged exactly once in all.
+    #[test]
+    fn kill_9_in_the_middle_of_a_resume_loses_nothing_and_acknowledges_once() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let mut rng = Lcg(seed);
+        let d = dirs();
+        let mut all = Vec::new();
+        for round in 0..20 {
+            let ids = leave_items(&d, 4);
+            assert_eq!(ids.len(), 4);
+            all.extend(ids.iter().cloned());
+            let b = serve(&d, &["--jobs", "0", "--job-ms", "150"]);
+            let mut c = serve(&d, &["--jobs", "0", "--job-ms", "150"]);
+            let b_ids = strings(&b.seen("resumed").unwrap()["ids"]);
+            let c_ids = strings(&c.seen("resumed").unwrap()["ids"]);
+            let both: Vec<_> = b_ids.iter().filter(|i| c_ids.contains(i)).collect();
+            assert!(
+                both.is_empty(),
+                "seed {seed} round {round}: leased twice {both:?}"
+            );
+            std::thread::sleep(Duration::from_millis(rng.below(220)));
+            drop(b); // SIGKILL
+            wait_all_acked(&c);
+            let mut next = serve(&d, &["--jobs", "0", "--job-ms", "5"]);
+            wait_all_acked(&next);
+            for s in [&mut c, &mut next] {
+                s.signal(libc::SIGINT);
+                assert_eq!(s.exit_code(), Some(0));
+            }
+            assert!(
+                listed(&d).is_empty(),
+                "seed {seed} round {round}: {:?}",
+                listed(&d)
+            );
+            let mut expected = all.clone();
+            expected.sort();
+            assert_eq!(acknowledged(&d), expected, "seed {seed} round {round}");
+        }
+    }
+
+    /// Four services share one state directory and are stopped at once; four new ones start at
+    /// once: every item of every stopped service is resumed exactly once. 20 rounds.
+    #[test]
+    fn four_services_sharing_a_state_directory_lose_nothing_and_resume_each_item_once() {
+        for _ in 0..20 {
+            four_services_round();
+        }
+    }
+
+    fn four_services_round() {
+        let d = dirs();
+        let services: Vec<Serve> = (0..4)
+            .map(|_| {
+                serve(
+                    &d,
+                    &["--jobs", "3", "--job-ms", "600000", "--drain-ms", "50"],
+                )
+            })
+            .collect();
+        let stoppers: Vec<_> = services
+            .iter()
+            .map(|sv| {
+                let pid = sv.pid().to_string();
+                let run_dir = d.run.clone();
+                std::thread::spawn(move || {
+                    run(&[
+                        "stop",
+                        "--pid",
+                        &pid,
+                        "--dir",
+                        run_dir.to_str().unwrap(),
+                        "--json",
+                        "--wait",
+                        "20",
+                    ])
+                })
+            })
+            .collect();
+        for t in stoppers {
+            let out = t.join().unwrap();
+            assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+        }
+        let left: BTreeSet<String> = listed(&d)
+            .iter()
+            .map(|i| i["item"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(left.len(), 12, "3 items from each of 4 services: {left:?}");
+        let next: Vec<_> = (0..4)
+            .map(|_| {
+                let args: Vec<String> = [
+                    "--dir",
+                    s(&d.run),
+                    "--state",
+                    s(&d.state),
+                    "--poll-ms",
+                    "20",
+                    "--jobs",
+                    "0",
+                    "--job-ms",
+                    "5",
+                ]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+                std::thread::spawn(move || {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    Serve::start(&args)
+                })
+            })
+            .collect();
+        let next: Vec<Serve> = next.into_iter().map(|t| t.join().unwrap()).collect();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for sv in &next {
+            for id in wait_all_acked(sv) {
+                *counts.entry(id).or_default() += 1;
+            }
+        }
+        assert_eq!(
+            counts.keys().cloned().collect::<BTreeSet<_>>(),
+            left,
+            "every item resumed"
+        );
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "each exactly once: {counts:?}"
+        );
+        assert!(listed(&d).is_empty());
+    }
+}
