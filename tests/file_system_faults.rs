@@ -133,3 +133,57 @@ fn a_full_marker_directory_fails_the_stopper_leaves_no_partial_marker_and_the_se
     );
     assert_eq!(service.exit_code(), Some(0));
 }
+
+#[test]
+fn a_full_state_directory_at_the_stop_is_record_lost_never_planned_and_the_items_are_in_the_log() {
+    let base = tempfile::tempdir().unwrap();
+    let Some(fs) = Tmpfs::mount(&base.path().join("state"), "64k") else {
+        return;
+    };
+    let run_dir = base.path().join("run");
+    let state = fs.0.join("state");
+    let mut service = Serve::start(&[
+        "--dir",
+        s(&run_dir),
+        "--state",
+        s(&state),
+        "--jobs",
+        "3",
+        "--job-ms",
+        "600000",
+        "--drain-ms",
+        "50",
+    ]);
+    let filler = fs.0.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
+    let pid = service.pid_arg();
+    let out = run(&[
+        "stop",
+        "--pid",
+        &pid,
+        "--dir",
+        s(&run_dir),
+        "--wait",
+        "20",
+        "--json",
+    ]);
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "record_lost", "{report}");
+    assert_eq!(out.status.code(), Some(10));
+    assert_eq!(
+        service.exit_code(),
+        Some(74),
+        "a lost record is never exit 0"
+    );
+    let stderr = service.stderr.lock().unwrap().join("\n");
+    assert!(
+        stderr.contains("No space left"),
+        "the error says why: {stderr}"
+    );
+    for i in 0..3 {
+        assert!(
+            stderr.contains(&format!("job-{pid}-{i}")),
+            "every item is in the log: {stderr}"
+        );
+    }
+}

@@ -65,6 +65,7 @@ pub struct FileRecordStore {
     items: PathBuf,
     clock: Arc<dyn Clock>,
     liveness: LivenessProbe,
+    allow_shared: bool,
 }
 
 impl std::fmt::Debug for FileRecordStore {
@@ -92,6 +93,7 @@ impl FileRecordStore {
             items,
             clock: Arc::new(SystemClock),
             liveness: Arc::new(Owner::liveness_here),
+            allow_shared,
         })
     }
 
@@ -244,7 +246,9 @@ impl FileRecordStore {
     }
 
     fn persist_now(&self, stopper: &Owner, record: &StopRecord) -> Result<(), RecordError> {
-        fsx::prepare_dir(&self.items, true)?;
+        // Again at the stop: the directories may have been removed, or opened up, meanwhile.
+        fsx::prepare_dir(&self.dir, self.allow_shared)?;
+        fsx::prepare_dir(&self.items, self.allow_shared)?;
         let stopped_at = record.finished_at;
         for unfinished in &record.unfinished {
             let Some(id) = unfinished
@@ -311,8 +315,11 @@ impl FileRecordStore {
     ) -> Result<Vec<Leased>, RecordError> {
         self.import_legacy()?;
         let now = self.clock.now();
-        let expires_at = now + TimeDelta::from_std(lease_for).unwrap_or(TimeDelta::MAX / 2);
-        let expires_at: DateTime<Utc> = expires_at.max(now);
+        // Any duration, however large, saturates at the end of time rather than overflowing.
+        let expires_at = TimeDelta::from_std(lease_for)
+            .ok()
+            .and_then(|d| now.checked_add_signed(d))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
         let mut leased = Vec::new();
         for state in self.all()? {
             if leased.len() >= max {

@@ -271,3 +271,17 @@ fn operators_release_and_drop_items() {
     );
     assert!(block_on(store.list()).unwrap().is_empty());
 }
+
+#[test]
+fn any_lease_duration_saturates_instead_of_overflowing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    let leased = block_on(store.lease(&owner(1), 1, Duration::MAX)).unwrap();
+    assert_eq!(leased[0].lease.expires_at, DateTime::<Utc>::MAX_UTC);
+    assert!(
+        block_on(store.lease(&owner(2), 1, Duration::ZERO))
+            .unwrap()
+            .is_empty()
+    );
+}
