@@ -87,10 +87,13 @@ pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use marker::{Marker, MarkerError, StopAction};
 pub use outcome::{Outcome, Phase};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use record::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
 pub use record::{
-    FileRecordStore, ItemState, Lease, Leased, Liveness, Note, Owner, PhaseRecord, RecordError,
-    RecordFuture, RecordStore, ResumeItem, StopRecord, Unfinished, holds, is_offered,
-    is_valid_item_id, local_host,
+    FileRecordStore, HOST_ENV, ItemState, Lease, Leased, Liveness, Note, Owner, Persisted,
+    PhaseRecord, RecordError, RecordFuture, RecordStore, ResumeItem, StopRecord, Unfinished, holds,
+    is_offered, is_valid_item_id, local_host,
 };
 pub use runner::{
     Drain, DrainPhase, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus,

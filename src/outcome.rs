@@ -74,6 +74,11 @@ pub struct Outcome {
     pub finished_at: Option<DateTime<Utc>>,
     /// The exit code (phase `stopped`).
     pub exit_code: Option<i32>,
+    /// `true` when the record store's own place could not be reached and the unfinished items
+    /// were kept on the process's host instead, to be pushed at the next start there (a
+    /// database store's spill directory). Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spilled: bool,
 }
 
 impl Outcome {

@@ -13,14 +13,20 @@
 //! lease rules ([`is_offered`]) offer the item again once its holder is gone. So every item is
 //! resumed at least once and acknowledged exactly once, and never held by two live owners at once.
 
-mod file;
+pub(crate) mod file;
 mod lease;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod store;
 
 pub use file::FileRecordStore;
 pub(crate) use lease::item_id;
-pub use lease::{Lease, Liveness, Owner, holds, is_offered, is_valid_item_id, local_host};
-pub use store::{ItemState, Leased, RecordFuture, RecordStore, ResumeItem};
+pub use lease::{
+    HOST_ENV, Lease, Liveness, Owner, holds, is_offered, is_valid_item_id, local_host,
+};
+#[cfg(feature = "postgres")]
+pub use postgres::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
+pub use store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem};
 
 use crate::lifecycle::{StopCause, StopVerdict};
 use chrono::{DateTime, Utc};

@@ -111,11 +111,11 @@ mod with_processes {
 
     /// The ids acknowledged so far (the store keeps each acknowledgement for a day).
     fn acknowledged(d: &Dirs) -> Vec<String> {
-        let mut ids: Vec<String> = std::fs::read_dir(d.state.join("planned-stop-items"))
+        let mut ids: Vec<String> = std::fs::read_dir(d.state.join("planned-stop-acked"))
             .unwrap()
             .filter_map(|e| {
                 let name = e.unwrap().file_name().into_string().unwrap();
-                name.strip_suffix(".acked.json").map(str::to_owned)
+                name.strip_suffix(".item.json").map(str::to_owned)
             })
             .collect();
         ids.sort();

@@ -146,6 +146,12 @@ pub struct StatusArgs {
     /// Also show the last stop record and the unfinished items in this state directory.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
+    /// Also show the last stop record and the unfinished items in this PostgreSQL record store.
+    #[arg(long, value_name = "URL")]
+    pub records: Option<String>,
+    /// The service name that scopes the items in the database.
+    #[arg(long, default_value = "planned-stop")]
+    pub service: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -172,6 +178,53 @@ pub fn main() -> ExitCode {
         Command::Demo => demo::run(),
     };
     ExitCode::from(code)
+}
+
+/// The record store the flags name: PostgreSQL with `--records URL` (its spill directory is
+/// `--state DIR`, when given), else the file store in `--state DIR`, else none. `create`: a missing
+/// state directory is created (`serve`); otherwise it must exist (operator verbs).
+fn record_store(
+    state: Option<&Path>,
+    records: Option<&str>,
+    service: &str,
+    allow_shared_state: bool,
+    create: bool,
+) -> Result<Option<std::sync::Arc<dyn planned_stop::RecordStore>>, String> {
+    let files = match state {
+        Some(dir) => {
+            let dir = absolute(dir);
+            if !create && !dir.is_dir() {
+                return Err(format!(
+                    "no state directory {}; give the --state DIR the service runs with",
+                    dir.display()
+                ));
+            }
+            Some(
+                planned_stop::FileRecordStore::open(dir, allow_shared_state)
+                    .map_err(|e| chain(&e))?,
+            )
+        }
+        None => None,
+    };
+    match records {
+        None => Ok(files.map(|f| std::sync::Arc::new(f) as _)),
+        #[cfg(feature = "postgres")]
+        Some(url) => {
+            let mut store =
+                planned_stop::PgRecordStore::from_url(url, service).map_err(|e| chain(&e))?;
+            if let Some(files) = files {
+                store = store.spill_to(files);
+            }
+            Ok(Some(std::sync::Arc::new(store)))
+        }
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => {
+            let _ = service;
+            Err("--records needs a build with the `postgres` feature \
+                 (cargo install planned-stop --features postgres)"
+                .to_owned())
+        }
+    }
 }
 
 /// Prints an error for a person and returns the usage exit code.
@@ -269,17 +322,9 @@ fn status(args: StatusArgs) -> u8 {
         Err(e) => return fail(chain(&e)),
     };
     let outcomes = store.outcomes();
-    let record = match args.state.as_deref().map(planned_stop::StopRecord::read) {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => return fail(chain(&e)),
-        None => None,
-    };
-    let items = match &args.state {
-        Some(dir) => match state_items(dir) {
-            Ok(items) => items,
-            Err(e) => return fail(e),
-        },
-        None => Vec::new(),
+    let (record, items) = match stop_records(&args) {
+        Ok(found) => found,
+        Err(e) => return fail(e),
     };
     if args.json {
         let slots: Vec<_> = entries
@@ -333,7 +378,7 @@ fn status(args: StatusArgs) -> u8 {
             r.unfinished.len()
         ));
     }
-    if args.state.is_some() {
+    if args.state.is_some() || args.records.is_some() {
         let leased = items.iter().filter(|s| s.lease.is_some()).count();
         emit(format!(
             "unfinished items: {} pending, {leased} leased",
@@ -346,17 +391,34 @@ fn status(args: StatusArgs) -> u8 {
     EXIT_OK
 }
 
-/// The items in a state directory, without creating it.
-fn state_items(dir: &Path) -> Result<Vec<planned_stop::ItemState>, String> {
-    use planned_stop::RecordStore;
-    if !dir.join("planned-stop-items").is_dir() {
-        return Ok(Vec::new());
+/// The last stop record and the items in the store `status` was pointed at (none without
+/// `--state` or `--records`; a state directory that does not exist yet holds nothing).
+fn stop_records(
+    args: &StatusArgs,
+) -> Result<
+    (
+        Option<planned_stop::StopRecord>,
+        Vec<planned_stop::ItemState>,
+    ),
+    String,
+> {
+    let state = args.state.as_deref().filter(|d| d.exists());
+    if args.records.is_none() && state.is_none() {
+        return Ok((None, Vec::new()));
     }
-    let store = planned_stop::FileRecordStore::open(absolute(dir), true).map_err(|e| chain(&e))?;
+    let Some(store) = record_store(state, args.records.as_deref(), &args.service, true, false)?
+    else {
+        return Ok((None, Vec::new()));
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(store.list()).map_err(|e| chain(&e))
+    runtime.block_on(async {
+        let record = store.last_stop().await.map_err(|e| chain(&e))?;
+        let items = store.list().await.map_err(|e| chain(&e))?;
+        Ok((record, items))
+    })
 }
 
 fn clear(args: ClearArgs) -> u8 {

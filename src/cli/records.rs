@@ -6,13 +6,15 @@
 //!   resumes it (its holder is wedged, or was moved to another host);
 //! - `records drop --state DIR ID`: removes an item for good (the work was done by hand).
 //!
-//! The state directory must exist: a mistyped path is an error, never a new empty store.
+//! The state directory must exist: a mistyped path is an error, never a new empty store. With
+//! `--records URL` (the `postgres` feature) the same actions work on the database.
 
-use super::{EXIT_NO_SUCH_ITEM, EXIT_OK, EXIT_USAGE, absolute, chain, emit, fail, path_json};
+use super::{EXIT_NO_SUCH_ITEM, EXIT_OK, EXIT_USAGE, absolute, chain, emit, fail, record_store};
 use clap::{Args, Subcommand};
-use planned_stop::{FileRecordStore, ItemState, Liveness, Owner, RecordError, RecordStore};
+use planned_stop::{ItemState, Liveness, Owner, RecordError, RecordStore};
 use serde_json::json;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Arguments of `records`.
 #[derive(Debug, Args)]
@@ -22,15 +24,32 @@ pub struct RecordsArgs {
     pub action: RecordsAction,
 }
 
-/// The state directory, shared by every `records` action.
+/// Where the items are, shared by every `records` action: `--state DIR` or `--records URL`.
 #[derive(Debug, Clone, Args)]
 pub struct StateArgs {
     /// The state directory (`serve --state DIR`).
-    #[arg(long, value_name = "DIR")]
-    pub state: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "records")]
+    pub state: Option<PathBuf>,
+    /// The PostgreSQL record store (`serve --records URL`); with `--state DIR` as well, the
+    /// items spilled there are listed too.
+    #[arg(long, value_name = "URL")]
+    pub records: Option<String>,
+    /// The service name that scopes the items in the database.
+    #[arg(long, default_value = "planned-stop")]
+    pub service: String,
     /// Accept a state directory writable by group or others.
     #[arg(long)]
     pub allow_shared_state: bool,
+}
+
+impl StateArgs {
+    fn describe(&self) -> String {
+        match (&self.records, &self.state) {
+            (Some(_), _) => format!("PostgreSQL, service {}", self.service),
+            (None, Some(dir)) => format!("state directory {}", absolute(dir).display()),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 /// The `records` actions.
@@ -63,24 +82,23 @@ pub enum RecordsAction {
     },
 }
 
-fn open(state: &StateArgs) -> Result<FileRecordStore, String> {
-    let dir = absolute(&state.state);
-    match std::fs::metadata(&dir) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => return Err(format!("{} is not a directory", dir.display())),
-        Err(e) => {
-            return Err(format!(
-                "no state directory {} ({e}); give the --state DIR the service runs with",
-                dir.display()
-            ));
-        }
-    }
-    FileRecordStore::open(dir, state.allow_shared_state).map_err(|e| chain(&e))
+fn open(state: &StateArgs) -> Result<Arc<dyn RecordStore>, String> {
+    let store = record_store(
+        state.state.as_deref(),
+        state.records.as_deref(),
+        &state.service,
+        state.allow_shared_state,
+        false,
+    )?;
+    store.ok_or_else(|| "give --state DIR or --records URL".to_owned())
 }
 
 /// Runs `records`.
 pub fn run(args: RecordsArgs) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_current_thread().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => return fail(format!("cannot start a runtime: {e}")),
     };
@@ -91,7 +109,7 @@ pub fn run(args: RecordsArgs) -> u8 {
                 Err(e) => return fail(e),
             };
             match runtime.block_on(store.list()) {
-                Ok(items) => print_list(&store, &items, json),
+                Ok(items) => print_list(&state.describe(), &items, json),
                 Err(e) => fail(chain(&e)),
             }
         }
@@ -140,7 +158,7 @@ fn holder_alive(state: &ItemState) -> Option<bool> {
         .map(|l| Owner::liveness_here(&l.owner) == Liveness::Alive)
 }
 
-fn print_list(store: &FileRecordStore, items: &[ItemState], as_json: bool) -> u8 {
+fn print_list(place: &str, items: &[ItemState], as_json: bool) -> u8 {
     if as_json {
         let items: Vec<_> = items
             .iter()
@@ -152,10 +170,10 @@ fn print_list(store: &FileRecordStore, items: &[ItemState], as_json: bool) -> u8
                 value
             })
             .collect();
-        emit(json!({ "state": path_json(store.dir()), "items": items }));
+        emit(json!({ "store": place, "items": items }));
         return EXIT_OK;
     }
-    emit(format!("state directory {}", store.dir().display()));
+    emit(place.to_owned());
     if items.is_empty() {
         emit("  no unfinished items");
     }

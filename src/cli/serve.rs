@@ -52,6 +52,21 @@ pub struct ServeArgs {
     /// Accept a state directory writable by group or others.
     #[arg(long)]
     pub allow_shared_state: bool,
+    /// Keep unfinished work in PostgreSQL (`postgres://…`; `PG*` variables fill in the rest), so
+    /// any replica resumes it; `--state DIR` is then where a stop spills when the database is
+    /// unreachable. Needs the `postgres` feature.
+    #[arg(long, value_name = "URL")]
+    pub records: Option<String>,
+    /// The service name that scopes the items in the database (replicas of one service share it).
+    #[arg(long, default_value = "planned-stop")]
+    pub service: String,
+    /// How long a lease lasts for a holder on another host, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    pub lease_ms: u64,
+    /// Lease again every N milliseconds while running, resuming what other replicas left (0: only
+    /// at start).
+    #[arg(long, default_value_t = 0)]
+    pub resume_every_ms: u64,
     /// Poll only: do not use filesystem notifications.
     #[arg(long)]
     pub no_events: bool,
@@ -187,9 +202,18 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
         .allow_shared_dir(args.allow_shared_dir)
         .allow_shared_state(args.allow_shared_state)
         .events(!args.no_events);
-    if let Some(dir) = &args.state {
-        builder = builder.state_dir(dir.clone());
+    let store = super::record_store(
+        args.state.as_deref(),
+        args.records.as_deref(),
+        &args.service,
+        args.allow_shared_state,
+        true,
+    )?;
+    let keeps_records = store.is_some();
+    if let Some(store) = store {
+        builder = builder.record_store(store);
     }
+    builder = builder.lease_for(Duration::from_millis(args.lease_ms));
     let duration = Duration::from_millis(args.job_ms);
     let job = |name: &str, leased| {
         Job {
@@ -206,33 +230,71 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
     }
     let handle = builder.start().map_err(|e| chain(&e))?;
     // Leased before `ready`: a stop that comes meanwhile is held, and the resumed jobs take part.
-    let leased = handle.resume().await.map_err(|e| chain(&e))?;
-    let mut resumed = Vec::new();
+    let resumed = if keeps_records {
+        resume(&handle, duration, true).await
+    } else {
+        0
+    };
+    if keeps_records && args.resume_every_ms > 0 {
+        let (handle, every) = (handle.clone(), Duration::from_millis(args.resume_every_ms));
+        actix::spawn(async move {
+            loop {
+                actix::clock::sleep(every).await;
+                if handle.status().state != RunnerState::Running {
+                    return;
+                }
+                resume(&handle, duration, false).await;
+            }
+        });
+    }
+    follow(&handle, args.drain_ms);
+    handle.ready();
+    let id = handle.identity();
+    emit(
+        json!({ "event": "ready", "pid": id.pid, "start": id.start, "jobs": names.len() + resumed }),
+    );
+    Ok(handle)
+}
+
+/// Leases what is on offer and starts a job per item (a drain participant that acknowledges its
+/// item when done); prints `resumed`. Returns how many. A store that cannot be reached is logged
+/// and resumes nothing: the items wait for the next try (or another replica). A periodic lease
+/// (`always` false) prints nothing when it found nothing.
+async fn resume(handle: &ServiceHandle, duration: Duration, always: bool) -> usize {
+    let leased = match handle.resume().await {
+        Ok(leased) => leased,
+        Err(e) => {
+            tracing::error!(error = %chain(&e), "cannot resume the unfinished items now");
+            Vec::new()
+        }
+    };
+    let mut names = Vec::new();
     for item in &leased {
         // The reference service hands back job names; anything else is resumed under its JSON.
         let name = item
             .item
             .item_as::<String>()
             .unwrap_or_else(|_| item.item.item.to_string());
-        let addr = job(&name, Some((item.clone(), handle.clone())));
+        let addr = Job {
+            name: name.clone(),
+            started: Instant::now(),
+            duration,
+            leased: Some((item.clone(), handle.clone())),
+            done: false,
+        }
+        .start();
         handle.add_participant(
             planned_stop::DrainPhase::Work,
             name.clone(),
             addr.recipient(),
         );
-        resumed.push(name);
+        names.push(name);
     }
-    if args.state.is_some() {
-        let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
-        emit(json!({ "event": "resumed", "jobs": resumed.len(), "items": resumed, "ids": ids }));
+    let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
+    if always || !names.is_empty() {
+        emit(json!({ "event": "resumed", "jobs": names.len(), "items": names, "ids": ids }));
     }
-    follow(&handle, args.drain_ms);
-    handle.ready();
-    let id = handle.identity();
-    emit(
-        json!({ "event": "ready", "pid": id.pid, "start": id.start, "jobs": names.len() + resumed.len() }),
-    );
-    Ok(handle)
+    names.len()
 }
 
 /// Whether `stop_accepted` has been printed.

@@ -154,7 +154,14 @@ pub fn run(args: StopArgs) -> u8 {
             (
                 "stopped_planned",
                 EXIT_OK,
-                if own {
+                if own && outcome.spilled {
+                    format!(
+                        "process {} stopped as planned (exit code {exit_code}); its record store \
+                         was unreachable, so its unfinished work is kept on its host until its \
+                         next start there pushes it",
+                        args.pid
+                    )
+                } else if own {
                     format!(
                         "process {} stopped as planned (exit code {exit_code})",
                         args.pid
@@ -173,6 +180,7 @@ pub fn run(args: StopArgs) -> u8 {
                     "cause": outcome.cause,
                     "accepted_request_id": outcome.request_id,
                     "own_request": own,
+                    "spilled": outcome.spilled,
                 }),
             )
         }

@@ -6,8 +6,9 @@
 //!   last writer wins, which loses nothing, because the work itself is in the item files;
 //! - `DIR/planned-stop-items/<id>.item.json` — one file per unfinished item, written once;
 //! - `DIR/planned-stop-items/<id>.lease.json` — its lease, while someone resumes it;
-//! - `DIR/planned-stop-items/<id>.acked.json` — its acknowledgement: written first, so a crash in
-//!   the middle of an acknowledgement still counts it done; removed with the item a day later;
+//! - `DIR/planned-stop-acked/<id>.item.json` — an acknowledged item: the acknowledgement *is* the
+//!   rename of its file out of the item directory, so it is atomic; kept a day (for `records` and
+//!   the tests), then swept;
 //! - `DIR/.planned-stop.lock` — every operation holds an exclusive lock on it (`flock`,
 //!   `LockFileEx`), so several processes sharing the directory never interleave. The OS drops the
 //!   lock of a process that dies; a lock held longer than [`LOCK_WAIT`] is an error, never a wedge.
@@ -18,7 +19,9 @@
 //! read: such a file is skipped with one warning, and the operator sees it with `records list`.
 
 use super::lease::{self, Lease, Liveness, Owner};
-use super::store::{ItemState, Leased, RecordFuture, RecordStore, ResumeItem, oldest_first};
+use super::store::{
+    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, oldest_first,
+};
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files::{self as fsx, Found};
@@ -32,10 +35,12 @@ use std::time::{Duration, Instant};
 
 /// The directory of the item files inside the state directory.
 pub const ITEMS_DIR_NAME: &str = "planned-stop-items";
+/// The directory acknowledged items are moved to, inside the state directory.
+pub const ACKED_DIR_NAME: &str = "planned-stop-acked";
 /// The lock file inside the state directory.
 pub const LOCK_FILE_NAME: &str = ".planned-stop.lock";
 /// How long an operation waits for another process's lock on the state directory.
-pub const LOCK_WAIT: Duration = Duration::from_secs(5);
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Largest item or lease file read, in bytes.
 pub const MAX_ITEM_BYTES: usize = 1 << 20;
 /// How long an acknowledgement is kept (so `records list` can show it, and a second
@@ -45,7 +50,6 @@ pub const ACK_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 const ITEM: &str = ".item.json";
 const LEASE: &str = ".lease.json";
-const ACKED: &str = ".acked.json";
 
 type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 
@@ -63,6 +67,7 @@ type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 pub struct FileRecordStore {
     dir: PathBuf,
     items: PathBuf,
+    acked: PathBuf,
     clock: Arc<dyn Clock>,
     liveness: LivenessProbe,
     allow_shared: bool,
@@ -86,11 +91,14 @@ impl FileRecordStore {
     ) -> Result<FileRecordStore, RecordError> {
         let dir = dir.into();
         let items = dir.join(ITEMS_DIR_NAME);
+        let acked = dir.join(ACKED_DIR_NAME);
         fsx::prepare_dir(&dir, allow_shared)?;
         fsx::prepare_dir(&items, allow_shared)?;
+        fsx::prepare_dir(&acked, allow_shared)?;
         Ok(FileRecordStore {
             dir,
             items,
+            acked,
             clock: Arc::new(SystemClock),
             liveness: Arc::new(Owner::liveness_here),
             allow_shared,
@@ -133,11 +141,14 @@ impl FileRecordStore {
             source,
         })?;
         let started = Instant::now();
+        // Short waits first: operations hold the lock for about a millisecond.
+        let mut wait = Duration::from_micros(20);
         loop {
             match file.try_lock() {
                 Ok(()) => break,
                 Err(fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
-                    std::thread::sleep(Duration::from_millis(2));
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(1));
                 }
                 Err(fs::TryLockError::WouldBlock) => {
                     return Err(RecordError::Locked {
@@ -179,19 +190,31 @@ impl FileRecordStore {
     }
 
     fn write_json<T: serde::Serialize>(&self, path: &Path, value: &T) -> Result<(), RecordError> {
+        self.write_json_as(path, value, true)
+    }
+
+    /// `durable: false` skips the fsyncs, for leases: a lease a power failure takes back only
+    /// makes its item offered again, which at-least-once allows.
+    fn write_json_as<T: serde::Serialize>(
+        &self,
+        path: &Path,
+        value: &T,
+        durable: bool,
+    ) -> Result<(), RecordError> {
         let bytes = serde_json::to_vec_pretty(value).map_err(|e| RecordError::Invalid {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        write_unique(path, &bytes)
+        write_unique(path, &bytes, durable)
     }
 
     fn remove_file(&self, path: &Path) -> Result<(), RecordError> {
         fsx::remove(path).map_err(RecordError::from)
     }
 
-    /// The ids of every item file, and removes leftovers: acknowledgements older than
-    /// [`ACK_KEEP`] and the items they acknowledge, temporary files as old.
+    /// The ids of every item file; removes a lease whose item is gone (acknowledged or dropped
+    /// by a process that died before removing the lease) and temporary files older than
+    /// [`ACK_KEEP`] (left by a process that died while writing).
     fn scan(&self) -> Result<Vec<String>, RecordError> {
         let entries = fs::read_dir(&self.items).map_err(|source| RecordError::Io {
             op: "list",
@@ -199,30 +222,39 @@ impl FileRecordStore {
             source,
         })?;
         let mut ids = Vec::new();
+        let mut leases = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
-            if let Some(id) = name.strip_suffix(ITEM) {
-                if lease::is_valid_item_id(id) && !self.path(id, ACKED).exists() {
-                    ids.push(id.to_owned());
-                } else if lease::is_valid_item_id(id) {
-                    // Acknowledged, then the process died before removing it: finish the job.
-                    self.remove_file(&entry.path())?;
-                    self.remove_file(&self.path(id, LEASE))?;
-                }
-            } else if name.ends_with(ACKED) || name.starts_with('.') {
-                let old = entry
-                    .metadata()
-                    .ok()
-                    .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > ACK_KEEP);
-                if old {
-                    self.remove_file(&entry.path())?;
-                }
+            if let Some(id) = name
+                .strip_suffix(ITEM)
+                .filter(|id| lease::is_valid_item_id(id))
+            {
+                ids.push(id.to_owned());
+            } else if let Some(id) = name.strip_suffix(LEASE) {
+                leases.push(id.to_owned());
+            } else if name.starts_with('.') && older_than(&entry, ACK_KEEP) {
+                self.remove_file(&entry.path())?;
             }
         }
+        for orphan in leases.iter().filter(|id| !ids.contains(id)) {
+            self.remove_file(&self.path(orphan, LEASE))?;
+        }
         Ok(ids)
+    }
+
+    /// Removes acknowledged items older than [`ACK_KEEP`] (at each stop: rare, and off the
+    /// resume's path).
+    fn sweep_acked(&self) -> Result<(), RecordError> {
+        let Ok(entries) = fs::read_dir(&self.acked) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            if older_than(&entry, ACK_KEEP) {
+                self.remove_file(&entry.path())?;
+            }
+        }
+        Ok(())
     }
 
     fn state_of(&self, id: &str) -> Option<ItemState> {
@@ -249,6 +281,8 @@ impl FileRecordStore {
         // Again at the stop: the directories may have been removed, or opened up, meanwhile.
         fsx::prepare_dir(&self.dir, self.allow_shared)?;
         fsx::prepare_dir(&self.items, self.allow_shared)?;
+        fsx::prepare_dir(&self.acked, self.allow_shared)?;
+        self.sweep_acked()?;
         let stopped_at = record.finished_at;
         for unfinished in &record.unfinished {
             let Some(id) = unfinished
@@ -336,7 +370,7 @@ impl FileRecordStore {
                 tracing::info!(id = %state.item.id, previous = %previous.owner, ?liveness, "offering again an item whose holder is gone or whose lease lapsed");
             }
             let lease = Lease::new(owner.clone(), now, expires_at);
-            self.write_json(&self.path(&state.item.id, LEASE), &lease)?;
+            self.write_json_as(&self.path(&state.item.id, LEASE), &lease, false)?;
             leased.push(Leased {
                 item: state.item,
                 lease,
@@ -346,18 +380,40 @@ impl FileRecordStore {
     }
 
     fn acknowledge_now(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
-        let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
-            return Err(RecordError::UnknownItem { id: id.to_owned() });
-        };
-        if !lease::holds(state.lease.as_ref(), owner) {
-            return Err(RecordError::NotHolder {
-                id: id.to_owned(),
-                holder: state.lease.map(|l| l.owner.to_string()),
+        let unknown = || RecordError::UnknownItem { id: id.to_owned() };
+        if self.valid(id).is_none() {
+            return Err(unknown());
+        }
+        let lease: Option<Lease> = self.read_json(&self.path(id, LEASE));
+        let item = self.path(id, ITEM);
+        if !lease::holds(lease.as_ref(), owner) {
+            return Err(match fs::symlink_metadata(&item) {
+                Ok(_) => RecordError::NotHolder {
+                    id: id.to_owned(),
+                    holder: lease.map(|l| l.owner.to_string()),
+                },
+                Err(_) => unknown(),
             });
         }
-        let acked = serde_json::json!({ "id": id, "by": owner, "at": self.clock.now() });
-        self.write_json(&self.path(id, ACKED), &acked)?;
-        self.remove_file(&self.path(id, ITEM))?;
+        // The acknowledgement is one rename: the item leaves the item directory for good.
+        let done = self.acked.join(format!("{id}{ITEM}"));
+        match fs::rename(&item, &done) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown()),
+            Err(source) => {
+                return Err(RecordError::Io {
+                    op: "acknowledge (move to the acknowledged items)",
+                    path: item,
+                    source,
+                });
+            }
+        }
+        // Its age in the acknowledged directory counts from now, not from the stop.
+        if let Ok(file) = fs::OpenOptions::new().write(true).open(&done) {
+            let _ = file.set_modified(std::time::SystemTime::now());
+        }
+        fsx::sync_dir_of(&item)?;
+        fsx::sync_dir_of(&done)?;
         self.remove_file(&self.path(id, LEASE))
     }
 
@@ -396,8 +452,15 @@ impl FileRecordStore {
 }
 
 impl RecordStore for FileRecordStore {
-    fn persist<'a>(&'a self, stopper: &'a Owner, record: &'a StopRecord) -> RecordFuture<'a, ()> {
-        Box::pin(async move { self.locked(|| self.persist_now(stopper, record)) })
+    fn persist<'a>(
+        &'a self,
+        stopper: &'a Owner,
+        record: &'a StopRecord,
+    ) -> RecordFuture<'a, Persisted> {
+        Box::pin(async move {
+            self.locked(|| self.persist_now(stopper, record))
+                .map(|()| Persisted::Durable)
+        })
     }
 
     fn lease<'a>(
@@ -430,9 +493,19 @@ impl RecordStore for FileRecordStore {
     }
 }
 
+/// Whether the file `entry` names was last modified more than `age` ago.
+fn older_than(entry: &fs::DirEntry, age: Duration) -> bool {
+    entry
+        .metadata()
+        .ok()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|elapsed| elapsed > age)
+}
+
 /// Writes `bytes` to `path` atomically through a temporary file whose name no leftover can
 /// take: created exclusively, with a new name on a collision.
-fn write_unique(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
+fn write_unique(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RecordError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -446,7 +519,7 @@ fn write_unique(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        match fsx::write_atomically(path, &temp, bytes) {
+        match fsx::write_replacing(path, &temp, bytes, durable) {
             Err(crate::StoreError::Io { source, .. })
                 if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
             {

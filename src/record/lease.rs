@@ -82,13 +82,19 @@ impl std::fmt::Display for Owner {
     }
 }
 
-/// This host's name (read once); `localhost` when the system will not say.
+/// The environment variable that names this host for leases instead of the system's host name
+/// (containers whose host names repeat, tests that play several hosts).
+pub const HOST_ENV: &str = "PLANNED_STOP_HOST";
+
+/// This host's name for leases (read once): `PLANNED_STOP_HOST` when set, else the system's host
+/// name, else `localhost`.
 pub fn local_host() -> String {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     HOST.get_or_init(|| {
-        sysinfo::System::host_name()
+        std::env::var(HOST_ENV)
             .ok()
             .filter(|h| !h.is_empty())
+            .or_else(|| sysinfo::System::host_name().ok().filter(|h| !h.is_empty()))
             .unwrap_or_else(|| "localhost".to_owned())
     })
     .clone()

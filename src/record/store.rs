@@ -66,6 +66,20 @@ pub struct Leased {
     pub lease: Lease,
 }
 
+/// How [`RecordStore::persist`] kept the items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Persisted {
+    /// Durable where the store keeps them.
+    Durable,
+    /// The store's own place could not be reached, and the items are durable in a fallback on
+    /// this host (a database store's spill directory) until they can be pushed.
+    Spilled {
+        /// Why the store's own place could not be used.
+        reason: String,
+    },
+}
+
 /// Where stop records and their unfinished items are kept. See the module docs.
 ///
 /// Every method is atomic with respect to every other caller of the same store, in any process.
@@ -75,7 +89,11 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     /// lease holder `stopper`: it becomes pending again with its attempts counted up (when
     /// `stopper` does not hold its lease any more, the item is someone else's now and is left
     /// as it is). Returns only once everything is durable; an error means the items may not be.
-    fn persist<'a>(&'a self, stopper: &'a Owner, record: &'a StopRecord) -> RecordFuture<'a, ()>;
+    fn persist<'a>(
+        &'a self,
+        stopper: &'a Owner,
+        record: &'a StopRecord,
+    ) -> RecordFuture<'a, Persisted>;
 
     /// Leases to `owner` up to `max` of the items on offer ([`crate::is_offered`]), oldest first,
     /// until `lease_for` from now.

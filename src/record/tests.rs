@@ -285,3 +285,81 @@ fn any_lease_duration_saturates_instead_of_overflowing() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_lease_holder_is_alive_only_as_the_same_process_life_on_this_host() {
+    let me = crate::identity::ProcessIdentity::current().unwrap();
+    let here = local_host();
+    assert_eq!(
+        Owner::liveness_here(&Owner::new(here.clone(), me.pid, me.start)),
+        Liveness::Alive
+    );
+    assert_eq!(
+        Owner::liveness_here(&Owner::new(here, me.pid, me.start.wrapping_add(1))),
+        Liveness::Dead,
+        "an earlier life of this pid"
+    );
+    assert_eq!(
+        Owner::liveness_here(&Owner::new("another-host", me.pid, me.start)),
+        Liveness::Unknown
+    );
+}
+
+#[test]
+fn an_id_that_is_not_an_item_id_never_reaches_the_file_system() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    // A file an escaping id would name.
+    let planted = store.dir().join("planted.item.json");
+    fs::write(&planted, b"{}").unwrap();
+    assert!(!block_on(store.remove("../planted")).unwrap());
+    assert!(matches!(
+        block_on(store.release(None, "../planted")),
+        Err(RecordError::UnknownItem { .. })
+    ));
+    assert!(matches!(
+        block_on(store.acknowledge(&owner(1), "../planted")),
+        Err(RecordError::UnknownItem { .. })
+    ));
+    assert!(planted.exists(), "untouched");
+}
+
+#[test]
+fn an_item_file_past_the_size_limit_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let mut two = record();
+    two.unfinished.push(Unfinished {
+        id: Some("item-2".into()),
+        participant: "jobs".into(),
+        item: "job-4".into(),
+    });
+    block_on(store.persist(&owner(42), &two)).unwrap();
+    let path = store.dir().join("planned-stop-items/item-1.item.json");
+    let mut bytes = fs::read(&path).unwrap();
+    bytes.resize(file::MAX_ITEM_BYTES + 1, b' ');
+    fs::write(&path, &bytes).unwrap();
+    let ids: Vec<_> = block_on(store.list())
+        .unwrap()
+        .into_iter()
+        .map(|s| s.item.id)
+        .collect();
+    assert_eq!(ids, ["item-2"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_lock_held_too_long_is_an_error_never_a_wedge() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    // Another open file description holding the lock, as another process would.
+    block_on(store.list()).unwrap(); // creates the lock file
+    let other = fs::File::open(store.dir().join(file::LOCK_FILE_NAME)).unwrap();
+    other.lock().unwrap();
+    let started = std::time::Instant::now();
+    let err = block_on(store.list()).unwrap_err();
+    assert!(matches!(err, RecordError::Locked { .. }), "{err}");
+    assert!(started.elapsed() >= file::LOCK_WAIT);
+    other.unlock().unwrap();
+    assert!(block_on(store.list()).unwrap().is_empty());
+}

@@ -100,6 +100,7 @@ impl Drop for RunnerActor {
             drain_deadline: accepted_at,
             finished_at: Some(now),
             exit_code: Some(code),
+            spilled: false,
         };
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");

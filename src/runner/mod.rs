@@ -39,7 +39,7 @@ use crate::identity::ProcessIdentity;
 use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
 use crate::marker::Marker;
 use crate::outcome::{Outcome, Phase};
-use crate::record::{Owner, RecordError, StopRecord, is_valid_item_id, item_id};
+use crate::record::{Owner, Persisted, RecordError, StopRecord, is_valid_item_id, item_id};
 use crate::store::MarkerStore;
 use actix::clock::Instant;
 use actix::prelude::*;
@@ -182,6 +182,7 @@ impl RunnerActor {
             drain_deadline: wall_deadline(accepted_at, within),
             finished_at: None,
             exit_code: None,
+            spilled: false,
         });
         self.drain = Some(DrainRun::new(
             cause,
@@ -351,7 +352,7 @@ impl RunnerActor {
                          record_store); the unfinished items are only in this log line"
                     );
                 }
-                self.conclude(record, Ok(()), ctx);
+                self.conclude(record, Ok(Persisted::Durable), ctx);
             }
         }
     }
@@ -361,12 +362,21 @@ impl RunnerActor {
     fn conclude(
         &mut self,
         mut record: StopRecord,
-        persisted: Result<(), RecordError>,
+        persisted: Result<Persisted, RecordError>,
         ctx: &mut Context<Self>,
     ) {
+        let mut spilled = false;
         let phase = match persisted {
-            Ok(()) => {
-                if self.config.records.is_some() {
+            Ok(how) => {
+                if let Persisted::Spilled { reason } = &how {
+                    spilled = true;
+                    tracing::warn!(
+                        reason,
+                        unfinished = record.unfinished.len(),
+                        "the record store was unreachable; the unfinished items are kept on this \
+                         host until the next start here pushes them"
+                    );
+                } else if self.config.records.is_some() {
                     tracing::info!(
                         unfinished = record.unfinished.len(),
                         "stop record and unfinished items persisted"
@@ -404,6 +414,7 @@ impl RunnerActor {
             drain_deadline: record.drain_deadline,
             finished_at: Some(record.finished_at),
             exit_code: Some(code),
+            spilled,
         });
         if self.config.stop_system
             && let Some(system) = System::try_current()
@@ -459,6 +470,7 @@ impl Handler<HeldStop> for RunnerActor {
             drain_deadline: now,
             finished_at: None,
             exit_code: None,
+            spilled: false,
         });
     }
 }

@@ -114,13 +114,25 @@ fn non_file_kind(meta: &fs::Metadata) -> Option<FileKind> {
 /// Writes `bytes` to `path` so that readers see the old file or the new one, never a part: through
 /// `temp` (a new file in the same directory), fsync, rename, fsync of the directory.
 pub(crate) fn write_atomically(path: &Path, temp: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_replacing(path, temp, bytes, true)
+}
+
+/// [`write_atomically`], with the fsyncs only when `durable`: readers still see the old file or the
+/// new one, never a part, but a power failure may bring the old one back (for files whose loss
+/// only repeats work, such as a lease).
+pub(crate) fn write_replacing(
+    path: &Path,
+    temp: &Path,
+    bytes: &[u8],
+    durable: bool,
+) -> Result<(), StoreError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let result = write_new_file(temp, bytes)
+    let result = write_new_file(temp, bytes, durable)
         .and_then(|()| replace(temp, path))
-        .and_then(|()| sync_dir(dir));
+        .and_then(|()| if durable { sync_dir(dir) } else { Ok(()) });
     if result.is_err() {
         let _ = fs::remove_file(temp);
     }
@@ -129,7 +141,7 @@ pub(crate) fn write_atomically(path: &Path, temp: &Path, bytes: &[u8]) -> Result
 
 /// Creates `path` (which must not exist, so a symlink planted there is not followed), mode 0600, and
 /// writes and syncs `bytes`.
-fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+fn write_new_file(path: &Path, bytes: &[u8], durable: bool) -> Result<(), StoreError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
     os::private_file(&mut options);
@@ -140,7 +152,10 @@ fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     };
     let mut file = options.open(path).map_err(|e| io("create", e))?;
     file.write_all(bytes).map_err(|e| io("write", e))?;
-    file.sync_all().map_err(|e| io("sync", e))
+    if durable {
+        file.sync_all().map_err(|e| io("sync", e))?;
+    }
+    Ok(())
 }
 
 /// Renames `from` over `to`. Where replacing a file that another process has open is refused even
@@ -223,6 +238,14 @@ pub(crate) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
         return Err(StoreError::NotADirectory(dir.to_path_buf()));
     }
     refuse_shared(dir, &meta, allow_shared)
+}
+
+/// Makes a rename into or out of `path`'s directory durable.
+pub(crate) fn sync_dir_of(path: &Path) -> Result<(), StoreError> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => sync_dir(Path::new(".")),
+    }
 }
 
 /// Opens (creating it, mode 0600, never through a symlink) a file to take an advisory lock on.

@@ -53,9 +53,15 @@ impl Serve {
     /// Starts `planned-stop serve ARGS` (with trace logs of the watcher on stderr) and waits for
     /// its `ready` event.
     pub fn start(args: &[&str]) -> Serve {
+        Serve::start_with_env(args, &[])
+    }
+
+    /// [`Serve::start`] with extra environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
         let mut child = planned_stop()
             .arg("serve")
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "planned_stop::watcher=trace,warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
