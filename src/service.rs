@@ -41,6 +41,7 @@ use crate::store::{Layout, MarkerStore, StoreError};
 use crate::verdict::Policy;
 use crate::watcher::{MarkerWatcherActor, OwnSlot};
 use actix::prelude::*;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,8 +183,9 @@ impl ServiceBuilder {
     }
 
     /// How long a lease taken by [`ServiceHandle::resume`] lasts where the holder's liveness
-    /// cannot be checked (a holder on another host). Default 5 minutes; on this host a lease
-    /// lasts as long as its holder lives.
+    /// cannot be checked (a holder on another host). Default 5 minutes. The service renews its
+    /// leases every third of this while it runs, so a live holder keeps its items; on this host
+    /// a holder is looked up, so a dead one's items are offered again at once.
     pub fn lease_for(mut self, lease_for: Duration) -> Self {
         self.lease_for = lease_for;
         self
@@ -453,14 +455,26 @@ impl ServiceBuilder {
             }
         }
         watcher.start();
+        let owner = Owner::this_process(&own);
+        let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+        if let Some(records) = &records {
+            keep_leases(
+                records.clone(),
+                owner.clone(),
+                held.clone(),
+                self.lease_for,
+                status.clone(),
+            );
+        }
         Ok(ServiceHandle {
             runner,
             status,
             store,
             own,
-            owner: Owner::this_process(&own),
+            owner,
             records,
             lease_for: self.lease_for,
+            held,
             unexpected_code,
         })
     }
@@ -476,7 +490,55 @@ pub struct ServiceHandle {
     owner: Owner,
     records: Option<Arc<dyn RecordStore>>,
     lease_for: Duration,
+    /// The items this process leased and has not acknowledged or released: renewed while it runs.
+    held: Held,
     unexpected_code: i32,
+}
+
+type Held = Arc<std::sync::Mutex<BTreeSet<String>>>;
+
+/// Renews this process's leases every third of the lease while the runner has not stopped, so an
+/// item is only offered to another host's process once this one stops renewing (it died, or its
+/// event loop is wedged).
+fn keep_leases(
+    store: Arc<dyn RecordStore>,
+    owner: Owner,
+    held: Held,
+    lease_for: Duration,
+    status: watch::Receiver<RunnerStatus>,
+) {
+    let every = (lease_for / 3).clamp(Duration::from_millis(10), Duration::from_secs(3600));
+    actix::spawn(async move {
+        loop {
+            actix::clock::sleep(every).await;
+            if status.borrow().state == RunnerState::Stopped {
+                return;
+            }
+            let ids: Vec<String> = held
+                .lock()
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default();
+            if ids.is_empty() {
+                continue;
+            }
+            match store.renew(&owner, &ids, lease_for).await {
+                Ok(kept) if kept.len() < ids.len() => {
+                    let lost: Vec<&String> = ids.iter().filter(|id| !kept.contains(id)).collect();
+                    tracing::warn!(
+                        ?lost,
+                        "leases lost (released by an operator, or taken over after they lapsed); those items are someone else's now"
+                    );
+                    if let Ok(mut h) = held.lock() {
+                        h.retain(|id| kept.contains(id));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %ErrorChain(&e), "cannot renew the leases; retrying at the next interval")
+                }
+            }
+        }
+    });
 }
 
 /// Logs every panic through `tracing` as well (once per process, chained to the hook that was
@@ -654,11 +716,16 @@ impl ServiceHandle {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let lease_for = self.lease_for;
+        let held = self.held.clone();
         async move {
-            match store {
-                Some(store) => store.lease(&owner, usize::MAX, lease_for).await,
-                None => Ok(Vec::new()),
+            let leased = match store {
+                Some(store) => store.lease(&owner, usize::MAX, lease_for).await?,
+                None => Vec::new(),
+            };
+            if let Ok(mut h) = held.lock() {
+                h.extend(leased.iter().map(|l| l.item.id.clone()));
             }
+            Ok(leased)
         }
     }
 
@@ -670,11 +737,19 @@ impl ServiceHandle {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let id = item.item.id.clone();
+        let held = self.held.clone();
         async move {
-            match store {
+            let result = match store {
                 Some(store) => store.acknowledge(&owner, &id).await,
-                None => Err(RecordError::UnknownItem { id }),
+                None => Err(RecordError::UnknownItem { id: id.clone() }),
+            };
+            // Done, or not ours (any more): either way nothing to renew.
+            if !matches!(result, Err(RecordError::Backend { .. }))
+                && let Ok(mut h) = held.lock()
+            {
+                h.remove(&id);
             }
+            result
         }
     }
 
@@ -686,11 +761,18 @@ impl ServiceHandle {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let id = item.item.id.clone();
+        let held = self.held.clone();
         async move {
-            match store {
+            let result = match store {
                 Some(store) => store.release(Some(&owner), &id).await,
-                None => Err(RecordError::UnknownItem { id }),
+                None => Err(RecordError::UnknownItem { id: id.clone() }),
+            };
+            if !matches!(result, Err(RecordError::Backend { .. }))
+                && let Ok(mut h) = held.lock()
+            {
+                h.remove(&id);
             }
+            result
         }
     }
 

@@ -242,6 +242,26 @@ mod fleet {
             .collect()
     }
 
+    /// The earliest lease end among the service's items.
+    fn lease_ends(url: &str, service: &str) -> chrono::DateTime<chrono::Utc> {
+        let out = run(&[
+            "records",
+            "list",
+            "--records",
+            url,
+            "--service",
+            service,
+            "--json",
+        ]);
+        json_of(&out)["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["lease"]["expires_at"].as_str().unwrap().parse().unwrap())
+            .min()
+            .unwrap()
+    }
+
     fn ids(v: &Value) -> Vec<String> {
         v["ids"]
             .as_array()
@@ -334,8 +354,9 @@ mod fleet {
         assert!(listed(&url, &service).is_empty());
     }
 
-    /// A resumer on another host is killed with SIGKILL while it holds items; the other replica
-    /// cannot look it up, so it takes them over once the lease expires, not before.
+    /// A resumer on another host keeps its items past its first lease by renewing them while it
+    /// runs; killed with SIGKILL, it stops renewing, and the other replica — which cannot look it
+    /// up — takes them over once the lease expires, not before.
     #[test]
     fn a_killed_resumers_items_go_to_another_replica_when_its_lease_expires() {
         let Some(url) = database() else { return };
@@ -372,6 +393,26 @@ mod fleet {
         assert!(
             ids(&other.seen("resumed").unwrap()).is_empty(),
             "the holder's lease is valid"
+        );
+        // Past the first lease's end, the live holder still holds them: it renewed.
+        let first_end = lease_ends(&url, &service);
+        while chrono::Utc::now() < first_end + chrono::TimeDelta::milliseconds(500) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let renewed_end = lease_ends(&url, &service);
+        assert!(renewed_end > first_end, "renewed while alive");
+        other.drain_events();
+        assert!(
+            other.seen("acked").is_none()
+                && other
+                    .history
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["event"] == "resumed")
+                    .count()
+                    == 1,
+            "a live holder keeps its items past its first lease"
         );
         drop(holder); // SIGKILL, mid-resume
         let mut taken = acked(&other, 2);

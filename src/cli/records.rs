@@ -151,11 +151,18 @@ fn item_error(e: &RecordError) -> u8 {
     }
 }
 
+/// Whether the item's holder runs: `None` for a pending item, `Some(None)` when it runs on
+/// another host (its lease's expiry decides).
+fn holder_liveness(state: &ItemState) -> Option<Liveness> {
+    state.lease.as_ref().map(|l| Owner::liveness_here(&l.owner))
+}
+
 fn holder_alive(state: &ItemState) -> Option<bool> {
-    state
-        .lease
-        .as_ref()
-        .map(|l| Owner::liveness_here(&l.owner) == Liveness::Alive)
+    match holder_liveness(state) {
+        Some(Liveness::Alive) => Some(true),
+        Some(Liveness::Dead) => Some(false),
+        _ => None,
+    }
 }
 
 fn print_list(place: &str, items: &[ItemState], as_json: bool) -> u8 {
@@ -194,12 +201,16 @@ pub fn describe_item(s: &ItemState) -> String {
         s.item.stopped_at,
         s.item.attempts
     );
-    match (&s.lease, holder_alive(s)) {
+    match (&s.lease, holder_liveness(s)) {
         (None, _) => format!("{what}: pending"),
-        (Some(l), Some(true)) => format!("{what}: leased by {} (running)", l.owner),
-        (Some(l), _) => format!(
-            "{what}: leased by {} (gone: offered again at the next start)",
+        (Some(l), Some(Liveness::Alive)) => format!("{what}: leased by {} (running)", l.owner),
+        (Some(l), Some(Liveness::Dead)) => format!(
+            "{what}: leased by {} (gone: offered again at the next lease)",
             l.owner
+        ),
+        (Some(l), _) => format!(
+            "{what}: leased by {} (another host; renewed while it runs, offered again after {})",
+            l.owner, l.expires_at
         ),
     }
 }

@@ -20,12 +20,11 @@
 
 use super::lease::{self, Lease, Liveness, Owner};
 use super::store::{
-    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, oldest_first,
+    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, lease_end, oldest_first,
 };
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files::{self as fsx, Found};
-use chrono::{DateTime, TimeDelta, Utc};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -350,10 +349,7 @@ impl FileRecordStore {
         self.import_legacy()?;
         let now = self.clock.now();
         // Any duration, however large, saturates at the end of time rather than overflowing.
-        let expires_at = TimeDelta::from_std(lease_for)
-            .ok()
-            .and_then(|d| now.checked_add_signed(d))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let expires_at = lease_end(now, lease_for);
         let mut leased = Vec::new();
         for state in self.all()? {
             if leased.len() >= max {
@@ -377,6 +373,26 @@ impl FileRecordStore {
             });
         }
         Ok(leased)
+    }
+
+    fn renew_now(
+        &self,
+        owner: &Owner,
+        ids: &[String],
+        lease_for: Duration,
+    ) -> Result<Vec<String>, RecordError> {
+        let now = self.clock.now();
+        let mut renewed = Vec::new();
+        for id in ids.iter().filter(|id| lease::is_valid_item_id(id)) {
+            let path = self.path(id, LEASE);
+            let lease: Option<Lease> = self.read_json(&path);
+            if lease::holds(lease.as_ref(), owner) && self.path(id, ITEM).exists() {
+                let lease = Lease::new(owner.clone(), now, lease_end(now, lease_for));
+                self.write_json_as(&path, &lease, false)?;
+                renewed.push(id.clone());
+            }
+        }
+        Ok(renewed)
     }
 
     fn acknowledge_now(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
@@ -470,6 +486,15 @@ impl RecordStore for FileRecordStore {
         lease_for: Duration,
     ) -> RecordFuture<'a, Vec<Leased>> {
         Box::pin(async move { self.locked(|| self.lease_now(owner, max, lease_for)) })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        owner: &'a Owner,
+        ids: &'a [String],
+        lease_for: Duration,
+    ) -> RecordFuture<'a, Vec<String>> {
+        Box::pin(async move { self.locked(|| self.renew_now(owner, ids, lease_for)) })
     }
 
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {

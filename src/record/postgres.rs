@@ -20,10 +20,11 @@
 
 use super::file::FileRecordStore;
 use super::lease::{self, Lease, Liveness, Owner};
-use super::store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem};
+use super::store::{
+    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, lease_end,
+};
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
-use chrono::{DateTime, TimeDelta, Utc};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -541,10 +542,7 @@ impl PgRecordStore {
             return Ok(Vec::new());
         }
         let now = self.clock.now();
-        let expires_at = TimeDelta::from_std(lease_for)
-            .ok()
-            .and_then(|d| now.checked_add_signed(d))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let expires_at = lease_end(now, lease_for);
         let service = self.service.clone();
         let owner = owner.clone();
         let liveness = self.liveness.clone();
@@ -752,6 +750,34 @@ impl RecordStore for PgRecordStore {
             }
             self.lease_db(owner, max, lease_for).await
         })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        owner: &'a Owner,
+        ids: &'a [String],
+        lease_for: Duration,
+    ) -> RecordFuture<'a, Vec<String>> {
+        let service = self.service.clone();
+        let key = owner_key(owner);
+        let ids = ids.to_vec();
+        let now = self.clock.now();
+        let expires_at = lease_end(now, lease_for);
+        Box::pin(self.run(move |client| {
+            Box::pin(async move {
+                let rows = client
+                    .query(
+                        "UPDATE planned_stop_items SET leased_at = $4, lease_expires = $5 \
+                         WHERE service = $1 AND lease_owner = $2 AND id = ANY($3) RETURNING id",
+                        &[&service, &key, &ids, &now, &expires_at],
+                    )
+                    .await
+                    .map_err(|e| backend("renew the leases", e))?;
+                let renewed: std::collections::HashSet<String> =
+                    rows.iter().map(|r| r.get(0)).collect();
+                Ok(ids.into_iter().filter(|id| renewed.contains(id)).collect())
+            })
+        }))
     }
 
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {

@@ -104,6 +104,17 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
         lease_for: Duration,
     ) -> RecordFuture<'a, Vec<Leased>>;
 
+    /// Extends `owner`'s leases on `ids` to `lease_for` from now; returns the ids it still held
+    /// (and so renewed), in the order given. A live holder renews well before expiry, so an item
+    /// whose holder cannot be looked up (another host) is only offered again when that holder has
+    /// stopped renewing.
+    fn renew<'a>(
+        &'a self,
+        owner: &'a Owner,
+        ids: &'a [String],
+        lease_for: Duration,
+    ) -> RecordFuture<'a, Vec<String>>;
+
     /// `owner` has taken item `id` over for good: it is removed, never offered again. Refused
     /// ([`RecordError::NotHolder`]) unless `owner` holds its lease ([`crate::holds`]).
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()>;
@@ -121,6 +132,14 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// The summary of the most recent stop persisted here, if any.
     fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>>;
+}
+
+/// The end of a lease taken or renewed at `now` for `lease_for`: saturates at the end of time.
+pub(crate) fn lease_end(now: DateTime<Utc>, lease_for: Duration) -> DateTime<Utc> {
+    chrono::TimeDelta::from_std(lease_for)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// Sorts items oldest first: by the time their stop finished, then by id (in order within one

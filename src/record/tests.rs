@@ -363,3 +363,50 @@ fn a_lock_held_too_long_is_an_error_never_a_wedge() {
     other.unlock().unwrap();
     assert!(block_on(store.list()).unwrap().is_empty());
 }
+
+#[test]
+fn item_ids_are_short_safe_names() {
+    assert!(is_valid_item_id("a"));
+    assert!(is_valid_item_id("A-z_0-9"));
+    assert!(is_valid_item_id(&"x".repeat(128)));
+    for bad in ["", "a.b", "a/b", "..", "a b", "é", "a\0b"] {
+        assert!(!is_valid_item_id(bad), "{bad:?}");
+    }
+    assert!(!is_valid_item_id(&"x".repeat(129)));
+    // What the runner generates is valid, and differs per index and per host.
+    let at = DateTime::from_timestamp(1_800_000_000, 5).unwrap();
+    let a = item_id(&Owner::new("h1", 7, 9), at, 0);
+    assert!(is_valid_item_id(&a), "{a}");
+    assert_ne!(a, item_id(&Owner::new("h1", 7, 9), at, 1));
+    assert_ne!(a, item_id(&Owner::new("h2", 7, 9), at, 0));
+    assert!(
+        a < item_id(&Owner::new("h1", 7, 9), at, 1),
+        "in order within a stop"
+    );
+}
+
+#[test]
+fn this_hosts_name_is_the_systems_unless_overridden() {
+    let host = local_host();
+    assert!(!host.is_empty());
+    match std::env::var(HOST_ENV) {
+        Ok(name) if !name.is_empty() => assert_eq!(host, name),
+        _ => assert_eq!(
+            host,
+            sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into())
+        ),
+    }
+}
+
+#[test]
+fn a_refusal_names_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    let err = block_on(store.acknowledge(&owner(2), "item-1")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "resume item item-1 is not leased by this process (holder: pid 1 (start 1) on here)"
+    );
+}

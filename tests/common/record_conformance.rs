@@ -58,6 +58,7 @@ pub enum Expect {
     Acked(Result<(), &'static str>),
     Released(Result<bool, &'static str>),
     Dropped(bool),
+    Renewed(Vec<String>),
 }
 
 /// The model's state.
@@ -85,6 +86,11 @@ pub enum Step {
     Lease {
         k: usize,
         max: usize,
+        secs: u64,
+    },
+    /// Owner `k` renews every item (those it holds are renewed, the others refused).
+    Renew {
+        k: usize,
         secs: u64,
     },
     Ack {
@@ -163,6 +169,7 @@ impl ReferenceStateMachine for Reference {
         prop_oneof![
             3 => (0..4usize, proptest::option::of(0..OWNERS)).prop_map(|(new, by)| Step::Stop { new, by }),
             4 => (k.clone(), 0..4usize, 1..6u64).prop_map(|(k, max, secs)| Step::Lease { k, max, secs }),
+            2 => (k.clone(), 1..6u64).prop_map(|(k, secs)| Step::Renew { k, secs }),
             3 => (k.clone(), any::<usize>()).prop_map(|(k, pick)| Step::Ack { k, pick }),
             1 => (proptest::option::of(k.clone()), any::<usize>()).prop_map(|(k, pick)| Step::Release { k, pick }),
             1 => any::<usize>().prop_map(|pick| Step::Drop { pick }),
@@ -175,9 +182,10 @@ impl ReferenceStateMachine for Reference {
 
     fn preconditions(m: &Model, step: &Step) -> bool {
         match *step {
-            Step::Stop { by: Some(k), .. } | Step::Lease { k, .. } | Step::Ack { k, .. } => {
-                m.lives[k].1
-            }
+            Step::Stop { by: Some(k), .. }
+            | Step::Lease { k, .. }
+            | Step::Renew { k, .. }
+            | Step::Ack { k, .. } => m.lives[k].1,
             Step::Release { k: Some(k), .. } | Step::Crash { k } => m.lives[k].1,
             Step::Start { k } => !m.lives[k].1,
             _ => true,
@@ -240,6 +248,20 @@ impl ReferenceStateMachine for Reference {
                     }
                 }
                 m.expect = Expect::Leased(leased);
+            }
+            Step::Renew { k, secs } => {
+                let start = m.lives[k].0;
+                let now = m.now;
+                let mut renewed = Vec::new();
+                for item in &mut m.items {
+                    if let Some((o, s, expires)) = item.lease.as_mut()
+                        && (*o, *s) == (k, start)
+                    {
+                        *expires = now + secs as i64;
+                        renewed.push(item.id.clone());
+                    }
+                }
+                m.expect = Expect::Renewed(renewed);
             }
             Step::Ack { k, pick } => {
                 let id = m.pick(pick);
@@ -413,6 +435,22 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                 for l in &leased {
                     assert_eq!(l.lease.owner, me);
                 }
+            }
+            Step::Renew { k, secs } => {
+                let me = owner(k, before_lives[k].0);
+                // Every item, in the listing's order: the store renews only this owner's.
+                let all: Vec<String> = sut
+                    .runtime
+                    .block_on(store.list())
+                    .unwrap()
+                    .into_iter()
+                    .map(|s| s.item.id)
+                    .collect();
+                let got = sut
+                    .runtime
+                    .block_on(store.renew(&me, &all, Duration::from_secs(secs)))
+                    .unwrap();
+                assert_eq!(Expect::Renewed(got), m.expect, "renew by owner {k}");
             }
             Step::Ack { k, pick } => {
                 let me = owner(k, before_lives[k].0);
