@@ -432,7 +432,10 @@ impl ServiceBuilder {
         let status = runner.subscribe();
         let runner = runner.start();
         #[cfg(all(unix, feature = "systemd"))]
-        crate::systemd::follow(status.clone());
+        {
+            crate::systemd::follow(status.clone());
+            crate::systemd::heartbeat();
+        }
         if self.handle_signals {
             crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
         }

@@ -9,7 +9,12 @@
 //! - `EXTEND_TIMEOUT_USEC=` while the drain runs, once a second, each time covering the rest of the
 //!   drain plus a second: a drain deadline longer than the unit's `TimeoutStopSec` is honoured
 //!   instead of ending in SIGKILL (systemd expects a new message within each extension);
-//! - a final `STATUS=` line with the exit code.
+//! - a final `STATUS=` line with the exit code;
+//! - `WATCHDOG=1` every half of `WatchdogSec=` when the unit sets it (`$WATCHDOG_USEC`, for this
+//!   pid when `$WATCHDOG_PID` says which), sent from a task on the actix `System`'s own event loop:
+//!   a loop that is blocked or wedged stops the heartbeat, and systemd kills and restarts the
+//!   service (`Restart=on-watchdog` or `on-failure`) instead of leaving a process that ignores
+//!   stops.
 //!
 //! Without `$NOTIFY_SOCKET` (not started by systemd) every call is a no-op.
 
@@ -34,6 +39,34 @@ fn send(states: &[NotifyState<'_>]) {
 fn extension(drain: Duration, began: Instant) -> u32 {
     let left = drain.saturating_sub(began.elapsed());
     u32::try_from(left.saturating_add(EXTEND_EVERY).as_micros()).unwrap_or(u32::MAX)
+}
+
+/// The heartbeat interval for a watchdog of `timeout`: half of it (`sd_watchdog_enabled(3)`
+/// recommends sending well within the timeout), never under a millisecond.
+pub fn heartbeat_every(timeout: Duration) -> Duration {
+    (timeout / 2).max(Duration::from_millis(1))
+}
+
+/// Sends `WATCHDOG=1` from the current actix system's event loop at [`heartbeat_every`] while
+/// the process runs, when systemd asked for a watchdog (see the module docs).
+pub fn heartbeat() {
+    let Some(timeout) = sd_notify::watchdog_enabled() else {
+        return;
+    };
+    let every = heartbeat_every(timeout);
+    tracing::debug!(
+        every_ms = every.as_millis() as u64,
+        "feeding systemd's watchdog"
+    );
+    actix::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        // A late tick (the loop was blocked) is sent once, not in a burst that hides the stall.
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            send(&[NotifyState::Watchdog]);
+        }
+    });
 }
 
 /// Follows `status` on the current actix system and notifies systemd (see the module docs).

@@ -20,7 +20,8 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
     let socket_path = dir.path().join("notify.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_nonblocking(true).unwrap();
-    // SAFETY: this test binary has this one test, so no other thread reads the environment.
+    // SAFETY: the other test here only spawns a child through std (which takes std's environment
+    // lock); nothing reads the environment through libc meanwhile.
     unsafe { std::env::set_var("NOTIFY_SOCKET", &socket_path) };
     let markers = dir.path().join("run");
     let me = ProcessIdentity::current().unwrap();
@@ -86,4 +87,96 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
         "{messages:#?}"
     );
     assert_eq!(messages.len(), 7, "{messages:#?}");
+}
+
+/// The watchdog heartbeat comes from the System's own loop: a real process (a helper) with
+/// `WATCHDOG_USEC` set sends `WATCHDOG=1` every half interval, sends none while its loop is
+/// blocked, and sends again once the loop runs again.
+#[test]
+fn the_watchdog_is_fed_from_the_event_loop_and_starves_while_it_is_blocked() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("watchdog.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let mut cmd = common::helper_command("a_service_whose_loop_blocks_for_a_second", "watchdog");
+    cmd.env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "200000") // WatchdogSec=200ms: a heartbeat every 100 ms
+        .env_remove("WATCHDOG_PID")
+        .env("PLANNED_STOP_TEST_DIR", dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let heartbeats = |socket: &UnixDatagram| {
+        let mut buf = [0u8; 4096];
+        let mut n = 0;
+        while let Ok(len) = socket.recv(&mut buf) {
+            n += usize::from(buf[..len].trim_ascii_end() == b"WATCHDOG=1");
+        }
+        n
+    };
+    common::wait_for_line(&mut out, "blocking");
+    let before = heartbeats(&socket);
+    assert!(before >= 2, "fed while the loop ran: {before}");
+    common::wait_for_line(&mut out, "unblocked");
+    // The helper's loop is still blocked until it reads our line: nothing can have been sent.
+    assert_eq!(
+        heartbeats(&socket),
+        0,
+        "no heartbeat while the loop was blocked"
+    );
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "go on").unwrap();
+    }
+    // Fed again once the loop runs: wait for the next heartbeat (bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut after = 0;
+    while after == 0 {
+        assert!(std::time::Instant::now() < deadline, "never fed again");
+        std::thread::sleep(Duration::from_millis(20));
+        after += heartbeats(&socket);
+    }
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 {}
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The helper for the watchdog test: a service that, once ready and fed for a while, blocks its
+/// own event loop for a second (and until the test says go on), then stops as planned.
+#[test]
+#[ignore = "a helper process for the_watchdog_is_fed_from_the_event_loop_and_starves_while_it_is_blocked"]
+fn a_service_whose_loop_blocks_for_a_second() {
+    if common::helper_role().as_deref() != Some("watchdog") {
+        return;
+    }
+    common::give_up_after_helper_lifetime();
+    let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
+    let system = actix::System::new();
+    let code = system.block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+            .handle_signals(false)
+            .events(false)
+            .start()
+            .unwrap();
+        h.ready();
+        actix::clock::sleep(Duration::from_millis(450)).await;
+        println!("blocking");
+        // The loop's own thread sleeps: no task on this System runs meanwhile.
+        std::thread::sleep(Duration::from_secs(1));
+        println!("unblocked");
+        // Still blocked until the test has counted the heartbeats.
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+        actix::clock::sleep(Duration::from_millis(300)).await;
+        h.request_stop(planned_stop::StopRequest::Planned);
+        h.stopped().await
+    });
+    std::process::exit(if code == std::process::ExitCode::SUCCESS {
+        0
+    } else {
+        1
+    });
 }
