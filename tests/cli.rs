@@ -706,3 +706,67 @@ fn a_planned_restart_drains_records_and_exits_75() {
         assert_eq!(record.unfinished.len(), 2, "kept for the restarted process");
     }
 }
+
+/// A stopper running as root stops a service running as `nobody`: the marker is given to the
+/// directory's owner (still 0600), so the target can read and claim it, and root reads the
+/// outcome. Needs root; elsewhere SKIPPED.
+#[cfg(unix)]
+#[test]
+fn a_root_stopper_stops_a_service_running_as_another_user() {
+    use std::io::BufRead;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to run a service as nobody");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let base = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run_dir = base.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let c = std::ffi::CString::new(s(&run_dir)).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), NOBODY, NOBODY) }, 0);
+    let mut child = planned_stop()
+        .args(["serve", "--dir", s(&run_dir), "--poll-ms", "20"])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("\"ready\"") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "serve exited before ready"
+        );
+    }
+    let pid = child.id().to_string();
+    let out_stop = run(&[
+        "stop",
+        "--pid",
+        &pid,
+        "--dir",
+        s(&run_dir),
+        "--json",
+        "--wait",
+        "20",
+    ]);
+    let report = json_of(&out_stop);
+    assert_eq!(out_stop.status.code(), Some(0), "{report}");
+    assert_eq!(report["outcome"], "stopped_planned");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    // Nothing root-owned is left in the service's directory.
+    for entry in std::fs::read_dir(&run_dir).unwrap() {
+        let meta = entry.unwrap().metadata().unwrap();
+        assert_eq!(meta.uid(), NOBODY);
+        assert_eq!(meta.mode() & 0o077, 0, "private");
+    }
+}

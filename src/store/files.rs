@@ -126,11 +126,32 @@ pub(crate) fn write_replacing(
     bytes: &[u8],
     durable: bool,
 ) -> Result<(), StoreError> {
+    write_replacing_for(path, temp, bytes, durable, None)
+}
+
+/// [`write_atomically`] for a reader who is not this process's user: the new file is given to
+/// `owner` (uid, gid) before it takes its place, still mode 0600 (only root can do that).
+pub(crate) fn write_atomically_for(
+    path: &Path,
+    temp: &Path,
+    bytes: &[u8],
+    owner: Option<(u32, u32)>,
+) -> Result<(), StoreError> {
+    write_replacing_for(path, temp, bytes, true, owner)
+}
+
+fn write_replacing_for(
+    path: &Path,
+    temp: &Path,
+    bytes: &[u8],
+    durable: bool,
+    owner: Option<(u32, u32)>,
+) -> Result<(), StoreError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let result = write_new_file(temp, bytes, durable)
+    let result = write_new_file(temp, bytes, durable, owner)
         .and_then(|()| replace(temp, path))
         .and_then(|()| if durable { sync_dir(dir) } else { Ok(()) });
     if result.is_err() {
@@ -141,7 +162,12 @@ pub(crate) fn write_replacing(
 
 /// Creates `path` (which must not exist, so a symlink planted there is not followed), mode 0600, and
 /// writes and syncs `bytes`.
-fn write_new_file(path: &Path, bytes: &[u8], durable: bool) -> Result<(), StoreError> {
+fn write_new_file(
+    path: &Path,
+    bytes: &[u8],
+    durable: bool,
+    owner: Option<(u32, u32)>,
+) -> Result<(), StoreError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
     os::private_file(&mut options);
@@ -151,6 +177,9 @@ fn write_new_file(path: &Path, bytes: &[u8], durable: bool) -> Result<(), StoreE
         source,
     };
     let mut file = options.open(path).map_err(|e| io("create", e))?;
+    if let Some(owner) = owner {
+        os::give_to(&file, owner).map_err(|e| io("give to the directory's owner", e))?;
+    }
     file.write_all(bytes).map_err(|e| io("write", e))?;
     if durable {
         file.sync_all().map_err(|e| io("sync", e))?;
@@ -283,6 +312,8 @@ fn refuse_shared(dir: &Path, meta: &fs::Metadata, allow_shared: bool) -> Result<
     }
 }
 
+pub(crate) use os::reader_of;
+
 #[cfg(unix)]
 mod os {
     use super::StoreError;
@@ -332,6 +363,24 @@ mod os {
         (mode & 0o022 != 0).then_some(mode)
     }
 
+    /// Gives `file` to `uid`:`gid` (`fchown(2)`), keeping its mode.
+    pub(super) fn give_to(file: &File, (uid, gid): (u32, u32)) -> io::Result<()> {
+        std::os::unix::fs::fchown(file, Some(uid), Some(gid))
+    }
+
+    /// The owner a file written into `dir` must have for the directory's owner to read it: the
+    /// directory's owner, when this process runs as root and the directory is someone else's (a
+    /// root stopper writing for a service that runs as another user). `None` otherwise.
+    pub(crate) fn reader_of(dir: &Path) -> Option<(u32, u32)> {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let meta = std::fs::metadata(dir).ok()?;
+        (meta.uid() != 0).then_some((meta.uid(), meta.gid()))
+    }
+
     /// The owner of a file this process's effective user does not own.
     pub(super) fn foreign_owner(meta: &Metadata) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
@@ -370,6 +419,16 @@ mod os {
     /// Windows cannot open a directory as a file without backup semantics; NTFS journals the rename.
     pub(super) fn sync_dir(_: &Path) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Windows files get their access from the directory's ACL: nothing to hand over.
+    pub(super) fn give_to(_: &File, _: (u32, u32)) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// No owner uid to hand a file to on Windows.
+    pub(crate) fn reader_of(_: &Path) -> Option<(u32, u32)> {
+        None
     }
 
     /// Files belong to whoever the directory's ACL lets in: there is no owner uid to compare.

@@ -38,7 +38,6 @@ mod sweep;
 
 pub use builder::MarkerStoreBuilder;
 pub use error::StoreError;
-pub(crate) use files::write_atomically;
 pub use layout::Layout;
 pub use sweep::{SlotEntry, SweepReport};
 
@@ -201,7 +200,10 @@ impl MarkerStore {
                 });
             }
         }
-        write_atomically(&slot, &self.private_name(&slot, TEMP_TAG), &bytes)?;
+        // A root stopper writing for a service that runs as another user gives the marker to the
+        // directory's owner (still 0600): a marker its target cannot read stops nothing.
+        let reader = files::reader_of(&self.dir);
+        files::write_atomically_for(&slot, &self.private_name(&slot, TEMP_TAG), &bytes, reader)?;
         Ok(slot)
     }
 
