@@ -97,8 +97,11 @@ pub fn follow(mut status: watch::Receiver<RunnerStatus>) {
             if now.state == RunnerState::Draining {
                 send(&[NotifyState::ExtendTimeoutUsec(extension(drain.0, drain.1))]);
             }
-            if now.state == RunnerState::Stopped {
-                let line = format!("stopped, exit code {}", now.exit_code.unwrap_or(1));
+            // The exit code comes with the final outcome, once the record is persisted.
+            if now.state == RunnerState::Stopped
+                && let Some(code) = now.exit_code
+            {
+                let line = format!("stopped, exit code {code}");
                 send(&[NotifyState::Status(&line)]);
                 return;
             }
