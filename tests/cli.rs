@@ -12,46 +12,9 @@ use planned_stop::{Marker, ProcessIdentity};
 use {
     common::other_live_process,
     planned_stop::{Layout, MarkerStore, StopRecord, StopVerdict},
-    std::path::{Path, PathBuf},
+    std::path::Path,
     std::time::Duration,
 };
-
-#[cfg(unix)]
-struct Dirs {
-    _base: tempfile::TempDir,
-    run: PathBuf,
-    state: PathBuf,
-}
-
-#[cfg(unix)]
-fn dirs() -> Dirs {
-    let base = tempfile::tempdir().unwrap();
-    Dirs {
-        run: base.path().join("run"),
-        state: base.path().join("state"),
-        _base: base,
-    }
-}
-
-#[cfg(unix)]
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// `serve` on `d` with `extra` arguments.
-#[cfg(unix)]
-fn serve(d: &Dirs, extra: &[&str]) -> Serve {
-    let mut args = vec![
-        "--dir",
-        s(&d.run),
-        "--state",
-        s(&d.state),
-        "--poll-ms",
-        "20",
-    ];
-    args.extend_from_slice(extra);
-    Serve::start(&args)
-}
 
 #[cfg(unix)]
 fn stop(d: &Dirs, pid: &str, extra: &[&str]) -> std::process::Output {

@@ -83,19 +83,12 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// A stop record leaving `n` items (`item-000000` …), as the runner would persist it.
 fn record_with_items(n: usize) -> planned_stop::StopRecord {
-    let at = chrono::Utc::now();
-    let items: Vec<_> = (0..n)
+    let items = (0..n)
         .map(
             |i| serde_json::json!({"id": format!("item-{i:06}"), "participant": "jobs", "item": i}),
         )
         .collect();
-    serde_json::from_value(serde_json::json!({
-        "pid": 1, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
-        "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
-        "finished_at": at, "drained_in_time": true, "forced": false, "unfinished": items,
-        "unanswered": [], "exit_code": 0,
-    }))
-    .unwrap()
+    common::record_conformance::stop_record(1, chrono::Utc::now(), items)
 }
 
 /// 8 claimers, each with its own connection and identity, lease batches of 50 from 10,000 items
@@ -218,8 +211,9 @@ mod fleet {
         report
     }
 
-    fn listed(url: &str, service: &str) -> Vec<String> {
-        let out = run(&[
+    /// The service's items, as `records list --json` shows them.
+    fn items(url: &str, service: &str) -> Vec<Value> {
+        let args = [
             "records",
             "list",
             "--records",
@@ -227,16 +221,15 @@ mod fleet {
             "--service",
             service,
             "--json",
-        ]);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        json_of(&out)["items"]
-            .as_array()
-            .unwrap()
+        ];
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        json_of(&out)["items"].as_array().unwrap().clone()
+    }
+
+    fn listed(url: &str, service: &str) -> Vec<String> {
+        items(url, service)
             .iter()
             .map(|i| i["item"]["id"].as_str().unwrap().to_owned())
             .collect()
@@ -244,18 +237,7 @@ mod fleet {
 
     /// The earliest lease end among the service's items.
     fn lease_ends(url: &str, service: &str) -> chrono::DateTime<chrono::Utc> {
-        let out = run(&[
-            "records",
-            "list",
-            "--records",
-            url,
-            "--service",
-            service,
-            "--json",
-        ]);
-        json_of(&out)["items"]
-            .as_array()
-            .unwrap()
+        items(url, service)
             .iter()
             .map(|i| i["lease"]["expires_at"].as_str().unwrap().parse().unwrap())
             .min()
@@ -269,23 +251,6 @@ mod fleet {
             .iter()
             .map(|x| x.as_str().unwrap().to_owned())
             .collect()
-    }
-
-    /// Waits for an `acked` event per item `serve` resumed (counting those already seen).
-    fn acked(serve: &Serve, n: usize) -> Vec<String> {
-        let seen = |h: &[Value]| -> Vec<String> {
-            h.iter()
-                .filter(|e| e["event"] == "acked")
-                .map(|e| e["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
-        serve.drain_events();
-        let mut got = seen(&serve.history.lock().unwrap());
-        while got.len() < n {
-            serve.expect("acked");
-            got = seen(&serve.history.lock().unwrap());
-        }
-        got
     }
 
     /// 3 replicas (each its own state directory, one database) stopped as planned with work left;
@@ -341,7 +306,7 @@ mod fleet {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for replica in &next {
             let resumed = replica.seen("resumed").unwrap();
-            for id in acked(replica, ids(&resumed).len()) {
+            for id in replica.wait_acked(ids(&resumed).len()) {
                 *counts.entry(id).or_default() += 1;
             }
         }
@@ -415,7 +380,7 @@ mod fleet {
             "a live holder keeps its items past its first lease"
         );
         drop(holder); // SIGKILL, mid-resume
-        let mut taken = acked(&other, 2);
+        let mut taken = other.wait_acked(2);
         taken.sort();
         let mut held = held;
         held.sort();
@@ -521,7 +486,7 @@ mod fleet {
         );
         let resumed = ids(&next.seen("resumed").unwrap());
         assert_eq!(resumed.len(), 2, "pushed, then resumed");
-        acked(&next, 2);
+        next.wait_acked(2);
         assert_eq!(count(&spilled), 0, "nothing left in the spill");
         assert!(listed(&pg.1, &service).is_empty());
     }

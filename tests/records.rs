@@ -49,40 +49,7 @@ mod with_processes {
     use super::common::process::*;
     use serde_json::Value;
     use std::collections::{BTreeMap, BTreeSet};
-    use std::path::{Path, PathBuf};
     use std::time::Duration;
-
-    struct Dirs {
-        _base: tempfile::TempDir,
-        run: PathBuf,
-        state: PathBuf,
-    }
-
-    fn dirs() -> Dirs {
-        let base = tempfile::tempdir().unwrap();
-        Dirs {
-            run: base.path().join("run"),
-            state: base.path().join("state"),
-            _base: base,
-        }
-    }
-
-    fn s(p: &Path) -> &str {
-        p.to_str().unwrap()
-    }
-
-    fn serve(d: &Dirs, extra: &[&str]) -> Serve {
-        let mut args = vec![
-            "--dir",
-            s(&d.run),
-            "--state",
-            s(&d.state),
-            "--poll-ms",
-            "20",
-        ];
-        args.extend_from_slice(extra);
-        Serve::start(&args)
-    }
 
     fn stop_wait(d: &Dirs, pid: u32) -> (Option<i32>, Value) {
         let pid = pid.to_string();
@@ -161,20 +128,7 @@ mod with_processes {
     /// Waits until `serve` has printed an `acked` event per resumed item; returns the ids.
     fn wait_all_acked(serve: &Serve) -> Vec<String> {
         let n = serve.seen("resumed").unwrap()["jobs"].as_u64().unwrap() as usize;
-        let acked = |history: &[Value]| -> Vec<String> {
-            history
-                .iter()
-                .filter(|e| e["event"] == "acked")
-                .map(|e| e["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
-        let mut ids = acked(&serve.history.lock().unwrap());
-        while ids.len() < n {
-            // `expect` records the event in the history as well.
-            serve.expect("acked");
-            ids = acked(&serve.history.lock().unwrap());
-        }
-        ids
+        serve.wait_acked(n)
     }
 
     /// A small deterministic generator for kill delays (the seed is printed on failure).

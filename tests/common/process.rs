@@ -176,6 +176,26 @@ impl Serve {
         self.wait_probes_total(kind, self.probes(kind) + n);
     }
 
+    /// Waits until `n` `acked` events (a resumed job's item acknowledged) have been printed in
+    /// all, counting those already received; returns their item ids.
+    pub fn wait_acked(&self, n: usize) -> Vec<String> {
+        let acked = |history: &[Value]| -> Vec<String> {
+            history
+                .iter()
+                .filter(|e| e["event"] == "acked")
+                .map(|e| e["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        self.drain_events();
+        let mut ids = acked(&self.history.lock().unwrap());
+        while ids.len() < n {
+            // `expect` records the event in the history as well.
+            self.expect("acked");
+            ids = acked(&self.history.lock().unwrap());
+        }
+        ids
+    }
+
     /// Sends a Unix signal.
     #[cfg(unix)]
     pub fn signal(&self, signal: i32) {
@@ -211,4 +231,41 @@ impl Drop for Serve {
 /// `--dir DIR` arguments.
 pub fn dir_args(dir: &Path) -> Vec<String> {
     vec!["--dir".into(), dir.display().to_string()]
+}
+
+/// A marker directory (`run`) and a state directory (`state`) in a new temporary directory, which
+/// lives as long as this.
+pub struct Dirs {
+    _base: tempfile::TempDir,
+    pub run: std::path::PathBuf,
+    pub state: std::path::PathBuf,
+}
+
+/// New [`Dirs`].
+pub fn dirs() -> Dirs {
+    let base = tempfile::tempdir().unwrap();
+    Dirs {
+        run: base.path().join("run"),
+        state: base.path().join("state"),
+        _base: base,
+    }
+}
+
+/// A path as an argument (the tests' paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `serve` on `d` (polling every 20 ms besides notifications) with `extra` arguments.
+pub fn serve(d: &Dirs, extra: &[&str]) -> Serve {
+    let mut args = vec![
+        "--dir",
+        s(&d.run),
+        "--state",
+        s(&d.state),
+        "--poll-ms",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    Serve::start(&args)
 }

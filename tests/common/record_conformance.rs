@@ -349,7 +349,9 @@ fn error_kind(e: &RecordError) -> &'static str {
     }
 }
 
-fn stop_record(pid: u32, at: DateTime<Utc>, items: Vec<serde_json::Value>) -> StopRecord {
+/// A planned stop's record by `pid` at `at` leaving `items` (each `{"id", "participant", "item"}`),
+/// as the runner would persist it (built from JSON: the record's fields are the crate's).
+pub fn stop_record(pid: u32, at: DateTime<Utc>, items: Vec<serde_json::Value>) -> StopRecord {
     serde_json::from_value(serde_json::json!({
         "pid": pid, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
         "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
