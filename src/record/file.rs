@@ -236,7 +236,8 @@ impl FileRecordStore {
                 self.remove_file(&entry.path())?;
             }
         }
-        for orphan in leases.iter().filter(|id| !ids.contains(id)) {
+        let items: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+        for orphan in leases.iter().filter(|id| !items.contains(id.as_str())) {
             self.remove_file(&self.path(orphan, LEASE))?;
         }
         Ok(ids)
