@@ -115,7 +115,9 @@ pub mod internals {
     pub use crate::marker::{MAX_MARKER_BYTES, MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS};
     pub use crate::runner::{Ready, RequestStop, RunnerConfig};
     pub use crate::verdict::{SlotContent, decide, decide_as_owner};
-    pub use crate::watcher::{MarkerProbe, MarkerWatcherActor, OwnSlot, WatchStep, next_step};
+    pub use crate::watcher::{
+        MarkerProbe, MarkerWatcherActor, OwnSlot, Watch, WatchSend, WatchStep, next_step,
+    };
 
     /// A runner outside the service, with its drain participants, and its status channel.
     pub fn runner(

@@ -134,7 +134,7 @@ pub enum Step {
 
 ///
 /// The runner's state and latch. Pure: events in, [`Step`]s out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Lifecycle {
     state: Option<RunnerState>,
     verdict: Option<StopVerdict>,

@@ -385,7 +385,7 @@ pub fn wait(
             if let Err(e) = store.sweep_slot(&slot, Utc::now()) {
                 tracing::debug!(error = %crate::error_chain::ErrorChain(&e), "cannot sweep the target's slot");
             }
-            return finished(outcome);
+            return WaitOutcome::after_exit(outcome);
         }
         let elapsed = started.elapsed();
         if elapsed >= timeout {
@@ -409,25 +409,53 @@ pub fn wait(
     }
 }
 
-fn finished(outcome: Option<Outcome>) -> WaitOutcome {
-    match outcome {
-        Some(o) if o.phase == Phase::Stopped && o.verdict == crate::StopVerdict::Planned => {
-            WaitOutcome::StoppedPlanned {
-                exit_code: o.exit_code.unwrap_or(0),
-                outcome: o,
+/// Whether the stop a target accepted (its `outcome`) was the one this stopper asked for with
+/// `request_id`: racing stoppers each see the target stop, and only one of them asked for the stop
+/// it took. A stop the target took without any request (a Ctrl-C, or the application's own
+/// request, after this stopper's marker expired unread) is nobody's.
+///
+/// ```
+/// # let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":"a","accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
+/// let outcome = planned_stop::Outcome::parse(bytes).unwrap();
+/// assert!(planned_stop::stopper::is_own_request(&outcome, Some("a")));
+/// assert!(!planned_stop::stopper::is_own_request(&outcome, Some("b")));
+/// let by_signal = planned_stop::Outcome::parse(&String::from_utf8_lossy(bytes)
+///     .replace(r#""request_id":"a""#, r#""request_id":null"#).into_bytes()).unwrap();
+/// assert!(!planned_stop::stopper::is_own_request(&by_signal, Some("a")));
+/// ```
+pub fn is_own_request(outcome: &Outcome, request_id: Option<&str>) -> bool {
+    request_id.is_some() && outcome.request_id.as_deref() == request_id
+}
+
+impl WaitOutcome {
+    /// What a stopper reports about a target that is gone, from the last outcome file that
+    /// target wrote (`None` when it wrote none, or only an earlier process with its pid did): the
+    /// one rule [`wait`] applies, public so another stopper reports the same.
+    ///
+    /// ```
+    /// use planned_stop::stopper::WaitOutcome;
+    /// assert_eq!(WaitOutcome::after_exit(None), WaitOutcome::GoneWithoutOutcome);
+    /// ```
+    pub fn after_exit(outcome: Option<Outcome>) -> WaitOutcome {
+        match outcome {
+            Some(o) if o.phase == Phase::Stopped && o.verdict == crate::StopVerdict::Planned => {
+                WaitOutcome::StoppedPlanned {
+                    exit_code: o.exit_code.unwrap_or(0),
+                    outcome: o,
+                }
             }
+            Some(o) if matches!(o.phase, Phase::Draining | Phase::Held) => {
+                WaitOutcome::KilledWhileDraining { outcome: o }
+            }
+            Some(o) if o.phase == Phase::RecordLost => WaitOutcome::RecordLost {
+                exit_code: o.exit_code,
+                outcome: o,
+            },
+            Some(o) => WaitOutcome::StoppedUnexpectedly {
+                exit_code: o.exit_code,
+                outcome: Some(o),
+            },
+            None => WaitOutcome::GoneWithoutOutcome,
         }
-        Some(o) if matches!(o.phase, Phase::Draining | Phase::Held) => {
-            WaitOutcome::KilledWhileDraining { outcome: o }
-        }
-        Some(o) if o.phase == Phase::RecordLost => WaitOutcome::RecordLost {
-            exit_code: o.exit_code,
-            outcome: o,
-        },
-        Some(o) => WaitOutcome::StoppedUnexpectedly {
-            exit_code: o.exit_code,
-            outcome: Some(o),
-        },
-        None => WaitOutcome::GoneWithoutOutcome,
     }
 }

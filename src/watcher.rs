@@ -85,6 +85,83 @@ pub fn next_step(verdict: &Verdict, state: RunnerState) -> WatchStep {
     }
 }
 
+/// Where the watcher stands between probes: the once-only guard of delivery, kept apart from the
+/// actor so the rule can be checked on its own (the model checker in `tests/model.rs` drives it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum Watch {
+    /// Probing the slot.
+    #[default]
+    Looking,
+    /// A planned stop was found while the runner was starting; it is delivered once the runner
+    /// runs.
+    Holding(PlannedStop),
+    /// A stop was delivered, or the runner is stopping: nothing more to watch for this life.
+    Done,
+}
+
+/// What the watcher sends after a step of [`Watch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchSend {
+    /// Nothing.
+    Nothing,
+    /// This planned stop, to the runner.
+    Stop(PlannedStop),
+    /// The notice that this planned stop is held, to the runner (for the stopper's outcome file).
+    HeldNotice(PlannedStop),
+}
+
+impl Watch {
+    /// Whether the watcher still probes.
+    pub fn is_looking(&self) -> bool {
+        matches!(self, Watch::Looking)
+    }
+
+    /// Acts on one probe's [`WatchStep`] ([`next_step`]'s answer). Only a watcher still looking
+    /// acts: after a delivery nothing is ever sent again, which makes delivery once per life.
+    pub fn on_step(&mut self, step: WatchStep) -> WatchSend {
+        if !self.is_looking() {
+            return WatchSend::Nothing;
+        }
+        match step {
+            WatchStep::Deliver(stop) => {
+                *self = Watch::Done;
+                WatchSend::Stop(stop)
+            }
+            WatchStep::Hold(stop) => {
+                *self = Watch::Holding(stop.clone());
+                WatchSend::HeldNotice(stop)
+            }
+            WatchStep::Continue => WatchSend::Nothing,
+            WatchStep::Exit => {
+                *self = Watch::Done;
+                WatchSend::Nothing
+            }
+        }
+    }
+
+    /// The runner's state changed: a held stop goes out once it runs; a stopping runner ends
+    /// the watch.
+    pub fn on_runner(&mut self, state: RunnerState) -> WatchSend {
+        match state {
+            RunnerState::Draining | RunnerState::Stopped => {
+                *self = Watch::Done;
+                WatchSend::Nothing
+            }
+            RunnerState::Running => match std::mem::take(self) {
+                Watch::Holding(stop) => {
+                    *self = Watch::Done;
+                    WatchSend::Stop(stop)
+                }
+                other => {
+                    *self = other;
+                    WatchSend::Nothing
+                }
+            },
+            RunnerState::Starting => WatchSend::Nothing,
+        }
+    }
+}
+
 /// Logs probe errors without flooding: the first, then at most one per [`PROBE_ERROR_LOG_EVERY`].
 #[derive(Debug, Default)]
 struct ProbeErrors {
@@ -124,8 +201,7 @@ pub struct MarkerWatcherActor {
     runner: watch::Receiver<RunnerStatus>,
     clock: Arc<dyn Clock>,
     interval: Duration,
-    held: Option<PlannedStop>,
-    delivered: bool,
+    watch: Watch,
     errors: ProbeErrors,
     wakeups: Option<Wakeups>,
     events: Option<SlotEvents>,
@@ -148,8 +224,7 @@ impl MarkerWatcherActor {
             runner,
             clock,
             interval,
-            held: None,
-            delivered: false,
+            watch: Watch::Looking,
             errors: ProbeErrors::default(),
             wakeups: None,
             events: None,
@@ -184,7 +259,7 @@ impl MarkerWatcherActor {
 
     /// Probes and acts on the verdict. Returns whether watching goes on.
     fn check(&mut self, ctx: &mut Context<Self>) -> bool {
-        if self.delivered || self.held.is_some() {
+        if !self.watch.is_looking() {
             return false;
         }
         let state = self.runner_state();
@@ -203,19 +278,9 @@ impl MarkerWatcherActor {
                 WatchStep::Continue
             }
         };
-        match step {
-            WatchStep::Deliver(stop) => self.deliver(stop, ctx),
-            WatchStep::Hold(stop) => {
-                tracing::info!("planned stop found while starting; held until running");
-                if let Some(notice) = &self.held_notice {
-                    notice.do_send(HeldStop(stop.clone()));
-                }
-                self.held = Some(stop);
-            }
-            WatchStep::Continue => return true,
-            WatchStep::Exit => ctx.stop(),
-        }
-        false
+        let send = self.watch.on_step(step);
+        self.send(send, ctx);
+        self.watch.is_looking()
     }
 
     /// Waits for the next wake-up (coalescing a burst into one probe), probes, and waits again.
@@ -241,27 +306,33 @@ impl MarkerWatcherActor {
         }));
     }
 
-    fn deliver(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
-        tracing::info!(
-            request_id = stop.request_id.as_deref(),
-            "planned stop delivered"
-        );
-        self.delivered = true;
-        self.target.do_send(stop);
-        ctx.stop();
+    /// Sends what a step of the watch says, and stops the actor once the watch is done.
+    fn send(&mut self, send: WatchSend, ctx: &mut Context<Self>) {
+        match send {
+            WatchSend::Stop(stop) => {
+                tracing::info!(
+                    request_id = stop.request_id.as_deref(),
+                    "planned stop delivered"
+                );
+                self.target.do_send(stop);
+            }
+            WatchSend::HeldNotice(stop) => {
+                tracing::info!("planned stop found while starting; held until running");
+                if let Some(notice) = &self.held_notice {
+                    notice.do_send(HeldStop(stop));
+                }
+            }
+            WatchSend::Nothing => {}
+        }
+        if self.watch == Watch::Done {
+            ctx.stop();
+        }
     }
 
     /// The runner's status changed.
     fn on_runner(&mut self, ctx: &mut Context<Self>) {
-        match self.runner_state() {
-            RunnerState::Draining | RunnerState::Stopped => ctx.stop(),
-            RunnerState::Running => {
-                if let Some(stop) = self.held.take() {
-                    self.deliver(stop, ctx);
-                }
-            }
-            RunnerState::Starting => {}
-        }
+        let send = self.watch.on_runner(self.runner_state());
+        self.send(send, ctx);
     }
 
     /// Waits for the next change of the runner's status, then handles it and waits again. The
@@ -280,7 +351,7 @@ impl MarkerWatcherActor {
                 return;
             }
             act.on_runner(ctx);
-            if !act.delivered {
+            if act.watch != Watch::Done {
                 act.follow_runner(ctx);
             }
         }));

@@ -150,7 +150,7 @@ pub fn run(args: StopArgs) -> u8 {
     let (kind, code, text, extra) = match &outcome {
         WaitOutcome::StoppedPlanned { exit_code, outcome } => {
             // Racing stoppers: the target accepted one request; say whose.
-            let own = outcome.request_id.is_none() || outcome.request_id == request_id;
+            let own = planned_stop::stopper::is_own_request(outcome, request_id.as_deref());
             (
                 "stopped_planned",
                 EXIT_OK,
@@ -166,12 +166,17 @@ pub fn run(args: StopArgs) -> u8 {
                         "process {} stopped as planned (exit code {exit_code})",
                         args.pid
                     )
-                } else {
+                } else if let Some(other) = outcome.request_id.as_deref() {
                     format!(
                         "process {} stopped as planned (exit code {exit_code}) on another stop \
-                         request, {}, not this one",
+                         request, {other}, not this one",
                         args.pid,
-                        outcome.request_id.as_deref().unwrap_or("?")
+                    )
+                } else {
+                    format!(
+                        "process {} stopped as planned (exit code {exit_code}) on a signal or \
+                         its application's own request, not on this stop request",
+                        args.pid,
                     )
                 },
                 json!({

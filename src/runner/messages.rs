@@ -20,7 +20,7 @@ use std::time::Duration;
 /// let stop = planned_stop::PlannedStop::from(&marker);
 /// assert_eq!(stop.request_id.as_deref(), Some("r-1"));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Message)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Message)]
 #[rtype(result = "()")]
 #[non_exhaustive]
 pub struct PlannedStop {
