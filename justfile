@@ -16,6 +16,11 @@ test:
 proptest-long cases="10000":
     PROPTEST_CASES={{cases}} cargo test --release --test state_machine
 
+# The model checker over deeper bounds than CI's (tests/model.rs; docs/reliability.md has the
+# state counts). Release build; several minutes and several GiB of memory.
+model:
+    PLANNED_STOP_MODEL=deep cargo test --release --test model -- --nocapture --test-threads 1
+
 # Fuzz one target for longer, e.g. `just fuzz verdict 600` (installs cargo-fuzz if missing).
 fuzz target secs="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked

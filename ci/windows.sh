@@ -55,6 +55,9 @@ cargo clippy --target "$TARGET" --all-targets -- -D warnings
 echo "== cargo test --target $TARGET (under Wine)"
 # The record store's conformance suite runs 1,000 cases on Linux; under Wine each file operation
 # costs about forty times as much (7 minutes for 1,000), so 100 cases check the Windows file store.
-PLANNED_STOP_RECORD_CASES=100 CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER="$WINE" cargo test --target "$TARGET"
+# The model checker's full bounded runs check pure decision code that is the same on every OS;
+# they run on Linux (its injected-defect runs, which are short, run here too).
+PLANNED_STOP_RECORD_CASES=100 CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER="$WINE" cargo test --target "$TARGET" \
+  -- --skip holds_over_every_bounded_interleaving
 echo "== Windows end-to-end scenarios (under Wine)"
 bash ci/windows-e2e.sh
