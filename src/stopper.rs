@@ -7,7 +7,10 @@
 //!
 //! [`wait`] then follows the target *by identity*, not by pid: if the pid is reused while waiting,
 //! the target is gone. It reads the runner's [`Outcome`] file to tell "accepted, draining" from "not
-//! seen yet", and the final verdict and exit code once the target has exited.
+//! seen yet", and the final verdict and exit code once the target has exited. It looks every 20 ms,
+//! and on Linux it also holds a pidfd of the target, which the kernel makes readable the moment the
+//! target exits: the report follows the exit at once, not up to a poll interval later
+//! ([`ExitWatch`]).
 
 use crate::identity::ProcessIdentity;
 use crate::marker::Marker;
@@ -19,6 +22,22 @@ use std::time::{Duration, Instant};
 
 /// How often [`wait`] looks at the target.
 const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// How [`wait_with`] learns that the target has exited.
+///
+/// ```
+/// assert_eq!(planned_stop::stopper::ExitWatch::default(), planned_stop::stopper::ExitWatch::Events);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ExitWatch {
+    /// From the OS where it can tell (Linux 5.3 and later: a pidfd, readable once the target
+    /// exits), besides looking every 20 ms; elsewhere, or when the pidfd cannot be had, by looking.
+    #[default]
+    Events,
+    /// Only by looking every 20 ms (`stop --no-events`; the baseline of the latency harness).
+    Poll,
+}
 
 /// What to ask for: [`StopOptions::new`] (or `default()`, the same) and the `with_` setters.
 ///
@@ -366,14 +385,39 @@ pub fn wait(
     store: &MarkerStore,
     target: &ProcessIdentity,
     timeout: Duration,
+    progress: impl FnMut(Progress, Duration),
+) -> WaitOutcome {
+    wait_with(store, target, timeout, ExitWatch::Events, progress)
+}
+
+/// [`wait`], learning of the target's exit as `watch` says.
+///
+/// ```
+/// use planned_stop::stopper::{wait_with, ExitWatch, WaitOutcome};
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |_, _| {});
+/// assert_eq!(outcome, WaitOutcome::NotAccepted);
+/// ```
+pub fn wait_with(
+    store: &MarkerStore,
+    target: &ProcessIdentity,
+    timeout: Duration,
+    watch: ExitWatch,
     mut progress: impl FnMut(Progress, Duration),
 ) -> WaitOutcome {
     let started = Instant::now();
+    let exit = match watch {
+        ExitWatch::Events => exit_event::ExitEvent::open(target),
+        ExitWatch::Poll => None,
+    };
+    let mut exited = false;
     loop {
         // Read the outcome before checking liveness: a target that exits right after writing its
         // final outcome must not be seen as gone with a stale acknowledgement.
         let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
-        let alive = ProcessIdentity::of(target.pid) == Some(*target);
+        let alive = !exited && ProcessIdentity::of(target.pid) == Some(*target);
         if !alive {
             let outcome = store
                 .read_outcome(target.pid)
@@ -405,7 +449,98 @@ pub fn wait(
             },
             elapsed,
         );
-        std::thread::sleep(WAIT_POLL.min(timeout - elapsed));
+        let pause = WAIT_POLL.min(timeout - elapsed);
+        match &exit {
+            Some(exit) => exited = exit.wait(pause),
+            None => std::thread::sleep(pause),
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod exit_event {
+    use crate::identity::ProcessIdentity;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::time::Duration;
+
+    /// A pidfd of the target: readable once it has exited.
+    pub(super) struct ExitEvent(OwnedFd);
+
+    impl ExitEvent {
+        /// A pidfd for `target`, or `None` (no pidfd on this kernel, not permitted, or the pid
+        /// already belongs to someone else: then waiting by looking is what is left).
+        pub(super) fn open(target: &ProcessIdentity) -> Option<ExitEvent> {
+            let pid = libc::pid_t::try_from(target.pid).ok()?;
+            // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+            // SAFETY: the kernel just returned this descriptor to us, and nothing else owns it.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // The pid may have been reused between the caller's look and the open: only a pidfd
+            // of the target itself will do.
+            (ProcessIdentity::of(target.pid) == Some(*target)).then_some(ExitEvent(fd))
+        }
+
+        /// Waits up to `pause`; returns whether the target has exited.
+        pub(super) fn wait(&self, pause: Duration) -> bool {
+            let mut poll = libc::pollfd {
+                fd: self.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(pause.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one valid pollfd, for the length given; a signal (EINTR) just ends it early.
+            let ready = unsafe { libc::poll(&mut poll, 1, ms) };
+            ready > 0 && poll.revents & libc::POLLIN != 0
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::exit_event::ExitEvent;
+    use crate::identity::ProcessIdentity;
+    use std::time::Duration;
+
+    #[test]
+    fn the_exit_event_fires_when_the_target_exits_and_not_before() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep runs");
+        let target = ProcessIdentity::of(child.id()).expect("the child runs");
+        let exit = ExitEvent::open(&target).expect("pidfd_open works on this kernel");
+        assert!(!exit.wait(Duration::ZERO), "alive: no event yet");
+        child.kill().expect("kill");
+        // Blocks until the exit (the pause is only an upper bound): a broken event would return
+        // false after it, failing the test.
+        assert!(exit.wait(Duration::from_secs(600)), "the exit is an event");
+        child.wait().expect("reaped");
+        let mut other = target;
+        other.start += 1;
+        assert!(
+            ExitEvent::open(&other).is_none(),
+            "no pidfd for another identity at the pid"
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod exit_event {
+    use crate::identity::ProcessIdentity;
+    use std::time::Duration;
+
+    /// No exit event here: [`super::wait_with`] looks every 20 ms.
+    pub(super) enum ExitEvent {}
+
+    impl ExitEvent {
+        pub(super) fn open(_: &ProcessIdentity) -> Option<ExitEvent> {
+            None
+        }
+
+        pub(super) fn wait(&self, _: Duration) -> bool {
+            match *self {}
+        }
     }
 }
 

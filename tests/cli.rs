@@ -84,6 +84,23 @@ fn jobs_that_finish_within_the_drain_leave_nothing_to_resume() {
 
 #[cfg(unix)]
 #[test]
+fn stop_wait_reports_the_same_told_of_the_exit_or_polling() {
+    let d = dirs();
+    for extra in [&[][..], &["--no-events"][..]] {
+        let mut service = serve(&d, &["--jobs", "1", "--job-ms", "10", "--drain-ms", "5000"]);
+        let mut args = vec!["--wait", "20"];
+        args.extend_from_slice(extra);
+        let out = stop(&d, &service.pid_arg(), &args);
+        let report = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {report}");
+        assert_eq!(report["outcome"], "stopped_planned", "{extra:?}: {report}");
+        assert_eq!(report["own_request"], true, "{extra:?}: {report}");
+        assert_eq!(service.exit_code(), Some(0), "{extra:?}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
 fn a_bare_sigterm_exits_1_and_sigint_exits_0() {
     let d = dirs();
     let mut service = serve(&d, &[]);

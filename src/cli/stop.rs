@@ -51,6 +51,10 @@ pub struct StopArgs {
     /// its restart code (75 by default) so its supervisor starts it again.
     #[arg(long)]
     pub restart: bool,
+    /// With --wait: look at the target every 20 ms only, instead of also being told of its exit
+    /// by the OS (a pidfd on Linux), which reports the moment it exits.
+    #[arg(long)]
+    pub no_events: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -122,28 +126,39 @@ pub fn run(args: StopArgs) -> u8 {
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
     });
-    let outcome = stopper::wait(&store, &requested.target, timeout, |progress, elapsed| {
-        if let Some(bar) = &bar {
-            bar.set_message(match progress {
-                Progress::Waiting => format!(
-                    "waiting for process {} to accept ({:.1} s)",
-                    args.pid,
-                    elapsed.as_secs_f64()
-                ),
-                Progress::Draining => format!(
-                    "process {} is draining ({:.1} s)",
-                    args.pid,
-                    elapsed.as_secs_f64()
-                ),
-                Progress::Held => format!(
-                    "process {} holds the stop until it is ready ({:.1} s)",
-                    args.pid,
-                    elapsed.as_secs_f64()
-                ),
-                other => format!("process {}: {other:?}", args.pid),
-            });
-        }
-    });
+    let watch = if args.no_events {
+        stopper::ExitWatch::Poll
+    } else {
+        stopper::ExitWatch::Events
+    };
+    let outcome = stopper::wait_with(
+        &store,
+        &requested.target,
+        timeout,
+        watch,
+        |progress, elapsed| {
+            if let Some(bar) = &bar {
+                bar.set_message(match progress {
+                    Progress::Waiting => format!(
+                        "waiting for process {} to accept ({:.1} s)",
+                        args.pid,
+                        elapsed.as_secs_f64()
+                    ),
+                    Progress::Draining => format!(
+                        "process {} is draining ({:.1} s)",
+                        args.pid,
+                        elapsed.as_secs_f64()
+                    ),
+                    Progress::Held => format!(
+                        "process {} holds the stop until it is ready ({:.1} s)",
+                        args.pid,
+                        elapsed.as_secs_f64()
+                    ),
+                    other => format!("process {}: {other:?}", args.pid),
+                });
+            }
+        },
+    );
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

@@ -1,0 +1,133 @@
+//! How long `planned-stop stop --wait` takes, from starting the stopper to its report, against a
+//! target that drains at once, in three set-ups measured in the same run, rounds interleaved:
+//!
+//! 1. the stopper told of the exit by the OS (a pidfd on Linux), the target woken by inotify;
+//! 2. the stopper looking every 20 ms (`stop --no-events`, the baseline), the same target;
+//! 3. the stopper told by the OS, the target polling every 2 ms without inotify (`serve
+//!    --no-events --poll-ms 2`): a process that holds an inotify watch takes one SRCU grace period
+//!    of the kernel (about 14 ms here) longer to die, and this shows the protocol without it.
+//!
+//! ```sh
+//! cargo build --release && cargo run --release --example stop_latency -- 200
+//! ```
+//!
+//! Each round starts a fresh `planned-stop serve --jobs 0` (nothing to drain), waits for its `ready`
+//! line, then times one `planned-stop stop --pid PID --dir DIR --wait 5 --json` as a child process:
+//! the stopper's own start-up, the marker, the target's wake-up, claim, outcome files and exit, and
+//! the report. The marker directory is on tmpfs (`/dev/shm`) when there is one, as `/run` is in
+//! production; `--disk` puts it under the target directory instead. Results go into
+//! docs/performance.md.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
+    let disk = args.iter().any(|a| a == "--disk");
+    let binary = binary();
+    let base = if !disk && Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        binary
+            .parent()
+            .expect("the binary has a directory")
+            .to_path_buf()
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("stop-latency-")
+        .tempdir_in(&base)
+        .expect("a marker directory");
+    println!(
+        "{rounds} rounds per mode, marker directory {} ({})",
+        dir.path().display(),
+        if disk { "disk" } else { "tmpfs when available" }
+    );
+    let setups = [
+        ("stopper: exit event; target: inotify", false, false),
+        ("stopper: polls 20 ms; target: inotify", true, false),
+        ("stopper: exit event; target: polls 2 ms", false, true),
+    ];
+    let mut samples = vec![Vec::with_capacity(rounds); setups.len()];
+    for _ in 0..rounds {
+        for (i, (_, poll, target_polls)) in setups.iter().enumerate() {
+            samples[i].push(one_stop(&binary, dir.path(), *poll, *target_polls));
+        }
+    }
+    for ((name, ..), samples) in setups.iter().zip(&mut samples) {
+        report(name, samples);
+    }
+}
+
+/// `target/release/planned-stop`, next to this example's directory.
+fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("this example's path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/examples/");
+    let binary = dir.join(format!("planned-stop{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.exists(),
+        "{} not found: run `cargo build --release` first",
+        binary.display()
+    );
+    binary
+}
+
+fn one_stop(binary: &Path, dir: &Path, poll: bool, target_polls: bool) -> Duration {
+    let mut target = Command::new(binary);
+    target.args(["serve", "--jobs", "0", "--dir"]).arg(dir);
+    if target_polls {
+        target.args(["--no-events", "--poll-ms", "2"]);
+    }
+    let mut target = target
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let mut lines = BufReader::new(target.stdout.take().expect("piped")).lines();
+    let ready = lines
+        .next()
+        .expect("serve prints a line")
+        .expect("readable");
+    assert!(ready.contains("\"ready\""), "serve said {ready}");
+    let mut stop = Command::new(binary);
+    stop.args(["stop", "--wait", "5", "--json", "--pid"])
+        .arg(target.id().to_string())
+        .arg("--dir")
+        .arg(dir)
+        .stderr(Stdio::null());
+    if poll {
+        stop.arg("--no-events");
+    }
+    let started = Instant::now();
+    let output = stop.output().expect("stop runs");
+    let took = started.elapsed();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        report.contains("\"outcome\":\"stopped_planned\""),
+        "stop said {report}"
+    );
+    // Drain the target's remaining lines and reap it.
+    lines.for_each(drop);
+    target.wait().expect("the target is reaped");
+    took
+}
+
+fn report(mode: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+        samples[i].as_secs_f64() * 1000.0
+    };
+    println!(
+        "{mode:<42} p50 {:>6.2} ms  p90 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms",
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        at(1.0)
+    );
+}
