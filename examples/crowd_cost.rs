@@ -9,15 +9,12 @@
 //!
 //! Linux only (it reads `/proc`). Results go to `docs/performance.md` by hand.
 
+mod common;
+
 use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("planned-stop")
-}
 
 /// CPU nanoseconds process `pid` has used, all threads.
 fn cpu_ns(pid: u32) -> u64 {
@@ -44,14 +41,14 @@ fn main() {
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
     let m: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
     assert!(
-        binary().exists(),
+        common::planned_stop_binary().exists(),
         "build the binary first: cargo build --release"
     );
     let dir = tempfile::tempdir().unwrap();
     let run_dir = dir.path().join("run");
     let mut children = Vec::new();
     for _ in 0..n {
-        let mut child = Command::new(binary())
+        let mut child = Command::new(common::planned_stop_binary())
             // A long poll: what is measured is the notifications, not the safety net.
             .args([
                 "serve",

@@ -9,21 +9,14 @@
 //! ```
 
 #[cfg(target_os = "linux")]
-use std::path::{Path, PathBuf};
+mod common;
+
+#[cfg(target_os = "linux")]
+use std::path::PathBuf;
 #[cfg(target_os = "linux")]
 use std::process::{Child, Command, Stdio};
 #[cfg(target_os = "linux")]
 use std::time::Duration;
-
-#[cfg(target_os = "linux")]
-fn serve_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/examples");
-    dir.join("planned-stop")
-}
 
 /// CPU time spent on the CPU, in nanoseconds, over all threads (the first field of
 /// /proc/PID/schedstat of each task; finer than the 10 ms ticks of /proc/PID/stat).
@@ -60,7 +53,7 @@ fn main() {
         .unwrap_or(60);
     let base = tempfile::tempdir().unwrap();
     let spawn = |args: &[&str]| -> Child {
-        Command::new(serve_binary())
+        Command::new(common::planned_stop_binary())
             .arg("serve")
             .arg("--dir")
             .arg(base.path().join("run"))

@@ -10,28 +10,17 @@
 //! *delivered* — the service's `stop_accepted` event is read from its stdout; *exited* — the
 //! process has exited. Prints p50 / p99 / max in milliseconds as a Markdown table.
 
+mod common;
+
 use planned_stop::stopper::{self, StopOptions};
 use planned_stop::{Layout, MarkerStore};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const BATCH: usize = 10;
-
-fn serve_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/examples");
-    dir.join(if cfg!(windows) {
-        "planned-stop.exe"
-    } else {
-        "planned-stop"
-    })
-}
 
 struct Running {
     child: Child,
@@ -39,7 +28,7 @@ struct Running {
 }
 
 fn start(dir: &Path, mode_args: &[&str]) -> Running {
-    let mut child = Command::new(serve_binary())
+    let mut child = Command::new(common::planned_stop_binary())
         .arg("serve")
         .arg("--dir")
         .arg(dir)

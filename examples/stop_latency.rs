@@ -18,6 +18,8 @@
 //! production; `--disk` puts it under the target directory instead. Results go into
 //! docs/performance.md.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -27,7 +29,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let disk = args.iter().any(|a| a == "--disk");
-    let binary = binary();
+    let binary = common::planned_stop_binary();
     let base = if !disk && Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
@@ -59,22 +61,6 @@ fn main() {
     for ((name, ..), samples) in setups.iter().zip(&mut samples) {
         report(name, samples);
     }
-}
-
-/// `target/release/planned-stop`, next to this example's directory.
-fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("this example's path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/examples/");
-    let binary = dir.join(format!("planned-stop{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.exists(),
-        "{} not found: run `cargo build --release` first",
-        binary.display()
-    );
-    binary
 }
 
 fn one_stop(binary: &Path, dir: &Path, poll: bool, target_polls: bool) -> Duration {
