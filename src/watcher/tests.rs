@@ -47,3 +47,63 @@ fn other_verdicts_and_no_trigger_markers_keep_watching() {
         assert_eq!(next_step(&v, Starting), WatchStep::Continue, "{v:?}");
     }
 }
+
+fn a_stop() -> PlannedStop {
+    let Verdict::ForSelf(m) = for_self(true) else {
+        unreachable!()
+    };
+    PlannedStop::from(&m)
+}
+
+#[test]
+fn the_watch_delivers_once_and_then_sends_nothing_whatever_it_is_told() {
+    let mut watch = Watch::Looking;
+    assert_eq!(watch.on_step(WatchStep::Continue), WatchSend::Nothing);
+    assert!(watch.is_looking());
+    assert_eq!(
+        watch.on_step(WatchStep::Deliver(a_stop())),
+        WatchSend::Stop(a_stop())
+    );
+    assert_eq!(watch, Watch::Done);
+    assert_eq!(
+        watch.on_step(WatchStep::Deliver(a_stop())),
+        WatchSend::Nothing
+    );
+    assert_eq!(watch.on_step(WatchStep::Hold(a_stop())), WatchSend::Nothing);
+    assert_eq!(watch.on_runner(Running), WatchSend::Nothing);
+    assert_eq!(watch, Watch::Done);
+}
+
+#[test]
+fn a_held_stop_is_noticed_once_and_delivered_once_the_runner_runs() {
+    let mut watch = Watch::Looking;
+    assert_eq!(
+        watch.on_step(WatchStep::Hold(a_stop())),
+        WatchSend::HeldNotice(a_stop())
+    );
+    assert_eq!(watch, Watch::Holding(a_stop()));
+    assert_eq!(
+        watch.on_step(WatchStep::Hold(a_stop())),
+        WatchSend::Nothing,
+        "not probing"
+    );
+    assert_eq!(watch.on_runner(Starting), WatchSend::Nothing);
+    assert_eq!(watch.on_runner(Running), WatchSend::Stop(a_stop()));
+    assert_eq!(watch.on_runner(Running), WatchSend::Nothing, "once");
+}
+
+#[test]
+fn a_stopping_runner_ends_the_watch_and_drops_a_held_stop() {
+    for state in [Draining, Stopped] {
+        let mut looking = Watch::Looking;
+        assert_eq!(looking.on_runner(state), WatchSend::Nothing);
+        assert_eq!(looking, Watch::Done);
+        let mut holding = Watch::Holding(a_stop());
+        assert_eq!(holding.on_runner(state), WatchSend::Nothing);
+        assert_eq!(holding, Watch::Done);
+        assert_eq!(holding.on_runner(Running), WatchSend::Nothing);
+    }
+    let mut looking = Watch::Looking;
+    assert_eq!(looking.on_step(WatchStep::Exit), WatchSend::Nothing);
+    assert_eq!(looking, Watch::Done);
+}
