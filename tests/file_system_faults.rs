@@ -175,7 +175,7 @@ fn a_full_state_directory_at_the_stop_is_record_lost_never_planned_and_the_items
         Some(74),
         "a lost record is never exit 0"
     );
-    let stderr = service.stderr.lock().unwrap().join("\n");
+    let stderr = service.stderr_after_exit();
     assert!(
         stderr.contains("No space left"),
         "the error says why: {stderr}"

@@ -161,7 +161,7 @@ mod with_processes {
         assert_eq!(service.exit_code(), Some(74), "never exit 0");
         assert_eq!(service.expect("exit")["code"], 74);
         // The items are on stderr, as JSON, for an operator to resubmit.
-        let stderr = service.stderr.lock().unwrap().join("\n");
+        let stderr = service.stderr_after_exit();
         let line = stderr
             .lines()
             .find(|l| l.contains("cannot persist the stop record"))
@@ -296,8 +296,7 @@ mod with_processes {
             [ids[1].clone()],
             "only this user's item"
         );
-        let stderr = next.stderr.lock().unwrap().join("\n");
-        assert!(stderr.contains("skipped"), "{stderr}");
+        next.wait_stderr("skipped");
     }
 
     /// Kill -9 at random points of a resume, 20 rounds: two resumers lease together (never the

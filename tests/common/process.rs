@@ -43,6 +43,7 @@ pub struct Serve {
     pub child: Child,
     events: Receiver<Value>,
     pub stderr: Arc<Mutex<Vec<String>>>,
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
     pub identity: ProcessIdentity,
     pub ready: Value,
     /// Every event received so far, in order.
@@ -82,7 +83,7 @@ impl Serve {
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let lines = stderr.clone();
         let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 lines.lock().unwrap().push(line);
             }
@@ -92,6 +93,7 @@ impl Serve {
             child,
             events,
             stderr,
+            stderr_reader: Some(stderr_reader),
             ready: Value::Null,
             history: Mutex::new(Vec::new()),
         };
@@ -211,6 +213,33 @@ impl Serve {
                 return status.code();
             }
             assert!(Instant::now() < deadline, "serve did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Everything the process wrote to stderr, once it has exited (waits for the exit, then for
+    /// the last lines to be read: a line written just before the exit is never missed).
+    pub fn stderr_after_exit(&mut self) -> String {
+        self.exit_code();
+        if let Some(reader) = self.stderr_reader.take() {
+            reader.join().expect("the stderr reader");
+        }
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// Waits until a stderr line contains `needle` (the line is the event: it may be read after
+    /// a stdout event the caller has already seen); returns all of stderr so far.
+    pub fn wait_stderr(&self, needle: &str) -> String {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let text = self.stderr.lock().unwrap().join("\n");
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no stderr line with {needle:?}: {text}"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
