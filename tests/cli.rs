@@ -18,9 +18,7 @@ use {
 
 #[cfg(unix)]
 fn stop(d: &Dirs, pid: &str, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["stop", "--pid", pid, "--dir", s(&d.run), "--json"];
-    args.extend_from_slice(extra);
-    run(&args)
+    stop_json(&d.run, pid, extra)
 }
 
 #[cfg(unix)]
@@ -213,18 +211,7 @@ fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted()
     );
     let waiting = std::thread::spawn({
         let run_dir = d.run.clone();
-        move || {
-            run(&[
-                "stop",
-                "--pid",
-                &pid,
-                "--dir",
-                s(&run_dir),
-                "--json",
-                "--wait",
-                "20",
-            ])
-        }
+        move || stop_json(&run_dir, &pid, &["--wait", "20"])
     });
     // Kill it once the stopper has written its marker, i.e. is waiting (an explicit event).
     let slot = MarkerStore::open(Layout::Slots(d.run.clone()))
@@ -729,16 +716,7 @@ fn a_root_stopper_stops_a_service_running_as_another_user() {
         );
     }
     let pid = child.id().to_string();
-    let out_stop = run(&[
-        "stop",
-        "--pid",
-        &pid,
-        "--dir",
-        s(&run_dir),
-        "--json",
-        "--wait",
-        "20",
-    ]);
+    let out_stop = stop_json(&run_dir, &pid, &["--wait", "20"]);
     let report = json_of(&out_stop);
     assert_eq!(out_stop.status.code(), Some(0), "{report}");
     assert_eq!(report["outcome"], "stopped_planned");

@@ -74,17 +74,9 @@ fn a_read_only_marker_directory_fails_the_stopper_and_the_service_keeps_running(
     assert!(service.running(), "the service keeps running");
     fs.remount("rw");
     assert_eq!(
-        run(&[
-            "stop",
-            "--pid",
-            &service.pid_arg(),
-            "--dir",
-            s(&run_dir),
-            "--wait",
-            "20"
-        ])
-        .status
-        .code(),
+        stop_json(&run_dir, &service.pid_arg(), &["--wait", "20"])
+            .status
+            .code(),
         Some(0)
     );
     assert_eq!(service.exit_code(), Some(0));
@@ -118,17 +110,9 @@ fn a_full_marker_directory_fails_the_stopper_leaves_no_partial_marker_and_the_se
     assert!(service.running());
     std::fs::remove_file(&filler).unwrap();
     assert_eq!(
-        run(&[
-            "stop",
-            "--pid",
-            &service.pid_arg(),
-            "--dir",
-            s(&run_dir),
-            "--wait",
-            "20"
-        ])
-        .status
-        .code(),
+        stop_json(&run_dir, &service.pid_arg(), &["--wait", "20"])
+            .status
+            .code(),
         Some(0)
     );
     assert_eq!(service.exit_code(), Some(0));
@@ -157,16 +141,7 @@ fn a_full_state_directory_at_the_stop_is_record_lost_never_planned_and_the_items
     let filler = fs.0.join("filler");
     let _ = std::fs::write(&filler, vec![0u8; 1 << 20]);
     let pid = service.pid_arg();
-    let out = run(&[
-        "stop",
-        "--pid",
-        &pid,
-        "--dir",
-        s(&run_dir),
-        "--wait",
-        "20",
-        "--json",
-    ]);
+    let out = stop_json(&run_dir, &pid, &["--wait", "20"]);
     let report = json_of(&out);
     assert_eq!(report["outcome"], "record_lost", "{report}");
     assert_eq!(out.status.code(), Some(10));

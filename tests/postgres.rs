@@ -194,18 +194,7 @@ mod fleet {
     }
 
     fn stop_wait(base: &Path, pid: u32) -> Value {
-        let pid = pid.to_string();
-        let run_dir = base.join("run");
-        let out = run(&[
-            "stop",
-            "--pid",
-            &pid,
-            "--dir",
-            s(&run_dir),
-            "--json",
-            "--wait",
-            "20",
-        ]);
+        let out = stop_json(&base.join("run"), &pid.to_string(), &["--wait", "20"]);
         let report = json_of(&out);
         assert_eq!(out.status.code(), Some(0), "{report}");
         report

@@ -52,17 +52,7 @@ mod with_processes {
     use std::time::Duration;
 
     fn stop_wait(d: &Dirs, pid: u32) -> (Option<i32>, Value) {
-        let pid = pid.to_string();
-        let out = run(&[
-            "stop",
-            "--pid",
-            &pid,
-            "--dir",
-            s(&d.run),
-            "--json",
-            "--wait",
-            "20",
-        ]);
+        let out = stop_json(&d.run, &pid.to_string(), &["--wait", "20"]);
         (out.status.code(), json_of(&out))
     }
 
@@ -391,30 +381,13 @@ mod with_processes {
             .map(|i| i["item"]["id"].as_str().unwrap().to_owned())
             .collect();
         assert_eq!(left.len(), 12, "3 items from each of 4 services: {left:?}");
-        let next: Vec<_> = (0..4)
-            .map(|_| {
-                let args: Vec<String> = [
-                    "--dir",
-                    s(&d.run),
-                    "--state",
-                    s(&d.state),
-                    "--poll-ms",
-                    "20",
-                    "--jobs",
-                    "0",
-                    "--job-ms",
-                    "5",
-                ]
-                .iter()
-                .map(|a| a.to_string())
+        // Four starts at once, sharing the state directory.
+        let next: Vec<Serve> = std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| serve(&d, &["--jobs", "0", "--job-ms", "5"])))
                 .collect();
-                std::thread::spawn(move || {
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    Serve::start(&args)
-                })
-            })
-            .collect();
-        let next: Vec<Serve> = next.into_iter().map(|t| t.join().unwrap()).collect();
+            starts.into_iter().map(|t| t.join().unwrap()).collect()
+        });
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for sv in &next {
             for id in wait_all_acked(sv) {

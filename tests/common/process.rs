@@ -38,6 +38,14 @@ pub fn json_of(out: &Output) -> Value {
     })
 }
 
+/// `planned-stop stop --pid PID --dir DIR --json` and `extra` (`--wait SECS`, ...): the stopper as
+/// an operator runs it.
+pub fn stop_json(dir: &Path, pid: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["stop", "--pid", pid, "--dir", s(dir), "--json"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 /// A running `planned-stop serve`, killed when dropped.
 pub struct Serve {
     pub child: Child,
