@@ -8,6 +8,13 @@
 //! mistakes the outcome of an earlier process with the same pid for its target's.
 //!
 //! Outcome files of processes that are gone are removed by the sweep once older than the TTL.
+//!
+//! Before any stop, the runner announces that it watches the directory:
+//! `DIR/planned-stop-<PID>.watching.json`, a [`Presence`], written when it starts and removed when
+//! it has stopped. A stopper that finds neither a presence nor an outcome file of its target's
+//! identity can say at once that the target has not announced watching this directory, the usual
+//! sign of a wrong `--dir` or a process that is not a planned-stop service. It can only say so,
+//! never refuse: the earlier system this crate descends from reads markers without announcing.
 
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::{StopCause, StopVerdict};
@@ -16,6 +23,53 @@ use serde::{Deserialize, Serialize};
 
 /// Largest outcome file read, in bytes.
 pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
+
+/// A runner's announcement that it watches the directory for its markers.
+///
+/// ```
+/// let bytes = br#"{"pid":4,"start":9,"since":"2026-11-30T12:00:00Z"}"#;
+/// let presence = planned_stop::Presence::parse(bytes).unwrap();
+/// assert_eq!((presence.pid, presence.start), (4, 9));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Presence {
+    /// The process.
+    pub pid: u32,
+    /// Its start fingerprint ([`ProcessIdentity::start`]).
+    pub start: u64,
+    /// When it started watching.
+    pub since: DateTime<Utc>,
+}
+
+impl Presence {
+    /// The announcement of the process `identity`, watching since `since`.
+    pub fn new(identity: &ProcessIdentity, since: DateTime<Utc>) -> Presence {
+        Presence {
+            pid: identity.pid,
+            start: identity.start,
+            since,
+        }
+    }
+
+    /// Whether this announcement was written by the process `identity` (not an earlier one with
+    /// its pid).
+    pub fn is_from(&self, identity: &ProcessIdentity) -> bool {
+        self.pid == identity.pid && self.start == identity.start
+    }
+
+    /// Parses a presence file's bytes; `None` for anything that is not one.
+    ///
+    /// ```
+    /// assert_eq!(planned_stop::Presence::parse(b"[]"), None);
+    /// ```
+    pub fn parse(bytes: &[u8]) -> Option<Presence> {
+        if bytes.len() > MAX_OUTCOME_BYTES {
+            return None;
+        }
+        serde_json::from_slice(bytes).ok()
+    }
+}
 
 /// How far the stop has got.
 ///
@@ -42,6 +96,18 @@ pub enum Phase {
     /// else, or `main` returned): nothing was recorded and the process exits with `exit_code`,
     /// the unexpected code.
     Aborted,
+}
+
+impl Phase {
+    /// Whether the process has finished with this phase (nothing follows it).
+    ///
+    /// ```
+    /// use planned_stop::Phase;
+    /// assert!(Phase::Stopped.is_final() && !Phase::Draining.is_final());
+    /// ```
+    pub fn is_final(self) -> bool {
+        !matches!(self, Phase::Held | Phase::Draining)
+    }
 }
 
 /// The runner's acknowledgement and final outcome.

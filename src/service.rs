@@ -439,6 +439,7 @@ impl ServiceBuilder {
         if self.handle_signals {
             crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
         }
+        let since = self.clock.now();
         let mut watcher = MarkerWatcherActor::new(
             OwnSlot {
                 store: store.clone(),
@@ -458,6 +459,12 @@ impl ServiceBuilder {
             }
         }
         watcher.start();
+        // Announced before `start` returns, so before the application can say it is ready: a
+        // stopper that finds no announcement can warn that nothing here reads its marker.
+        if let Err(e) = store.write_presence(&crate::Presence::new(&own, since)) {
+            tracing::warn!(error = %ErrorChain(&e), "cannot write the presence file; stoppers \
+                will warn that this process has not announced watching the directory");
+        }
         let owner = Owner::this_process(&own);
         let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
         if let Some(records) = &records {

@@ -133,7 +133,7 @@ impl Default for StopOptions {
 /// // Ask this very process (nobody is watching here, so nothing stops).
 /// let r = planned_stop::stopper::request(&store, std::process::id(), &planned_stop::stopper::StopOptions::new()).unwrap();
 /// assert_eq!(r.target, ProcessIdentity::current().unwrap());
-/// assert!(r.slot.exists() && !r.signalled);
+/// assert!(r.slot.exists() && !r.signalled && !r.watching);
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -146,6 +146,12 @@ pub struct Requested {
     pub slot: PathBuf,
     /// Whether SIGTERM was sent.
     pub signalled: bool,
+    /// Whether the target had announced that it watches this directory when the marker was
+    /// written ([`MarkerStore::is_watched_by`]). `false` is a warning, not a refusal: the target
+    /// may still be starting, or be a service of the earlier system this crate descends from,
+    /// which reads markers without announcing; but it is also what a wrong directory, or a
+    /// process that is not a planned-stop service, looks like.
+    pub watching: bool,
 }
 
 /// Why a stop request could not be made.
@@ -236,13 +242,15 @@ pub fn request(
         marker = marker.with_reason(reason.clone());
     }
     let slot = store.write(&marker)?;
-    tracing::info!(pid, slot = %slot.display(), request_id = marker.request_id.as_deref(), "marker written");
+    let watching = store.is_watched_by(&target);
+    tracing::info!(pid, slot = %slot.display(), request_id = marker.request_id.as_deref(), watching, "marker written");
     let signalled = options.signal && os::send_terminate(&target)?;
     Ok(Requested {
         target,
         marker,
         slot,
         signalled,
+        watching,
     })
 }
 

@@ -728,3 +728,93 @@ fn a_root_stopper_stops_a_service_running_as_another_user() {
         assert_eq!(meta.mode() & 0o077, 0, "private");
     }
 }
+
+#[cfg(unix)]
+#[test]
+fn a_service_announces_that_it_watches_its_directory_and_a_stopper_warns_at_once_when_its_target_has_not()
+ {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let store = MarkerStore::open(Layout::Slots(d.run.clone())).unwrap();
+    // Announced by the time it is ready, under its own identity; `status` lists it.
+    let presence = store
+        .read_presence(service.pid())
+        .expect("a presence file once the service is ready");
+    assert!(presence.is_from(&service.identity));
+    let status = json_of(&run(&["status", "--json", "--dir", s(&d.run)]));
+    assert_eq!(status["watching"][0]["pid"], service.pid());
+    assert_eq!(status["watching"][0]["owner_alive"], true);
+
+    // A planned-stop service watching another directory (the usual wrong `--dir`): the marker is
+    // written, and the stopper says at once that nothing here announced watching for it.
+    let elsewhere = other_live_process();
+    let pid = elsewhere.id().to_string();
+    let out = run(&["stop", "--pid", &pid, "--dir", s(&d.run)]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: process {pid} has not announced that it watches"
+        )) && err.contains(&*d.run.to_string_lossy()),
+        "{err}"
+    );
+    let report = json_of(&stop(&d, &pid, &[]));
+    assert_eq!(
+        (report["outcome"].as_str(), report["watching"].as_bool()),
+        (Some("marker_written"), Some(false))
+    );
+    let out = stop(&d, &pid, &["--wait", "0.3"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("not_accepted"), Some(4))
+    );
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("never announced that it watches"),
+        "{report}"
+    );
+
+    // Its own target: no warning, and the announcement is withdrawn once it has stopped (the
+    // outcome file says the rest).
+    let out = run(&[
+        "stop",
+        "--pid",
+        &service.pid_arg(),
+        "--dir",
+        s(&d.run),
+        "--wait",
+        "20",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(service.exit_code(), Some(0));
+    assert!(!store.presence_path(service.pid()).exists());
+    assert!(store.outcome_path(service.pid()).exists());
+
+    // A service killed outright cannot withdraw it: `status` shows the announcement as gone.
+    let mut killed = serve(&d, &[]);
+    killed.signal(libc::SIGKILL);
+    assert_eq!(killed.exit_code(), None);
+    let status = json_of(&run(&["status", "--json", "--dir", s(&d.run)]));
+    let entry = status["watching"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["pid"] == killed.pid())
+        .cloned()
+        .expect("the killed service's announcement is listed");
+    assert_eq!(entry["owner_alive"], false);
+    let text = String::from_utf8_lossy(&run(&["status", "--dir", s(&d.run)]).stdout).into_owned();
+    assert!(
+        text.contains(&format!("watching: pid {} since", killed.pid()))
+            && text.contains("(gone: killed or crashed)"),
+        "{text}"
+    );
+}

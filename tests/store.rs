@@ -845,7 +845,6 @@ fn clear_removes_whatever_is_at_the_slot() {
 fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
     let dir = tempfile::tempdir().unwrap();
     let store = slots_store(dir.path());
-    let me = ProcessIdentity::current().unwrap();
     // Outcome files as docs/protocol.md describes them, written as the runner writes them.
     let write_outcome = |pid: u32, start: u64| {
         let now = Utc::now();
@@ -859,9 +858,35 @@ fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
         assert!(store.read_outcome(pid).is_some(), "a valid outcome file");
         path
     };
-    let ours = write_outcome(me.pid, me.start);
-    let gone = write_outcome(u32::MAX - 1, 1);
-    let fresh_gone = write_outcome(u32::MAX - 2, 1);
+    sweeps_files_of_gone_processes(&store, write_outcome, || store.outcomes().len());
+}
+
+#[test]
+fn sweep_removes_old_presence_files_of_processes_that_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = slots_store(dir.path());
+    // Presence files as docs/protocol.md describes them.
+    let write_presence = |pid: u32, start: u64| {
+        let json = serde_json::json!({ "pid": pid, "start": start, "since": Utc::now() });
+        let path = store.presence_path(pid);
+        fs::write(&path, json.to_string()).unwrap();
+        assert!(store.read_presence(pid).is_some(), "a valid presence file");
+        path
+    };
+    sweeps_files_of_gone_processes(&store, write_presence, || store.presences().len());
+}
+
+/// A per-process file (outcome or presence) goes once it is older than the TTL and its process is
+/// gone, and only then.
+fn sweeps_files_of_gone_processes(
+    store: &MarkerStore,
+    write: impl Fn(u32, u64) -> PathBuf,
+    count: impl Fn() -> usize,
+) {
+    let me = ProcessIdentity::current().unwrap();
+    let ours = write(me.pid, me.start);
+    let gone = write(u32::MAX - 1, 1);
+    let fresh_gone = write(u32::MAX - 2, 1);
     let old = std::time::SystemTime::now() - Duration::from_secs(61);
     let age = |p: &PathBuf| {
         fs::File::options()
@@ -873,16 +898,16 @@ fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
     };
     age(&ours);
     age(&gone);
-    assert_eq!(store.outcomes().len(), 3);
+    assert_eq!(count(), 3);
     let report = store.sweep(Utc::now()).unwrap();
     assert_eq!(report.removed_leftovers, vec![gone.clone()]);
-    assert!(ours.exists(), "the outcome of a live process stays");
+    assert!(ours.exists(), "the file of a live process stays");
     assert!(
         fresh_gone.exists(),
-        "fresh outcomes stay for stoppers still waiting"
+        "fresh files stay for stoppers still waiting"
     );
-    // An old outcome at our pid from an earlier process (another start) goes.
-    assert_eq!(write_outcome(me.pid, me.start + 1), ours);
+    // An old file at our pid from an earlier process (another start) goes.
+    assert_eq!(write(me.pid, me.start + 1), ours);
     age(&ours);
     assert_eq!(
         store.sweep(Utc::now()).unwrap().removed_leftovers,

@@ -322,6 +322,7 @@ fn status(args: StatusArgs) -> u8 {
         Err(e) => return fail(chain(&e)),
     };
     let outcomes = store.outcomes();
+    let presences = store.presences();
     let (record, items) = match stop_records(&args) {
         Ok(found) => found,
         Err(e) => return fail(e),
@@ -335,6 +336,12 @@ fn status(args: StatusArgs) -> u8 {
             "dir": path_json(store.dir()),
             "slots": slots,
             "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
+            "watching": presences.iter().map(|p| json!({
+                "pid": p.pid,
+                "start": p.start,
+                "since": p.since,
+                "owner_alive": presence_alive(p),
+            })).collect::<Vec<_>>(),
             "stop_record": record,
             "items": items,
         }));
@@ -349,6 +356,18 @@ fn status(args: StatusArgs) -> u8 {
             "  {}: {}",
             file_name(&e.path),
             describe(&e.verdict)
+        ));
+    }
+    for p in &presences {
+        emit(format!(
+            "  watching: pid {} since {}{}",
+            p.pid,
+            p.since,
+            if presence_alive(p) {
+                ""
+            } else {
+                " (gone: killed or crashed)"
+            }
         ));
     }
     for o in &outcomes {
@@ -446,6 +465,11 @@ fn file_name(path: &Path) -> String {
 /// Whether the process an outcome file belongs to is still running (same pid and start).
 fn owner_alive(outcome: &Outcome) -> bool {
     ProcessIdentity::of(outcome.pid).is_some_and(|owner| outcome.is_from(&owner))
+}
+
+/// Whether the process that announced `presence` is still running (same pid and start).
+fn presence_alive(presence: &planned_stop::Presence) -> bool {
+    ProcessIdentity::of(presence.pid).is_some_and(|owner| presence.is_from(&owner))
 }
 
 /// An outcome file as `status --json` shows it: its fields plus `owner_alive`.

@@ -102,6 +102,9 @@ pub fn run(args: StopArgs) -> u8 {
         Err(e) => return report_error(&args, e),
     };
     let request_id = requested.marker.request_id.clone();
+    if !requested.watching && !args.json {
+        eprintln!("planned-stop: warning: {}", not_watching(&args, &store));
+    }
     let Some(timeout) = wait else {
         report(
             &args,
@@ -117,7 +120,7 @@ pub fn run(args: StopArgs) -> u8 {
                     ""
                 }
             ),
-            json!({ "request_id": request_id, "slot": path_json(&requested.slot), "signalled": requested.signalled }),
+            json!({ "request_id": request_id, "slot": path_json(&requested.slot), "signalled": requested.signalled, "watching": requested.watching }),
         );
         return EXIT_OK;
     };
@@ -226,15 +229,40 @@ pub fn run(args: StopArgs) -> u8 {
             ),
             json!({ "accepted_at": outcome.accepted_at, "drain_deadline": outcome.drain_deadline }),
         ),
+        WaitOutcome::NotAccepted
+            if !requested.watching && !store.is_watched_by(&requested.target) =>
+        {
+            (
+                "not_accepted",
+                EXIT_NOT_ACCEPTED,
+                format!(
+                    "process {} is still running and has not accepted the stop; it never announced \
+                 that it watches {}: is it a planned-stop service watching this directory?",
+                    args.pid,
+                    store.dir().display()
+                ),
+                json!({}),
+            )
+        }
         WaitOutcome::NotAccepted => (
             "not_accepted",
             EXIT_NOT_ACCEPTED,
-            format!(
-                "process {} is still running and has not accepted the stop (is it a planned-stop \
-                 service watching {}?)",
-                args.pid,
-                store.dir().display()
-            ),
+            if args.no_trigger && !requested.signalled {
+                format!(
+                    "process {} is still running: it watches {}, and a --no-trigger marker waits \
+                     for a signal that follows it",
+                    args.pid,
+                    store.dir().display()
+                )
+            } else {
+                format!(
+                    "process {} is still running and has not accepted the stop, though it watches \
+                     {}: is its event loop blocked? (`planned-stop inspect` shows what it decides \
+                     about the marker)",
+                    args.pid,
+                    store.dir().display()
+                )
+            },
             json!({}),
         ),
         WaitOutcome::GoneWithoutOutcome => (
@@ -289,8 +317,22 @@ pub fn run(args: StopArgs) -> u8 {
     };
     let mut extra = extra;
     extra["request_id"] = json!(request_id);
+    extra["watching"] = json!(requested.watching);
     report(&args, kind, code, text, extra);
     code
+}
+
+/// The warning for a target that has not announced watching the directory.
+fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
+    format!(
+        "process {pid} has not announced that it watches {dir} (there is no {presence} of it): \
+         if --dir is wrong or it is not a planned-stop service, nothing reads this marker, which \
+         expires unread. A service still starting, or one of the earlier system (hermes), reads \
+         it without announcing",
+        pid = args.pid,
+        dir = store.dir().display(),
+        presence = store.presence_path(args.pid).display(),
+    )
 }
 
 fn report_error(args: &StopArgs, error: StopperError) -> u8 {

@@ -65,7 +65,12 @@ impl Drop for RunnerActor {
     fn drop(&mut self) {
         // Also while unwinding: a runner that panicked has stopped deciding anything, and a
         // process whose runner is gone must not go on ignoring stops or exit 0.
-        if !self.config.stop_system || self.lifecycle.state() == RunnerState::Stopped {
+        if self.lifecycle.state() == RunnerState::Stopped {
+            return;
+        }
+        if !self.config.stop_system {
+            // Nothing acts on a marker any more: stop announcing that something does.
+            self.withdraw_presence();
             return;
         }
         let code = self.config.exit_codes.unexpected;
@@ -105,6 +110,7 @@ impl Drop for RunnerActor {
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");
         }
+        self.withdraw_presence();
         std::process::exit(code);
     }
 }

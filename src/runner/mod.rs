@@ -117,12 +117,23 @@ impl RunnerActor {
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the outcome file; stoppers cannot see the progress");
         }
+        if outcome.phase.is_final() {
+            self.withdraw_presence();
+        }
         let outcome = Arc::new(outcome);
         self.status.send_modify(|status| {
             status.exit_code = outcome.exit_code;
             status.outcome = Some(outcome);
         });
         self.publish();
+    }
+
+    /// Removes the announcement once the process has finished: the final outcome file says the rest.
+    pub(super) fn withdraw_presence(&self) {
+        if let Err(e) = self.store.remove_presence(&self.own) {
+            tracing::warn!(error = %ErrorChain(&e), "cannot remove the presence file; the next \
+                start's sweep removes it");
+        }
     }
 
     /// Consumes our marker, if one is there. A store error is logged and counts as "no marker":

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const SLOT_PREFIX: &str = "planned-stop-";
 const SLOT_SUFFIX: &str = ".json";
 const OUTCOME_SUFFIX: &str = ".outcome.json";
+const PRESENCE_SUFFIX: &str = ".watching.json";
 pub(crate) const TEMP_TAG: &str = ".tmp-";
 pub(crate) const TAKEN_TAG: &str = ".taken-";
 
@@ -20,11 +21,24 @@ pub(crate) fn outcome_file_name(pid: u32) -> String {
     format!("{SLOT_PREFIX}{pid}{OUTCOME_SUFFIX}")
 }
 
+/// `planned-stop-<PID>.watching.json`.
+pub(crate) fn presence_file_name(pid: u32) -> String {
+    format!("{SLOT_PREFIX}{pid}{PRESENCE_SUFFIX}")
+}
+
 /// The pid in an outcome file name, or `None` if `name` is not one.
 pub(crate) fn parse_outcome_file_name(name: &str) -> Option<u32> {
-    let digits = name
-        .strip_prefix(SLOT_PREFIX)?
-        .strip_suffix(OUTCOME_SUFFIX)?;
+    parse_pid_file_name(name, OUTCOME_SUFFIX)
+}
+
+/// The pid in a presence file name, or `None` if `name` is not one.
+pub(crate) fn parse_presence_file_name(name: &str) -> Option<u32> {
+    parse_pid_file_name(name, PRESENCE_SUFFIX)
+}
+
+/// The pid in `planned-stop-<PID><suffix>`.
+fn parse_pid_file_name(name: &str, suffix: &str) -> Option<u32> {
+    let digits = name.strip_prefix(SLOT_PREFIX)?.strip_suffix(suffix)?;
     parse_slot_file_name(&format!("{SLOT_PREFIX}{digits}{SLOT_SUFFIX}"))
 }
 
@@ -47,8 +61,8 @@ pub(crate) fn private_file_name(slot: &Path, tag: &str) -> String {
     format!(".{base}{tag}{}-{n}", std::process::id())
 }
 
-/// Whether `name` is a private name [`private_file_name`] made for a slot or an outcome file of
-/// this directory: in the single-file layout (`single_file` names the shared file) for that file,
+/// Whether `name` is a private name [`private_file_name`] made for a slot, an outcome file or a
+/// presence file of this directory: in the single-file layout (`single_file` names the shared file) for that file,
 /// otherwise for any per-process slot.
 pub(crate) fn is_leftover_name(name: &str, single_file: Option<&str>) -> bool {
     let Some(rest) = name.strip_prefix('.') else {
@@ -58,7 +72,8 @@ pub(crate) fn is_leftover_name(name: &str, single_file: Option<&str>) -> bool {
         return false;
     };
     let slot = &rest[..tag];
-    let is_outcome = parse_outcome_file_name(slot).is_some();
+    let is_outcome =
+        parse_outcome_file_name(slot).is_some() || parse_presence_file_name(slot).is_some();
     match single_file {
         Some(base) => slot == base || is_outcome,
         None => parse_slot_file_name(slot).is_some() || is_outcome,

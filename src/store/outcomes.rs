@@ -1,10 +1,16 @@
 //! The outcome files, `DIR/planned-stop-<PID>.outcome.json`: how a stopper that knows only the
-//! directory and the pid follows its target (see `crate::outcome`).
+//! directory and the pid follows its target; and the presence files,
+//! `DIR/planned-stop-<PID>.watching.json`, how it knows the target watches the directory at all
+//! (see `crate::outcome`).
 
-use super::files::{Found, read_bounded, write_atomically};
-use super::naming::{TEMP_TAG, outcome_file_name, parse_outcome_file_name};
+use super::files::{Found, read_bounded, remove, write_atomically};
+use super::naming::{
+    TEMP_TAG, outcome_file_name, parse_outcome_file_name, parse_presence_file_name,
+    presence_file_name,
+};
 use super::{MarkerStore, StoreError};
-use crate::outcome::{MAX_OUTCOME_BYTES, Outcome};
+use crate::identity::ProcessIdentity;
+use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Presence};
 use std::io;
 use std::path::PathBuf;
 
@@ -23,8 +29,79 @@ impl MarkerStore {
 
     /// Writes the runner's outcome file, atomically.
     pub(crate) fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
-        let path = self.outcome_path(outcome.pid);
-        let bytes = serde_json::to_vec(outcome).map_err(|e| StoreError::Io {
+        self.write_json(self.outcome_path(outcome.pid), outcome)
+    }
+
+    /// Where the runner of `pid` announces that it watches this directory:
+    /// `DIR/planned-stop-<PID>.watching.json`, in both layouts.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.presence_path(42), dir.path().join("planned-stop-42.watching.json"));
+    /// ```
+    pub fn presence_path(&self, pid: u32) -> PathBuf {
+        self.dir.join(presence_file_name(pid))
+    }
+
+    /// Writes the runner's presence file, atomically.
+    pub(crate) fn write_presence(&self, presence: &Presence) -> Result<PathBuf, StoreError> {
+        self.write_json(self.presence_path(presence.pid), presence)
+    }
+
+    /// Removes the presence file of `pid` if it is `identity`'s (a process never removes the
+    /// announcement of a later owner of its pid); a missing file is not an error.
+    pub(crate) fn remove_presence(&self, identity: &ProcessIdentity) -> Result<(), StoreError> {
+        match self.read_presence(identity.pid) {
+            Some(presence) if presence.is_from(identity) => {
+                remove(&self.presence_path(identity.pid))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads the presence file of `pid`; `None` when there is none or it is not one. Check
+    /// [`Presence::is_from`] before trusting it.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.read_presence(42), None);
+    /// ```
+    pub fn read_presence(&self, pid: u32) -> Option<Presence> {
+        match read_bounded(&self.presence_path(pid), MAX_OUTCOME_BYTES) {
+            Found::Bytes(bytes) => Presence::parse(&bytes),
+            _ => None,
+        }
+    }
+
+    /// Whether the process `identity` has announced in this directory that it reads its markers
+    /// here: a presence file, or an outcome file (a stop already under way), of its own. `false`
+    /// for a process that is not a planned-stop service watching this directory (a wrong
+    /// directory, another program), and also for a service of the earlier system this crate
+    /// descends from, which reads markers without announcing.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// assert!(!store.is_watched_by(&me));
+    /// ```
+    pub fn is_watched_by(&self, identity: &ProcessIdentity) -> bool {
+        self.read_presence(identity.pid)
+            .is_some_and(|p| p.is_from(identity))
+            || self
+                .read_outcome(identity.pid)
+                .is_some_and(|o| o.is_from(identity))
+    }
+
+    /// Serialises `value` and writes it to `path` atomically.
+    fn write_json(
+        &self,
+        path: PathBuf,
+        value: &impl serde::Serialize,
+    ) -> Result<PathBuf, StoreError> {
+        let bytes = serde_json::to_vec(value).map_err(|e| StoreError::Io {
             op: "serialise",
             path: path.clone(),
             source: io::Error::other(e),
@@ -66,12 +143,41 @@ impl MarkerStore {
         outcomes
     }
 
+    /// Every readable presence file in the directory, by pid: the processes that announced they
+    /// watch it (check [`Presence::is_from`] against the running process before trusting one;
+    /// a killed process leaves its announcement until a sweep).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert!(store.presences().is_empty());
+    /// ```
+    pub fn presences(&self) -> Vec<Presence> {
+        let mut presences: Vec<Presence> = self
+            .presence_files()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(pid, _)| self.read_presence(pid))
+            .collect();
+        presences.sort_by_key(|p| p.pid);
+        presences
+    }
+
     /// Outcome files in the directory, with their pids.
     pub(super) fn outcome_files(&self) -> Result<Vec<(u32, PathBuf)>, StoreError> {
+        self.pid_files(parse_outcome_file_name)
+    }
+
+    /// Presence files in the directory, with their pids.
+    pub(super) fn presence_files(&self) -> Result<Vec<(u32, PathBuf)>, StoreError> {
+        self.pid_files(parse_presence_file_name)
+    }
+
+    fn pid_files(&self, parse: fn(&str) -> Option<u32>) -> Result<Vec<(u32, PathBuf)>, StoreError> {
         Ok(self
             .dir_names()?
             .filter_map(|name| {
-                let pid = parse_outcome_file_name(&name)?;
+                let pid = parse(&name)?;
                 Some((pid, self.dir.join(name)))
             })
             .collect())

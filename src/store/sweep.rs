@@ -1,6 +1,6 @@
 //! Looking over the whole directory: listing every slot with its verdict, and sweeping what
-//! earlier processes left behind (stale slots, outcome files of gone processes, temporary files of
-//! killed writers).
+//! earlier processes left behind (stale slots, outcome and presence files of gone processes,
+//! temporary files of killed writers).
 
 use super::files::{Found, read_slot};
 use super::naming::{is_leftover_name, parse_slot_file_name};
@@ -101,15 +101,23 @@ impl MarkerStore {
         let cutoff = SystemTime::from(now)
             .checked_sub(self.policy.ttl)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        for (pid, path) in self.outcome_files()? {
+        // Outcome and presence files of processes that are gone: kept for the TTL, so a stopper
+        // that is still waiting can read its target's outcome.
+        let alive = |pid: u32, written_by: &dyn Fn(&ProcessIdentity) -> bool| {
+            ProcessIdentity::of(pid).is_some_and(|owner| written_by(&owner))
+        };
+        let outcomes = self.outcome_files()?.into_iter().map(|(pid, path)| {
+            let from = |o: &ProcessIdentity| self.read_outcome(pid).is_some_and(|x| x.is_from(o));
+            (alive(pid, &from), path)
+        });
+        let presences = self.presence_files()?.into_iter().map(|(pid, path)| {
+            let from = |o: &ProcessIdentity| self.read_presence(pid).is_some_and(|x| x.is_from(o));
+            (alive(pid, &from), path)
+        });
+        for (owner_alive, path) in outcomes.chain(presences) {
             let old = fs::symlink_metadata(&path)
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t < cutoff);
-            let owner_alive = match (ProcessIdentity::of(pid), self.read_outcome(pid)) {
-                (Some(owner), Some(outcome)) => outcome.is_from(&owner),
-                (Some(_), None) => false,
-                (None, _) => false,
-            };
             if old && !owner_alive && fs::remove_file(&path).is_ok() {
                 report.removed_leftovers.push(path);
             }

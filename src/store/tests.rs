@@ -20,6 +20,35 @@ fn slot_names_round_trip_and_reject_look_alikes() {
 }
 
 #[test]
+fn presence_names_round_trip_and_are_neither_slots_nor_outcomes() {
+    use super::naming::{parse_outcome_file_name, parse_presence_file_name, presence_file_name};
+    assert_eq!(presence_file_name(42), "planned-stop-42.watching.json");
+    assert_eq!(
+        parse_presence_file_name("planned-stop-42.watching.json"),
+        Some(42)
+    );
+    assert_eq!(parse_slot_file_name("planned-stop-42.watching.json"), None);
+    assert_eq!(
+        parse_outcome_file_name("planned-stop-42.watching.json"),
+        None
+    );
+    assert_eq!(
+        parse_presence_file_name("planned-stop-42.outcome.json"),
+        None
+    );
+    assert_eq!(
+        parse_presence_file_name("planned-stop-0.watching.json"),
+        None
+    );
+    // A presence file being written is a leftover the sweep may remove once old.
+    let dir = tempfile::tempdir().unwrap();
+    let store = MarkerStore::open(Layout::Slots(dir.path().to_path_buf())).unwrap();
+    let temp = store.private_name(&store.presence_path(42), TEMP_TAG);
+    let name = temp.file_name().unwrap().to_str().unwrap();
+    assert!(super::naming::is_leftover_name(name, None), "{name}");
+}
+
+#[test]
 fn reads_are_bounded_to_one_byte_past_the_limit() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big");
