@@ -1,21 +1,28 @@
 //! How long `planned-stop stop --wait` takes, from starting the stopper to its report, against a
-//! target that drains at once, in three set-ups measured in the same run, rounds interleaved:
+//! target that drains at once, in several set-ups measured in the same run, rounds interleaved:
 //!
-//! 1. the stopper told of the exit by the OS (a pidfd on Linux), the target woken by inotify;
-//! 2. the stopper looking every 20 ms (`stop --no-events`, the baseline), the same target;
+//! 1. the stopper told of the exit by the OS (a pidfd on Linux), the target woken by inotify (the
+//!    defaults);
+//! 2. the stopper looking every 20 ms (`stop --no-events`, what `stop --wait` did before), the same
+//!    target;
 //! 3. the stopper told by the OS, the target polling every 2 ms without inotify (`serve
 //!    --no-events --poll-ms 2`): a process that holds an inotify watch takes one SRCU grace period
-//!    of the kernel (about 14 ms here) longer to die, and this shows the protocol without it.
+//!    of the kernel (about 14 ms here) longer to die, and this shows the protocol without it;
+//! 4. the stopper told by the OS and sending SIGTERM after its marker (`stop --signal`), the target
+//!    without inotify (`serve --no-events`, polling every 250 ms): woken by the signal at once, the
+//!    fastest stop there is on Linux today;
+//! 5. a baseline, no stop at all: `planned-stop stop` for a pid nobody has, i.e. starting the
+//!    stopper process, its refusal and its exit. Everything above includes this once.
 //!
 //! ```sh
 //! cargo build --release && cargo run --release --example stop_latency -- 200
 //! ```
 //!
-//! Each round starts a fresh `planned-stop serve --jobs 0` (nothing to drain), waits for its `ready`
-//! line, then times one `planned-stop stop --pid PID --dir DIR --wait 5 --json` as a child process:
-//! the stopper's own start-up, the marker, the target's wake-up, claim, outcome files and exit, and
-//! the report. The marker directory is on tmpfs (`/dev/shm`) when there is one, as `/run` is in
-//! production; `--disk` puts it under the target directory instead. Results go into
+//! Each round starts a fresh `planned-stop serve --jobs 0` (nothing to drain) per set-up, waits for
+//! its `ready` line, then times one `planned-stop stop --pid PID --dir DIR --wait 5 --json` as a
+//! child process: the stopper's own start-up, the marker, the target's wake-up, claim, outcome files
+//! and exit, and the report. The marker directory is on tmpfs (`/dev/shm`) when there is one, as
+//! `/run` is in production; `--disk` puts it under the target directory instead. Results go into
 //! docs/performance.md.
 
 mod common;
@@ -48,28 +55,68 @@ fn main() {
         if disk { "disk" } else { "tmpfs when available" }
     );
     let setups = [
-        ("stopper: exit event; target: inotify", false, false),
-        ("stopper: polls 20 ms; target: inotify", true, false),
-        ("stopper: exit event; target: polls 2 ms", false, true),
+        Setup {
+            name: "stopper: exit event; target: inotify",
+            stopper: &[],
+            target: Some(&[]),
+        },
+        Setup {
+            name: "stopper: polls 20 ms; target: inotify",
+            stopper: &["--no-events"],
+            target: Some(&[]),
+        },
+        Setup {
+            name: "stopper: exit event; target: polls 2 ms",
+            stopper: &[],
+            target: Some(&["--no-events", "--poll-ms", "2"]),
+        },
+        Setup {
+            name: "stopper: exit event + SIGTERM; target: no inotify",
+            stopper: &["--signal"],
+            target: Some(&["--no-events"]),
+        },
+        Setup {
+            name: "baseline: stopper start-up, no target",
+            stopper: &[],
+            target: None,
+        },
     ];
     let mut samples = vec![Vec::with_capacity(rounds); setups.len()];
     for _ in 0..rounds {
-        for (i, (_, poll, target_polls)) in setups.iter().enumerate() {
-            samples[i].push(one_stop(&binary, dir.path(), *poll, *target_polls));
+        for (i, setup) in setups.iter().enumerate() {
+            samples[i].push(one_stop(&binary, dir.path(), setup));
         }
     }
-    for ((name, ..), samples) in setups.iter().zip(&mut samples) {
-        report(name, samples);
+    for (setup, samples) in setups.iter().zip(&mut samples) {
+        report(setup.name, samples);
     }
 }
 
-fn one_stop(binary: &Path, dir: &Path, poll: bool, target_polls: bool) -> Duration {
-    let mut target = Command::new(binary);
-    target.args(["serve", "--jobs", "0", "--dir"]).arg(dir);
-    if target_polls {
-        target.args(["--no-events", "--poll-ms", "2"]);
-    }
-    let mut target = target
+/// One way of stopping: the stopper's extra flags, and the target's (`None`: no target at all).
+struct Setup {
+    name: &'static str,
+    stopper: &'static [&'static str],
+    target: Option<&'static [&'static str]>,
+}
+
+fn one_stop(binary: &Path, dir: &Path, setup: &Setup) -> Duration {
+    let Some(target_args) = setup.target else {
+        // A pid no process has (the kernel's pid_max is at most 2^22): refused at once.
+        let started = Instant::now();
+        let output = stopper(binary, dir, "4294967294", setup.stopper)
+            .output()
+            .expect("stop runs");
+        let took = started.elapsed();
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("\"outcome\":\"already_gone\""),
+            "the baseline stops nothing"
+        );
+        return took;
+    };
+    let mut target = Command::new(binary)
+        .args(["serve", "--jobs", "0", "--dir"])
+        .arg(dir)
+        .args(target_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -80,15 +127,7 @@ fn one_stop(binary: &Path, dir: &Path, poll: bool, target_polls: bool) -> Durati
         .expect("serve prints a line")
         .expect("readable");
     assert!(ready.contains("\"ready\""), "serve said {ready}");
-    let mut stop = Command::new(binary);
-    stop.args(["stop", "--wait", "5", "--json", "--pid"])
-        .arg(target.id().to_string())
-        .arg("--dir")
-        .arg(dir)
-        .stderr(Stdio::null());
-    if poll {
-        stop.arg("--no-events");
-    }
+    let mut stop = stopper(binary, dir, &target.id().to_string(), setup.stopper);
     let started = Instant::now();
     let output = stop.output().expect("stop runs");
     let took = started.elapsed();
@@ -101,6 +140,16 @@ fn one_stop(binary: &Path, dir: &Path, poll: bool, target_polls: bool) -> Durati
     lines.for_each(drop);
     target.wait().expect("the target is reaped");
     took
+}
+
+/// `planned-stop stop --wait 5 --json --pid PID --dir DIR` with `extra` flags.
+fn stopper(binary: &Path, dir: &Path, pid: &str, extra: &[&str]) -> Command {
+    let mut stop = Command::new(binary);
+    stop.args(["stop", "--wait", "5", "--json", "--pid", pid, "--dir"])
+        .arg(dir)
+        .args(extra)
+        .stderr(Stdio::null());
+    stop
 }
 
 fn report(mode: &str, samples: &mut [Duration]) {
