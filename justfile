@@ -42,3 +42,9 @@ mutants *args:
 
 mutants-iterate:
     just mutants --iterate
+
+# The stop-latency harness against a statically linked build (Linux x86-64; docs/performance.md):
+# a static binary starts in about half the time, which is most of a fast stop.
+stop-latency-static rounds="200":
+    RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target x86_64-unknown-linux-gnu --bin planned-stop
+    RUSTFLAGS="-C target-feature=+crt-static" cargo run --release --target x86_64-unknown-linux-gnu --example stop_latency -- {{rounds}}
