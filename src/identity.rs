@@ -79,6 +79,19 @@ impl ProcessIdentity {
         }
         os::identity_of(pid)
     }
+
+    /// Whether the process `pid` that started with fingerprint `start` is still running (its pid
+    /// not reused since): the owner check of the files a process leaves in the marker directory.
+    ///
+    /// ```
+    /// use planned_stop::ProcessIdentity;
+    /// let me = ProcessIdentity::current().unwrap();
+    /// assert!(ProcessIdentity::is_running(me.pid, me.start));
+    /// assert!(!ProcessIdentity::is_running(me.pid, me.start + 1));
+    /// ```
+    pub fn is_running(pid: u32, start: u64) -> bool {
+        ProcessIdentity::of(pid).is_some_and(|owner| owner.start == start)
+    }
 }
 
 /// The `starttime` field of a `/proc/<pid>/stat` line, and whether the process is still alive (not a

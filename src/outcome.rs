@@ -58,6 +58,11 @@ impl Presence {
         self.pid == identity.pid && self.start == identity.start
     }
 
+    /// Whether the process that wrote this announcement is still running.
+    pub fn owner_alive(&self) -> bool {
+        ProcessIdentity::is_running(self.pid, self.start)
+    }
+
     /// Parses a presence file's bytes; `None` for anything that is not one.
     ///
     /// ```
@@ -151,6 +156,11 @@ impl Outcome {
     /// Whether this outcome was written by the process `identity` (not an earlier one with its pid).
     pub fn is_from(&self, identity: &ProcessIdentity) -> bool {
         self.pid == identity.pid && self.start == identity.start
+    }
+
+    /// Whether the process that wrote this outcome is still running.
+    pub fn owner_alive(&self) -> bool {
+        ProcessIdentity::is_running(self.pid, self.start)
     }
 
     /// Parses an outcome file's bytes; `None` for anything that is not one.

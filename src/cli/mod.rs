@@ -28,7 +28,7 @@ mod stop;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
-use planned_stop::{Layout, MarkerStore, Outcome, Phase, ProcessIdentity};
+use planned_stop::{Layout, MarkerStore, Outcome, Phase};
 use planned_stop::{Undecided, Verdict};
 use serde_json::json;
 use std::io::Write;
@@ -340,7 +340,7 @@ fn status(args: StatusArgs) -> u8 {
                 "pid": p.pid,
                 "start": p.start,
                 "since": p.since,
-                "owner_alive": presence_alive(p),
+                "owner_alive": p.owner_alive(),
             })).collect::<Vec<_>>(),
             "stop_record": record,
             "items": items,
@@ -363,7 +363,7 @@ fn status(args: StatusArgs) -> u8 {
             "  watching: pid {} since {}{}",
             p.pid,
             p.since,
-            if presence_alive(p) {
+            if p.owner_alive() {
                 ""
             } else {
                 " (gone: killed or crashed)"
@@ -379,7 +379,7 @@ fn status(args: StatusArgs) -> u8 {
             o.exit_code
                 .map(|c| format!(", exit code {c}"))
                 .unwrap_or_default(),
-            if owner_alive(o) {
+            if o.owner_alive() {
                 ""
             } else if matches!(o.phase, Phase::Draining | Phase::Held) {
                 " (gone: killed before it finished)"
@@ -462,21 +462,11 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// Whether the process an outcome file belongs to is still running (same pid and start).
-fn owner_alive(outcome: &Outcome) -> bool {
-    ProcessIdentity::of(outcome.pid).is_some_and(|owner| outcome.is_from(&owner))
-}
-
-/// Whether the process that announced `presence` is still running (same pid and start).
-fn presence_alive(presence: &planned_stop::Presence) -> bool {
-    ProcessIdentity::of(presence.pid).is_some_and(|owner| presence.is_from(&owner))
-}
-
 /// An outcome file as `status --json` shows it: its fields plus `owner_alive`.
 fn outcome_json(outcome: &Outcome) -> serde_json::Value {
     let mut value = serde_json::to_value(outcome).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
-        fields.insert("owner_alive".into(), owner_alive(outcome).into());
+        fields.insert("owner_alive".into(), outcome.owner_alive().into());
     }
     value
 }

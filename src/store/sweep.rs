@@ -5,7 +5,6 @@
 use super::files::{Found, read_slot};
 use super::naming::{is_leftover_name, parse_slot_file_name};
 use super::{Layout, MarkerStore, StoreError};
-use crate::identity::ProcessIdentity;
 use crate::verdict::{Undecided, Verdict};
 use chrono::{DateTime, Utc};
 use std::fs;
@@ -103,16 +102,17 @@ impl MarkerStore {
             .unwrap_or(SystemTime::UNIX_EPOCH);
         // Outcome and presence files of processes that are gone: kept for the TTL, so a stopper
         // that is still waiting can read its target's outcome.
-        let alive = |pid: u32, written_by: &dyn Fn(&ProcessIdentity) -> bool| {
-            ProcessIdentity::of(pid).is_some_and(|owner| written_by(&owner))
-        };
         let outcomes = self.outcome_files()?.into_iter().map(|(pid, path)| {
-            let from = |o: &ProcessIdentity| self.read_outcome(pid).is_some_and(|x| x.is_from(o));
-            (alive(pid, &from), path)
+            let alive = self
+                .read_outcome(pid)
+                .is_some_and(|o| o.pid == pid && o.owner_alive());
+            (alive, path)
         });
         let presences = self.presence_files()?.into_iter().map(|(pid, path)| {
-            let from = |o: &ProcessIdentity| self.read_presence(pid).is_some_and(|x| x.is_from(o));
-            (alive(pid, &from), path)
+            let alive = self
+                .read_presence(pid)
+                .is_some_and(|p| p.pid == pid && p.owner_alive());
+            (alive, path)
         });
         for (owner_alive, path) in outcomes.chain(presences) {
             let old = fs::symlink_metadata(&path)
