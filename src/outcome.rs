@@ -69,10 +69,7 @@ impl Presence {
     /// assert_eq!(planned_stop::Presence::parse(b"[]"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Presence> {
-        if bytes.len() > MAX_OUTCOME_BYTES {
-            return None;
-        }
-        serde_json::from_slice(bytes).ok()
+        parse_bounded(bytes)
     }
 }
 
@@ -169,9 +166,14 @@ impl Outcome {
     /// assert_eq!(planned_stop::Outcome::parse(b"{}"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Outcome> {
-        if bytes.len() > MAX_OUTCOME_BYTES {
-            return None;
-        }
-        serde_json::from_slice(bytes).ok()
+        parse_bounded(bytes)
     }
+}
+
+/// The JSON value in `bytes`, if it is one and within [`MAX_OUTCOME_BYTES`].
+fn parse_bounded<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() > MAX_OUTCOME_BYTES {
+        return None;
+    }
+    serde_json::from_slice(bytes).ok()
 }

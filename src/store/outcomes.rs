@@ -133,14 +133,7 @@ impl MarkerStore {
     /// assert!(store.outcomes().is_empty());
     /// ```
     pub fn outcomes(&self) -> Vec<Outcome> {
-        let mut outcomes: Vec<Outcome> = self
-            .outcome_files()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(pid, _)| self.read_outcome(pid))
-            .collect();
-        outcomes.sort_by_key(|o| o.pid);
-        outcomes
+        read_each(self.outcome_files(), |pid| self.read_outcome(pid))
     }
 
     /// Every readable presence file in the directory, by pid: the processes that announced they
@@ -153,14 +146,7 @@ impl MarkerStore {
     /// assert!(store.presences().is_empty());
     /// ```
     pub fn presences(&self) -> Vec<Presence> {
-        let mut presences: Vec<Presence> = self
-            .presence_files()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(pid, _)| self.read_presence(pid))
-            .collect();
-        presences.sort_by_key(|p| p.pid);
-        presences
+        read_each(self.presence_files(), |pid| self.read_presence(pid))
     }
 
     /// Outcome files in the directory, with their pids.
@@ -182,4 +168,18 @@ impl MarkerStore {
             })
             .collect())
     }
+}
+
+/// What `read` makes of each file, in pid order; files that are not what they should be are left out.
+fn read_each<T>(
+    files: Result<Vec<(u32, PathBuf)>, StoreError>,
+    read: impl Fn(u32) -> Option<T>,
+) -> Vec<T> {
+    let mut pids: Vec<u32> = files
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect();
+    pids.sort_unstable();
+    pids.into_iter().filter_map(read).collect()
 }
