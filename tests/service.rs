@@ -793,3 +793,53 @@ fn helper_blocked_drain() {
     });
     std::process::exit(0);
 }
+
+/// The announcement that the process watches its directory (docs/protocol.md, "The presence
+/// file") is there once `start` returns and is withdrawn with the final outcome, which stays; a
+/// runner dropped unfinished by an application that owns the System's exit withdraws it too, since
+/// nothing acts on a marker any more.
+#[test]
+fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    sys.block_on(async {
+        let h = f.start(vec![]);
+        let presence = f
+            .store()
+            .read_presence(f.me.pid)
+            .expect("announced before start returns");
+        assert!(presence.is_from(&f.me));
+        assert!(f.store().is_watched_by(&f.me));
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        stop.await.unwrap()
+    });
+    assert_eq!(f.store().read_presence(f.me.pid), None);
+    assert_eq!(
+        f.store().read_outcome(f.me.pid).map(|o| o.phase),
+        Some(Phase::Stopped)
+    );
+    assert!(
+        f.store().is_watched_by(&f.me),
+        "its outcome file still speaks for it"
+    );
+
+    let f = Fixture::new();
+    let sys = paused_system();
+    sys.block_on(async {
+        let _h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .handle_signals(false)
+            .events(false)
+            .stop_system(false)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        assert!(f.store().read_presence(f.me.pid).is_some());
+        System::current().stop();
+    });
+    // The System stops, and the runner with it, before it ever stopped.
+    sys.run().unwrap();
+    assert_eq!(f.store().read_presence(f.me.pid), None);
+    assert!(!f.store().is_watched_by(&f.me));
+}

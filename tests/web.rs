@@ -175,6 +175,12 @@ impl App {
         let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
         store.read_outcome(self.child.id()).map(|o| o.phase)
     }
+
+    /// Whether its announcement that it watches the marker directory is still there.
+    fn announced(&self) -> bool {
+        let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
+        store.presence_path(self.child.id()).exists()
+    }
 }
 
 impl Drop for App {
@@ -299,6 +305,10 @@ fn main_returning_before_the_runner_stopped_is_not_a_clean_exit() {
         let mut app = App::start(AppLayout::ActixMainReturnsEarly, &options());
         assert_eq!(app.exit_code(), Some(1), "round {round}");
         assert_eq!(app.outcome_phase(), Some(Phase::Aborted), "round {round}");
+        assert!(
+            !app.announced(),
+            "round {round}: the aborted runner withdrew it"
+        );
     }
 }
 
