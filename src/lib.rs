@@ -91,14 +91,14 @@ pub use outcome::{Outcome, Phase, Presence};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use record::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
 pub use record::{
-    FileRecordStore, HOST_ENV, ItemState, Lease, Leased, Liveness, Note, Owner, Persisted,
-    PhaseRecord, RecordError, RecordFuture, RecordStore, ResumeItem, StopRecord, Unfinished, holds,
-    is_offered, is_valid_item_id, local_host,
+    FileRecordStore, HOST_ENV, ItemState, Lease, Leased, Liveness, MAX_ITEM_BYTES, Note, Owner,
+    Persisted, PhaseRecord, RecordError, RecordFuture, RecordStore, ResumeItem, StopRecord,
+    Unfinished, holds, is_offered, is_valid_item_id, local_host, oversized,
 };
 pub use runner::{
     Drain, DrainPhase, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus,
 };
-pub use service::{PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
+pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
 pub use store::{Layout, MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
 pub use verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};
 

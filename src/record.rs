@@ -40,6 +40,38 @@ pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
 /// Largest record read back, in bytes; a larger file is refused rather than loaded.
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 
+/// The largest item a drain participant may hand back, in bytes of its compact JSON encoding
+/// (1 MiB). Checked where the runner accepts a drain's report, the same for every store, and
+/// every store reads back whatever fits: an item over it is never written and never silently
+/// dropped — the stop ends `record_lost`, with the item in its ERROR log line.
+pub const MAX_ITEM_BYTES: usize = 1 << 20;
+
+/// The size of `item`'s compact JSON encoding when it is over [`MAX_ITEM_BYTES`], `None` when it
+/// fits. The one size rule: the runner and every store call it.
+///
+/// ```
+/// assert_eq!(planned_stop::oversized(&serde_json::json!("job-7")), None);
+/// let big = serde_json::Value::String("x".repeat(planned_stop::MAX_ITEM_BYTES));
+/// assert_eq!(planned_stop::oversized(&big), Some(planned_stop::MAX_ITEM_BYTES + 2));
+/// ```
+pub fn oversized(item: &serde_json::Value) -> Option<usize> {
+    /// Counts bytes without keeping them.
+    struct Count(usize);
+    impl io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, item);
+    (count.0 > MAX_ITEM_BYTES).then_some(count.0)
+}
+
 /// Work a drain participant left unfinished: data the next start can act on.
 ///
 /// ```
@@ -65,6 +97,12 @@ pub struct Unfinished {
     pub participant: String,
     /// The item as the participant handed it back: any JSON value (a job id string, an object).
     pub item: serde_json::Value,
+    /// `true` when the item was resumed from the record store and is handed back under the id
+    /// the store gave it ([`crate::DrainReport::handed_back`]); `false` for new work. A store
+    /// writes a handed-back item again only while the stopper still holds its lease: one that
+    /// was acknowledged, dropped by an operator or taken by someone else meanwhile stays as it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
 }
 
 impl Unfinished {

@@ -72,6 +72,19 @@ pub enum StartError {
     /// `start` was called outside a running actix system.
     #[error("PlannedStopService::start must be called inside a running actix System")]
     NoSystem,
+    /// The lease is shorter than its renewal can keep ([`MIN_LEASE`]).
+    #[error(
+        "a lease of {lease:?} is shorter than {min:?}: leases are renewed every third of their \
+         length and a renewal may wait up to 3 s for the record store, so a shorter lease could \
+         lapse while its holder runs and hand its items to a second process; give \
+         ServiceBuilder::lease_for (serve --lease-ms) at least {min:?}"
+    )]
+    LeaseTooShort {
+        /// The lease asked for.
+        lease: Duration,
+        /// The shortest accepted.
+        min: Duration,
+    },
 }
 
 /// Entry point; see the module docs.
@@ -142,6 +155,19 @@ enum Records {
 /// How long a lease lasts by default (see [`ServiceBuilder::lease_for`]).
 const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
+/// The shortest lease a service accepts. Leases are renewed every third of their length
+/// ([`renewal_interval`]), and one renewal may wait up to 3 s for its store (the PostgreSQL
+/// store's operation timeout; the state directory's lock wait is 2 s): a lease must outlast one
+/// interval plus that wait, or it could lapse while its holder runs and another host's process
+/// would take the same items.
+pub const MIN_LEASE: Duration = Duration::from_secs(5);
+
+/// How often a service renews its leases: a third of `lease_for`. The one rule the service and
+/// [`MIN_LEASE`] share.
+pub(crate) fn renewal_interval(lease_for: Duration) -> Duration {
+    (lease_for / 3).min(Duration::from_secs(3600))
+}
+
 impl ServiceBuilder {
     /// Whether to install handlers for SIGTERM, SIGINT and SIGHUP (console events on Windows) that
     /// feed the runner (default `true`). Turn it off when something else owns the signals and
@@ -183,9 +209,10 @@ impl ServiceBuilder {
     }
 
     /// How long a lease taken by [`ServiceHandle::resume`] lasts where the holder's liveness
-    /// cannot be checked (a holder on another host). Default 5 minutes. The service renews its
-    /// leases every third of this while it runs, so a live holder keeps its items; on this host
-    /// a holder is looked up, so a dead one's items are offered again at once.
+    /// cannot be checked (a holder on another host). Default 5 minutes, at least [`MIN_LEASE`]
+    /// (a shorter one fails the start). The service renews its leases every third of this while
+    /// it runs, so a live holder keeps its items; on this host a holder is looked up, so a dead
+    /// one's items are offered again at once.
     pub fn lease_for(mut self, lease_for: Duration) -> Self {
         self.lease_for = lease_for;
         self
@@ -330,6 +357,15 @@ impl ServiceBuilder {
         self
     }
 
+    /// How long persisting the stop record may take once the drain is over (default 10 s): a
+    /// record store that has not finished by then ends the stop as `record_lost`, the items in
+    /// the ERROR log line, rather than hanging it. It counts apart from the drain deadline, and
+    /// the overrun watchdog allows for it.
+    pub fn persist_deadline(mut self, deadline: Duration) -> Self {
+        self.runner.persist_deadline = deadline;
+        self
+    }
+
     /// Warn (once) when the application has not called [`ServiceHandle::ready`] this long after
     /// start: a planned stop is held until then. Default 30 s; `None` never warns.
     pub fn ready_warning(mut self, after: Option<Duration>) -> Self {
@@ -398,6 +434,12 @@ impl ServiceBuilder {
     pub fn start(self) -> Result<ServiceHandle, StartError> {
         if System::try_current().is_none() {
             return Err(StartError::NoSystem);
+        }
+        if self.lease_for < MIN_LEASE {
+            return Err(StartError::LeaseTooShort {
+                lease: self.lease_for,
+                min: MIN_LEASE,
+            });
         }
         log_panics();
         let own = match self.identity {
@@ -517,7 +559,7 @@ fn keep_leases(
     lease_for: Duration,
     status: watch::Receiver<RunnerStatus>,
 ) {
-    let every = (lease_for / 3).clamp(Duration::from_millis(10), Duration::from_secs(3600));
+    let every = renewal_interval(lease_for);
     actix::spawn(async move {
         loop {
             actix::clock::sleep(every).await;

@@ -331,7 +331,7 @@ mod fleet {
             &url,
             &service,
             "holder",
-            &["--jobs", "0", "--job-ms", "600000", "--lease-ms", "1500"],
+            &["--jobs", "0", "--job-ms", "600000", "--lease-ms", "5000"],
             &[("PLANNED_STOP_HOST", "host-b")],
         );
         let held = ids(&holder.seen("resumed").unwrap());
@@ -375,6 +375,79 @@ mod fleet {
         held.sort();
         assert_eq!(taken, held, "taken over after the lease expired");
         assert!(listed(&url, &service).is_empty());
+    }
+
+    /// Issue 22.5: a lease shorter than its renewal can keep is refused at start, with what to
+    /// do; at the shortest accepted lease two live replicas on different hosts, both leasing
+    /// again every 50 ms for three lease lengths, never take the same item.
+    #[test]
+    fn at_the_shortest_accepted_lease_two_live_replicas_never_take_the_same_item() {
+        let Some(url) = database() else { return };
+        let service = unique_service("short-lease");
+        let base = tempfile::tempdir().unwrap();
+        let run_dir = base.path().join("run");
+        let out = run(&[
+            "serve",
+            "--dir",
+            s(&run_dir),
+            "--records",
+            &url,
+            "--service",
+            &service,
+            "--lease-ms",
+            "4999",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("shorter than") && stderr.contains("--lease-ms"),
+            "{stderr}"
+        );
+        let first = serve(
+            base.path(),
+            &url,
+            &service,
+            "first",
+            &["--jobs", "4", "--job-ms", "600000", "--drain-ms", "50"],
+            &[],
+        );
+        stop_wait(base.path(), first.pid());
+        let replica = |name: &str, host: &str| {
+            serve(
+                base.path(),
+                &url,
+                &service,
+                name,
+                &[
+                    "--jobs",
+                    "0",
+                    "--job-ms",
+                    "600000",
+                    "--lease-ms",
+                    "5000",
+                    "--resume-every-ms",
+                    "50",
+                ],
+                &[("PLANNED_STOP_HOST", host)],
+            )
+        };
+        let (a, b) = (replica("a", "host-a"), replica("b", "host-b"));
+        // A soak of three lease lengths, not a wait for an event.
+        std::thread::sleep(std::time::Duration::from_secs(15));
+        let taken = |r: &Serve| -> Vec<String> {
+            r.drain_events();
+            r.history
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e["event"] == "resumed")
+                .flat_map(ids)
+                .collect()
+        };
+        let (by_a, by_b) = (taken(&a), taken(&b));
+        let both: Vec<&String> = by_a.iter().filter(|id| by_b.contains(id)).collect();
+        assert!(both.is_empty(), "taken by both live replicas: {both:?}");
+        assert_eq!(by_a.len() + by_b.len(), 4, "a: {by_a:?}, b: {by_b:?}");
     }
 
     /// A private server for a test that stops it (`ci/postgres.sh`); `None` where it cannot run.
@@ -479,4 +552,264 @@ mod fleet {
         assert_eq!(count(&spilled), 0, "nothing left in the spill");
         assert!(listed(&pg.1, &service).is_empty());
     }
+}
+
+/// A raw client on the test database, for rows the crate would never write.
+async fn raw(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// A store for `service` whose owners on `host` are looked up as alive (every other one is on
+/// another host: its lease's expiry decides).
+fn store_for(url: &str, service: &str) -> PgRecordStore {
+    PgRecordStore::from_url(url, service.to_owned())
+        .unwrap()
+        .with_liveness(|_| planned_stop::Liveness::Unknown)
+        .operation_timeout(Duration::from_secs(30))
+}
+
+/// Issue 22.3: rows the crate cannot accept never panic, never fail a lease, are quarantined
+/// once (listed with the reason, never offered, never multiplied); attempts at the top of
+/// `integer` saturate instead of failing the stop.
+#[test]
+fn hostile_rows_are_quarantined_and_attempts_saturate() {
+    let Some(url) = database() else { return };
+    let service = unique_service("hostile");
+    let rt = runtime();
+    let store = store_for(&url, &service);
+    rt.block_on(store.persist(
+        &Owner::new("h", 1, 1),
+        &record_with_items(1), // item-000000
+    ))
+    .unwrap();
+    let client = rt.block_on(raw(&url));
+    rt.block_on(client.execute(
+        "UPDATE planned_stop_items SET attempts = 2147483647 WHERE service = $1",
+        &[&service],
+    ))
+    .unwrap();
+    // A row whose id is not an item id, and one whose lease lacks its owner's parts and expiry.
+    rt.block_on(client.batch_execute(&format!(
+        "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
+         stopped_by_pid, stopped_by_start, stopped_at, attempts) VALUES \
+         ('{service}', 'bad.id', 'jobs', '\"x\"', 'h', 1, 1, now(), 1);
+         INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
+         stopped_by_pid, stopped_by_start, stopped_at, attempts, lease_owner) VALUES \
+         ('{service}', 'half-leased', 'jobs', '\"y\"', 'h', 1, 1, now(), 1, 'h|1|1');"
+    )))
+    .unwrap();
+    for life in 0..3u64 {
+        let me = Owner::new("replica", 10, life);
+        let leased = rt
+            .block_on(store.lease(&me, 10, Duration::from_secs(60)))
+            .unwrap();
+        let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["item-000000"],
+            "life {life}: only the good row is offered"
+        );
+        // The next life finds this one's lease expired only through release: hand it back.
+        let mut back = record_with_items(0);
+        back.unfinished.extend(leased.iter().map(|l| {
+            serde_json::from_value(serde_json::json!({
+                "id": l.item.id, "participant": "jobs", "item": l.item.item, "resumed": true,
+            }))
+            .unwrap()
+        }));
+        rt.block_on(store.persist(&me, &back)).unwrap();
+    }
+    let listed = rt.block_on(store.list()).unwrap();
+    assert_eq!(listed.len(), 3, "nothing multiplied: {listed:?}");
+    let good = listed.iter().find(|s| s.item.id == "item-000000").unwrap();
+    assert_eq!(good.item.attempts, i32::MAX as u32, "saturated");
+    assert_eq!(good.quarantined, None);
+    for id in ["bad.id", "half-leased"] {
+        let row = listed.iter().find(|s| s.item.id == id).unwrap();
+        assert!(row.quarantined.is_some(), "{id} is quarantined: {row:?}");
+        assert!(row.lease.is_none());
+    }
+}
+
+/// Issue 22.4: a spilled item the spilling process had leased from the database replaces the
+/// database's stale row (newer content, attempts counted up, pending), instead of the stale row
+/// winning; one it does not hold there any more is left to its holder.
+#[test]
+fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
+    let Some(url) = database() else { return };
+    let service = unique_service("spill-push");
+    let rt = runtime();
+    let store = store_for(&url, &service);
+    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
+        .unwrap();
+    let holder = Owner::new("replica", 10, 1);
+    let leased = rt
+        .block_on(store.lease(&holder, 10, Duration::from_secs(3600)))
+        .unwrap();
+    assert_eq!(leased.len(), 2);
+    // item-000001 is released by an operator and taken by another replica meanwhile.
+    assert!(rt.block_on(store.release(None, "item-000001")).unwrap());
+    let other = Owner::new("replica", 11, 1);
+    assert_eq!(
+        rt.block_on(store.lease(&other, 10, Duration::from_secs(3600)))
+            .unwrap()
+            .len(),
+        1
+    );
+    // The holder's stop finds the database unreachable and spills both, with newer content.
+    let dir = tempfile::tempdir().unwrap();
+    let spill = planned_stop::FileRecordStore::open(dir.path().join("spill"), false).unwrap();
+    let unreachable =
+        PgRecordStore::from_url("postgres://nobody@127.0.0.1:1/none", service.clone())
+            .unwrap()
+            .operation_timeout(Duration::from_millis(500))
+            .spill_to(spill.clone());
+    let mut back = record_with_items(0);
+    back.unfinished.extend(leased.iter().map(|l| {
+        serde_json::from_value(serde_json::json!({
+            "id": l.item.id, "participant": "jobs", "item": "newer", "resumed": true,
+        }))
+        .unwrap()
+    }));
+    let how = rt.block_on(unreachable.persist(&holder, &back)).unwrap();
+    assert!(
+        matches!(how, planned_stop::Persisted::Spilled { .. }),
+        "{how:?}"
+    );
+    // The next start on that host pushes.
+    let next = store_for(&url, &service).spill_to(spill.clone());
+    let taker = Owner::new("replica", 12, 1);
+    let leased = rt
+        .block_on(next.lease(&taker, 10, Duration::from_secs(3600)))
+        .unwrap();
+    let got: Vec<(&str, &serde_json::Value, u32)> = leased
+        .iter()
+        .map(|l| (l.item.id.as_str(), &l.item.item, l.item.attempts))
+        .collect();
+    assert_eq!(
+        got,
+        [("item-000000", &serde_json::json!("newer"), 2)],
+        "the stale row is replaced and offered; the other replica's item is not"
+    );
+    let listed = rt.block_on(next.list()).unwrap();
+    let theirs = listed.iter().find(|s| s.item.id == "item-000001").unwrap();
+    assert_eq!(theirs.lease.as_ref().unwrap().owner, other);
+    assert_eq!(theirs.item.item, serde_json::json!(1), "left to its holder");
+    assert!(rt.block_on(spill.list()).unwrap().is_empty(), "pushed");
+}
+
+/// Issue 22.7 for the database: an operator's drop wins over the holder's hand-back, also when
+/// the hand-back was spilled on the holder's host and pushed later.
+#[test]
+fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spill() {
+    let Some(url) = database() else { return };
+    let service = unique_service("drop-wins");
+    let rt = runtime();
+    let store = store_for(&url, &service);
+    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
+        .unwrap();
+    let holder = Owner::new("replica", 10, 1);
+    let leased = rt
+        .block_on(store.lease(&holder, 10, Duration::from_secs(3600)))
+        .unwrap();
+    assert!(rt.block_on(store.remove("item-000000")).unwrap());
+    assert!(rt.block_on(store.remove("item-000001")).unwrap());
+    let back_of = |ids: &[&str]| {
+        let mut back = record_with_items(0);
+        back.unfinished.extend(ids.iter().map(|id| {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "participant": "jobs", "item": "x", "resumed": true,
+            }))
+            .unwrap()
+        }));
+        back
+    };
+    assert_eq!(leased.len(), 2);
+    rt.block_on(store.persist(&holder, &back_of(&["item-000000"])))
+        .unwrap();
+    // The other one through a spill.
+    let dir = tempfile::tempdir().unwrap();
+    let spill = planned_stop::FileRecordStore::open(dir.path().join("spill"), false).unwrap();
+    let unreachable =
+        PgRecordStore::from_url("postgres://nobody@127.0.0.1:1/none", service.clone())
+            .unwrap()
+            .operation_timeout(Duration::from_millis(500))
+            .spill_to(spill.clone());
+    rt.block_on(unreachable.persist(&holder, &back_of(&["item-000001"])))
+        .unwrap();
+    let next = store_for(&url, &service).spill_to(spill);
+    let leased = rt
+        .block_on(next.lease(&Owner::new("replica", 12, 1), 10, Duration::from_secs(60)))
+        .unwrap();
+    assert!(leased.is_empty(), "{leased:?}");
+    assert!(rt.block_on(next.list()).unwrap().is_empty());
+}
+
+/// Issue 22.6: a lease whose commit outlasts the operation timeout is abandoned by the caller
+/// but committed by the server; what it took must not stay leased to the live caller, who never
+/// got it. (A deferred trigger makes the commit take 3 s; the timeout is 1 s.)
+#[test]
+fn what_a_timed_out_lease_took_is_released_again() {
+    let Some(url) = database() else { return };
+    let service = unique_service("slow-commit");
+    let rt = runtime();
+    let store = store_for(&url, &service);
+    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
+        .unwrap();
+    let client = rt.block_on(raw(&url));
+    let trigger = format!("slow_{}", std::process::id());
+    rt.block_on(client.batch_execute(&format!(
+        "CREATE OR REPLACE FUNCTION {trigger}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.service = '{service}' AND NEW.lease_owner IS NOT NULL THEN
+           PERFORM pg_sleep(3); END IF; RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER {trigger} AFTER UPDATE ON planned_stop_items
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {trigger}();"
+    )))
+    .unwrap();
+    // Its own application name, so the test can see its server processes.
+    let app = format!("{trigger}_app");
+    let impatient = store_for(&format!("{url}?application_name={app}"), &service)
+        .operation_timeout(Duration::from_secs(1));
+    let me = Owner::new("replica", 10, 1);
+    let result = rt.block_on(async {
+        let result = impatient.lease(&me, 10, Duration::from_secs(3600)).await;
+        // Once the abandoned call's commit is over (committed, or ended), nothing may stay
+        // leased to the live caller (bounded by the test).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let committing = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                     AND wait_event = 'PgSleep'",
+                    &[&app],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                > 0;
+            let held = store.list().await.unwrap();
+            if !committing && held.iter().all(|s| s.lease.is_none()) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still leased to the live caller: {held:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        result
+    });
+    rt.block_on(client.batch_execute(&format!(
+        "DROP TRIGGER {trigger} ON planned_stop_items; DROP FUNCTION {trigger}();"
+    )))
+    .unwrap();
+    assert!(result.is_err(), "the lease timed out: {result:?}");
+    let leased = rt
+        .block_on(store.lease(&Owner::new("replica", 11, 1), 10, Duration::from_secs(60)))
+        .unwrap();
+    assert_eq!(leased.len(), 2, "offered to the next caller");
 }

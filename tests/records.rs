@@ -289,6 +289,124 @@ mod with_processes {
         next.wait_stderr("skipped");
     }
 
+    /// Gives `path` and everything under it to `nobody` (65534).
+    fn give_to_nobody(path: &std::path::Path) {
+        let c = std::ffi::CString::new(s(path)).unwrap();
+        // SAFETY: a valid C string; lchown never follows a link.
+        assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, 65534) }, 0);
+        if path.is_dir() {
+            for entry in std::fs::read_dir(path).unwrap() {
+                give_to_nobody(&entry.unwrap().path());
+            }
+        }
+    }
+
+    /// Every entry under `path` (itself included) that does not belong to `nobody`.
+    fn not_nobodys(path: &std::path::Path) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        let mut found = Vec::new();
+        if std::fs::symlink_metadata(path).unwrap().uid() != 65534 {
+            found.push(s(path).to_owned());
+        }
+        if path.is_dir() {
+            for entry in std::fs::read_dir(path).unwrap() {
+                found.extend(not_nobodys(&entry.unwrap().path()));
+            }
+        }
+        found
+    }
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    /// Issue 22.8: a state directory that belongs to another user (who could rename what it
+    /// holds) is refused at start, even though it is 0700.
+    #[test]
+    fn a_state_directory_of_another_user_is_refused_at_start() {
+        if !is_root() {
+            eprintln!("SKIPPED: needs root to give a directory to another user");
+            return;
+        }
+        let d = dirs();
+        std::fs::create_dir_all(&d.state).unwrap();
+        give_to_nobody(&d.state);
+        let out = planned_stop()
+            .args(["serve", "--dir", s(&d.run), "--state", s(&d.state)])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("belongs to uid 65534"), "{stderr}");
+    }
+
+    /// Issues 22.9 and 22.10: root's operator verbs on a `nobody` service's state directory
+    /// create nothing when they only look, see the service's items, and act as the service's
+    /// user when they change something.
+    #[test]
+    fn roots_operator_verbs_on_another_users_state_directory_act_as_that_user() {
+        if !is_root() {
+            eprintln!("SKIPPED: needs root to give a directory to another user");
+            return;
+        }
+        let d = dirs();
+        // The empty state directory of a service that runs as nobody.
+        std::fs::create_dir_all(&d.state).unwrap();
+        give_to_nobody(&d.state);
+        let out = run(&["records", "list", "--state", s(&d.state), "--json"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = run(&[
+            "status",
+            "--dir",
+            s(&d.run),
+            "--state",
+            s(&d.state),
+            "--json",
+        ]);
+        assert!(
+            out.status.code().is_some(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_dir(&d.state).unwrap().count(),
+            0,
+            "looking created nothing"
+        );
+        // Items the service left (written here as root, then given to the service's user).
+        std::fs::remove_dir(&d.state).unwrap();
+        let ids = leave_items(&d, 2);
+        give_to_nobody(&d.state);
+        assert_eq!(listed(&d).len(), 2, "root sees the service's items");
+        let out = run(&["records", "release", "--state", s(&d.state), &ids[0]]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = run(&["records", "drop", "--state", s(&d.state), &ids[1]]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(listed(&d).len(), 1);
+        assert_eq!(
+            not_nobodys(&d.state),
+            Vec::<String>::new(),
+            "everything in the directory still belongs to the service's user"
+        );
+    }
+
     /// Kill -9 at random points of a resume, 20 rounds: two resumers lease together (never the
     /// same item), one is killed; what it held and had not acknowledged is resumed by the next
     /// start. Every item is acknowledged exactly once in all.

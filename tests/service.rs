@@ -136,8 +136,7 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
         );
         assert_eq!(h.status().outcome.as_deref(), Some(&ack));
         control.finish(&[]);
-        settle().await;
-        assert_eq!(h.status().exit_code, Some(0));
+        assert_eq!(concluded(&h.subscribe()).await.exit_code, Some(0));
     });
 }
 
@@ -240,7 +239,7 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
             "waits for the slow participant until the deadline"
         );
         advance(Duration::from_secs(1)).await;
-        assert_eq!(state(&h), RunnerState::Stopped);
+        assert_eq!(concluded(&h.subscribe()).await.state, RunnerState::Stopped);
         let code = stop.await.unwrap();
         // An answer after the runner stopped changes nothing.
         assert!(slow_control.finish(&["too late"]));
@@ -842,4 +841,274 @@ fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
     sys.run().unwrap();
     assert_eq!(f.store().read_presence(f.me.pid), None);
     assert!(!f.store().is_watched_by(&f.me));
+}
+
+/// A participant that hands back one item over the size limit and one small item.
+struct BigAndSmall;
+
+impl Actor for BigAndSmall {
+    type Context = Context<Self>;
+}
+
+impl Handler<planned_stop::Drain> for BigAndSmall {
+    type Result = planned_stop::DrainReport;
+    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
+        let big = "x".repeat(2 << 20);
+        planned_stop::DrainReport::unfinished([big, "small".to_owned()])
+    }
+}
+
+/// Issue 22.1: an item over the limit is never dropped while the stop says "planned": the stop
+/// is `record_lost` (74) with the item in the ERROR log line, the small item is durable and
+/// resumed, and the note in the record says what happened.
+#[test]
+fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed() {
+    let f = Fixture::new();
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let sys = paused_system();
+    let stop = sys.stop_future();
+    let code = sys.block_on(async {
+        let h = f.start(vec![("jobs", BigAndSmall.start().recipient())]);
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        let code = stop.await.unwrap();
+        let outcome = h.status().outcome.unwrap();
+        assert_eq!(outcome.phase, Phase::RecordLost);
+        code
+    });
+    assert_eq!(code, 74);
+    assert_eq!(
+        logs.count(tracing::Level::ERROR, &"x".repeat(1000)),
+        1,
+        "the big item is in one ERROR line"
+    );
+    let record = f.record();
+    let items: Vec<&str> = record
+        .unfinished
+        .iter()
+        .map(|u| u.item.as_str().unwrap())
+        .collect();
+    assert_eq!(items, ["small"]);
+    assert!(
+        record
+            .notes
+            .iter()
+            .any(|n| n.note.contains("over the limit")),
+        "{:?}",
+        record.notes
+    );
+    let store = planned_stop::FileRecordStore::open(f.state(), false).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let leased = rt
+        .block_on(store.lease(&planned_stop::Owner::new("h", 1, 1), 10, DRAIN))
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].item.item, "small");
+}
+
+/// A record store whose persist never ends (a database that does not answer, a custom store
+/// without a timeout).
+#[derive(Debug)]
+struct Hangs;
+
+impl RecordStore for Hangs {
+    fn persist<'a>(
+        &'a self,
+        _: &'a planned_stop::Owner,
+        _: &'a StopRecord,
+    ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
+        Box::pin(std::future::pending())
+    }
+    fn lease<'a>(
+        &'a self,
+        _: &'a planned_stop::Owner,
+        _: usize,
+        _: Duration,
+    ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn renew<'a>(
+        &'a self,
+        _: &'a planned_stop::Owner,
+        _: &'a [String],
+        _: Duration,
+    ) -> planned_stop::RecordFuture<'a, Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn acknowledge<'a>(
+        &'a self,
+        _: &'a planned_stop::Owner,
+        id: &'a str,
+    ) -> planned_stop::RecordFuture<'a, ()> {
+        Box::pin(async move { Err(planned_stop::RecordError::UnknownItem { id: id.into() }) })
+    }
+    fn release<'a>(
+        &'a self,
+        _: Option<&'a planned_stop::Owner>,
+        id: &'a str,
+    ) -> planned_stop::RecordFuture<'a, bool> {
+        Box::pin(async move { Err(planned_stop::RecordError::UnknownItem { id: id.into() }) })
+    }
+    fn remove<'a>(&'a self, _: &'a str) -> planned_stop::RecordFuture<'a, bool> {
+        Box::pin(async { Ok(false) })
+    }
+    fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// Issue 22.2: a persist that never ends cannot hang the stop, with participants or without
+/// (a stop with none publishes `Stopped` before it persists): it ends `record_lost` at the
+/// persist deadline, with the items in the ERROR log line.
+#[test]
+fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logged() {
+    for with_participant in [true, false] {
+        let f = Fixture::new();
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        let sys = paused_system();
+        let stop = sys.stop_future();
+        let code = sys.block_on(async {
+            let mut b = PlannedStopService::builder(Layout::Slots(f.markers()))
+                .record_store(std::sync::Arc::new(Hangs))
+                .persist_deadline(Duration::from_secs(2))
+                .handle_signals(false)
+                .events(false)
+                .clock(TokioClock::new());
+            let control = if with_participant {
+                let (jobs, control) = ParticipantControl::start();
+                b = b.participant("jobs", jobs);
+                Some(control)
+            } else {
+                None
+            };
+            let h = b.start().unwrap();
+            h.ready();
+            h.request_stop(StopRequest::Planned);
+            settle().await;
+            if let Some(control) = control {
+                assert!(control.finish(&["job-41"]));
+            }
+            stop.await.unwrap()
+        });
+        assert_eq!(code, 74, "participant: {with_participant}");
+        if with_participant {
+            assert_eq!(logs.count(tracing::Level::ERROR, "job-41"), 1);
+        }
+        assert!(
+            logs.count(tracing::Level::ERROR, "persist deadline") >= 1,
+            "{:?}",
+            logs.0.lock().unwrap()
+        );
+    }
+}
+
+/// A record store whose persist blocks the thread it runs on (the event loop): only the
+/// overrun watchdog can end the stop.
+#[derive(Debug)]
+struct Blocks;
+
+impl RecordStore for Blocks {
+    fn persist<'a>(
+        &'a self,
+        _: &'a planned_stop::Owner,
+        _: &'a StopRecord,
+    ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
+        Box::pin(async {
+            std::thread::sleep(common::HELPER_LIFETIME);
+            Ok(planned_stop::Persisted::Durable)
+        })
+    }
+    fn lease<'a>(
+        &'a self,
+        o: &'a planned_stop::Owner,
+        m: usize,
+        d: Duration,
+    ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
+        Hangs.lease(o, m, d)
+    }
+    fn renew<'a>(
+        &'a self,
+        o: &'a planned_stop::Owner,
+        ids: &'a [String],
+        d: Duration,
+    ) -> planned_stop::RecordFuture<'a, Vec<String>> {
+        Hangs.renew(o, ids, d)
+    }
+    fn acknowledge<'a>(
+        &'a self,
+        o: &'a planned_stop::Owner,
+        id: &'a str,
+    ) -> planned_stop::RecordFuture<'a, ()> {
+        Hangs.acknowledge(o, id)
+    }
+    fn release<'a>(
+        &'a self,
+        o: Option<&'a planned_stop::Owner>,
+        id: &'a str,
+    ) -> planned_stop::RecordFuture<'a, bool> {
+        Hangs.release(o, id)
+    }
+    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::RecordFuture<'a, bool> {
+        Hangs.remove(id)
+    }
+    fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
+        Hangs.list()
+    }
+    fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
+        Hangs.last_stop()
+    }
+}
+
+/// Issue 22.2: when the persist blocks the event loop, the watchdog ends the process — and logs
+/// every item that was not made durable before it does.
+#[test]
+fn the_watchdog_logs_the_items_it_could_not_wait_for() {
+    let out = common::run_helper("helper_blocked_persist", "blocked-persist");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("made durable"))
+        .unwrap_or_else(|| panic!("no ERROR line with the items: {stderr}"));
+    assert!(line.contains("job-41"), "{line}");
+}
+
+#[test]
+#[ignore = "run as a child process by the test above"]
+fn helper_blocked_persist() {
+    if common::helper_role().is_none() {
+        return;
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    common::give_up_after_helper_lifetime();
+    let f = Fixture::new();
+    actix::System::new().block_on(async {
+        let (jobs, control) = ParticipantControl::start();
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .record_store(std::sync::Arc::new(Blocks))
+            .drain_deadline(Duration::from_millis(200))
+            .persist_deadline(Duration::from_millis(100))
+            .overrun_grace(Duration::from_millis(300))
+            .participant("jobs", jobs)
+            .handle_signals(false)
+            .events(false)
+            .start()
+            .unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        actix::clock::sleep(Duration::from_millis(10)).await;
+        control.finish(&["job-41"]);
+        h.stopped().await
+    });
+    std::process::exit(0);
 }

@@ -180,29 +180,46 @@ pub fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The record store the flags name: PostgreSQL with `--records URL` (its spill directory is
-/// `--state DIR`, when given), else the file store in `--state DIR`, else none. `create`: a missing
-/// state directory is created (`serve`); otherwise it must exist (operator verbs).
+/// How a verb uses the record store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// `serve`: the service's own store, created when missing.
+    Serve,
+    /// `records list`, `status`: looks only; creates and removes nothing.
+    Look,
+    /// `records release`, `records drop`: an operator's change to an existing store.
+    Change,
+}
+
+/// The record store a verb names: `--state DIR`, `--records URL`, or both (the database, with the
+/// state directory as its spill). An operator's verb never creates a state directory (a mistyped
+/// path is an error), and run as root on one that belongs to another user it acts as that user.
 fn record_store(
     state: Option<&Path>,
     records: Option<&str>,
     service: &str,
     allow_shared_state: bool,
-    create: bool,
+    access: Access,
 ) -> Result<Option<std::sync::Arc<dyn planned_stop::RecordStore>>, String> {
     let files = match state {
         Some(dir) => {
             let dir = absolute(dir);
-            if !create && !dir.is_dir() {
-                return Err(format!(
-                    "no state directory {}; give the --state DIR the service runs with",
-                    dir.display()
-                ));
+            if access != Access::Serve {
+                if !dir.is_dir() {
+                    return Err(format!(
+                        "no state directory {}; give the --state DIR the service runs with",
+                        dir.display()
+                    ));
+                }
+                act_as_owner_of(&dir)?;
             }
-            Some(
-                planned_stop::FileRecordStore::open(dir, allow_shared_state)
-                    .map_err(|e| chain(&e))?,
-            )
+            let opened = match access {
+                Access::Look => {
+                    planned_stop::FileRecordStore::open_existing(dir, allow_shared_state)
+                }
+                _ => planned_stop::FileRecordStore::open(dir, allow_shared_state),
+            };
+            Some(opened.map_err(|e| chain(&e))?)
         }
         None => None,
     };
@@ -225,6 +242,49 @@ fn record_store(
                 .to_owned())
         }
     }
+}
+
+/// An operator verb run as root on a state directory that belongs to another user (a service
+/// running as `nobody`) takes that user's uid and gid for the rest of this short-lived process:
+/// whatever it creates then belongs to the service, which can still open it, and the service's
+/// item files are its own, so they are read rather than refused as another user's. Elsewhere it
+/// does nothing.
+#[cfg(unix)]
+fn act_as_owner_of(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let meta =
+        std::fs::metadata(dir).map_err(|e| format!("cannot examine {}: {e}", dir.display()))?;
+    let (uid, gid) = (meta.uid(), meta.gid());
+    if uid == 0 {
+        return Ok(());
+    }
+    // libc, not rustix: rustix deliberately offers only per-thread credential calls, and the
+    // whole process must change (glibc's setgid/setuid apply to every thread).
+    // SAFETY: setgroups with a count of 0 reads no memory; setgid and setuid take plain integers.
+    // Order matters: the supplementary groups and the group first, while still root.
+    let changed = unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setgid(gid) == 0
+            && libc::setuid(uid) == 0
+    };
+    if changed {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot act as uid {uid} (the owner of {}): {}; run this as that user",
+            dir.display(),
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(not(unix))]
+fn act_as_owner_of(_: &Path) -> Result<(), String> {
+    Ok(())
 }
 
 /// Prints an error for a person and returns the usage exit code.
@@ -425,7 +485,13 @@ fn stop_records(
     if args.records.is_none() && state.is_none() {
         return Ok((None, Vec::new()));
     }
-    let Some(store) = record_store(state, args.records.as_deref(), &args.service, true, false)?
+    let Some(store) = record_store(
+        state,
+        args.records.as_deref(),
+        &args.service,
+        true,
+        Access::Look,
+    )?
     else {
         return Ok((None, Vec::new()));
     };

@@ -9,7 +9,9 @@
 //! The state directory must exist: a mistyped path is an error, never a new empty store. With
 //! `--records URL` (the `postgres` feature) the same actions work on the database.
 
-use super::{EXIT_NO_SUCH_ITEM, EXIT_OK, EXIT_USAGE, absolute, chain, emit, fail, record_store};
+use super::{
+    Access, EXIT_NO_SUCH_ITEM, EXIT_OK, EXIT_USAGE, absolute, chain, emit, fail, record_store,
+};
 use clap::{Args, Subcommand};
 use planned_stop::{ItemState, Liveness, Owner, RecordError, RecordStore};
 use serde_json::json;
@@ -82,13 +84,13 @@ pub enum RecordsAction {
     },
 }
 
-fn open(state: &StateArgs) -> Result<Arc<dyn RecordStore>, String> {
+fn open(state: &StateArgs, access: Access) -> Result<Arc<dyn RecordStore>, String> {
     let store = record_store(
         state.state.as_deref(),
         state.records.as_deref(),
         &state.service,
         state.allow_shared_state,
-        false,
+        access,
     )?;
     store.ok_or_else(|| "give --state DIR or --records URL".to_owned())
 }
@@ -104,7 +106,7 @@ pub fn run(args: RecordsArgs) -> u8 {
     };
     match args.action {
         RecordsAction::List { state, json } => {
-            let store = match open(&state) {
+            let store = match open(&state, Access::Look) {
                 Ok(s) => s,
                 Err(e) => return fail(e),
             };
@@ -114,7 +116,7 @@ pub fn run(args: RecordsArgs) -> u8 {
             }
         }
         RecordsAction::Release { state, id } => {
-            let store = match open(&state) {
+            let store = match open(&state, Access::Change) {
                 Ok(s) => s,
                 Err(e) => return fail(e),
             };
@@ -126,7 +128,7 @@ pub fn run(args: RecordsArgs) -> u8 {
             EXIT_OK
         }
         RecordsAction::Drop { state, id } => {
-            let store = match open(&state) {
+            let store = match open(&state, Access::Change) {
                 Ok(s) => s,
                 Err(e) => return fail(e),
             };

@@ -60,7 +60,8 @@ pub struct ServeArgs {
     /// The service name that scopes the items in the database (replicas of one service share it).
     #[arg(long, default_value = "planned-stop")]
     pub service: String,
-    /// How long a lease lasts for a holder on another host, in milliseconds.
+    /// How long a lease lasts for a holder on another host, in milliseconds (at least 5000:
+    /// leases are renewed every third of it).
     #[arg(long, default_value_t = 300_000)]
     pub lease_ms: u64,
     /// Lease again every N milliseconds while running, resuming what other replicas left (0: only
@@ -207,7 +208,7 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
         args.records.as_deref(),
         &args.service,
         args.allow_shared_state,
-        true,
+        super::Access::Serve,
     )?;
     let keeps_records = store.is_some();
     if let Some(store) = store {

@@ -14,9 +14,16 @@
 //!   lock of a process that dies; a lock held longer than [`LOCK_WAIT`] is an error, never a wedge.
 //!
 //! Every write goes through a new temporary file with a unique name (created exclusively, retried
-//! on a collision with a leftover), fsync, rename and a directory fsync. Nothing is ever opened
+//! on a collision with a leftover), fsync, rename and a directory fsync; every removal that must
+//! not come back (an operator's drop) is followed by a directory fsync. Nothing is ever opened
 //! through a symlink, a FIFO, a device or a directory, and a file owned by another user is never
-//! read: such a file is skipped with one warning, and the operator sees it with `records list`.
+//! read: such a file is skipped with one warning (its path, size and why, never its contents), and
+//! the operator sees it with `records list`. The directories must belong to this process's user or
+//! root (whoever owns them can rename what they hold).
+//!
+//! The work is blocking file I/O and, while another process holds the lock, a wait of up to
+//! [`LOCK_WAIT`]: inside a tokio runtime (the actix `System`) it runs on the runtime's blocking
+//! threads, so the event loop never waits on a disk or a lock.
 
 use super::lease::{self, Lease, Liveness, Owner};
 use super::store::{
@@ -40,8 +47,10 @@ pub const ACKED_DIR_NAME: &str = "planned-stop-acked";
 pub const LOCK_FILE_NAME: &str = ".planned-stop.lock";
 /// How long an operation waits for another process's lock on the state directory.
 pub const LOCK_WAIT: Duration = Duration::from_secs(2);
-/// Largest item or lease file read, in bytes.
-pub const MAX_ITEM_BYTES: usize = 1 << 20;
+/// Largest item or lease file read, in bytes: every item the runner accepts
+/// ([`crate::MAX_ITEM_BYTES`] of JSON) with room for its envelope (id, participant, owner), and a
+/// persist refuses to write a larger file, so whatever is written can be read back.
+pub(crate) const MAX_FILE_BYTES: usize = crate::record::MAX_ITEM_BYTES + 64 * 1024;
 /// How long an acknowledgement is kept (so `records list` can show it, and a second
 /// acknowledgement of the same item is refused), and how old a leftover temporary file must be
 /// before it is removed.
@@ -70,6 +79,9 @@ pub struct FileRecordStore {
     clock: Arc<dyn Clock>,
     liveness: LivenessProbe,
     allow_shared: bool,
+    /// `false` for a store opened to look ([`FileRecordStore::open_existing`]): it creates and
+    /// removes nothing.
+    writable: bool,
 }
 
 impl std::fmt::Debug for FileRecordStore {
@@ -83,24 +95,69 @@ impl std::fmt::Debug for FileRecordStore {
 impl FileRecordStore {
     /// Opens the store in `dir`, creating it (and its item directory) mode 0700. A directory that
     /// group or others can write is refused unless `allow_shared` (whoever can write there can plant
-    /// work for this service to resume).
+    /// work for this service to resume), and so is one that belongs to another user than this
+    /// process's or root.
     pub fn open(
         dir: impl Into<PathBuf>,
         allow_shared: bool,
     ) -> Result<FileRecordStore, RecordError> {
-        let dir = dir.into();
-        let items = dir.join(ITEMS_DIR_NAME);
-        let acked = dir.join(ACKED_DIR_NAME);
-        fsx::prepare_dir(&dir, allow_shared)?;
-        fsx::prepare_dir(&items, allow_shared)?;
-        fsx::prepare_dir(&acked, allow_shared)?;
-        Ok(FileRecordStore {
+        let store = FileRecordStore::at(dir.into(), allow_shared, true);
+        store.prepare()?;
+        Ok(store)
+    }
+
+    /// Opens an existing store to look at it: creates nothing (no directory, no lock file) and
+    /// removes nothing (no leftovers swept), so an operator's `records list` or `status` never
+    /// changes a service's state directory. Its writing operations fail. The directory's policy
+    /// is checked as by [`FileRecordStore::open`].
+    pub fn open_existing(
+        dir: impl Into<PathBuf>,
+        allow_shared: bool,
+    ) -> Result<FileRecordStore, RecordError> {
+        let store = FileRecordStore::at(dir.into(), allow_shared, false);
+        let meta = fs::metadata(&store.dir).map_err(|source| RecordError::Io {
+            op: "open the state directory",
+            path: store.dir.clone(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(crate::StoreError::NotADirectory(store.dir.clone()).into());
+        }
+        fsx::check_own_dir(&store.dir)?;
+        Ok(store)
+    }
+
+    fn at(dir: PathBuf, allow_shared: bool, writable: bool) -> FileRecordStore {
+        FileRecordStore {
+            items: dir.join(ITEMS_DIR_NAME),
+            acked: dir.join(ACKED_DIR_NAME),
             dir,
-            items,
-            acked,
             clock: Arc::new(SystemClock),
             liveness: Arc::new(Owner::liveness_here),
             allow_shared,
+            writable,
+        }
+    }
+
+    /// Creates the directories (0700) and checks their policy: at open, and again at each stop
+    /// (they may have been removed, opened up or given away meanwhile).
+    fn prepare(&self) -> Result<(), RecordError> {
+        for dir in [&self.dir, &self.items, &self.acked] {
+            fsx::prepare_own_dir(dir, self.allow_shared)?;
+        }
+        // The state directory's own entry is durable too, not only what it holds.
+        fsx::sync_dir_of(&self.dir)?;
+        Ok(())
+    }
+
+    fn refuse_read_only(&self) -> Result<(), RecordError> {
+        if self.writable {
+            return Ok(());
+        }
+        Err(RecordError::Io {
+            op: "change (opened to look only)",
+            path: self.dir.clone(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
         })
     }
 
@@ -131,10 +188,19 @@ impl FileRecordStore {
         self.items.join(format!("{id}{kind}"))
     }
 
-    /// Runs `op` holding the directory's lock.
+    /// Runs `op` holding the directory's lock. A store opened to look takes the lock when the
+    /// lock file exists and creates none (without one, no writer has run here yet).
     fn locked<T>(&self, op: impl FnOnce() -> Result<T, RecordError>) -> Result<T, RecordError> {
         let path = self.dir.join(LOCK_FILE_NAME);
-        let file = fsx::open_lock_file(&path).map_err(|source| RecordError::Io {
+        let opened = if self.writable {
+            fsx::open_lock_file(&path)
+        } else {
+            match fsx::open_existing_lock_file(&path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return op(),
+                opened => opened,
+            }
+        };
+        let file = opened.map_err(|source| RecordError::Io {
             op: "open the lock file",
             path: path.clone(),
             source,
@@ -169,20 +235,26 @@ impl FileRecordStore {
         result
     }
 
+    /// Reads an item or lease file; `None` (with a warning naming the path, the size and why,
+    /// never the contents) when it is absent or cannot be trusted.
     fn read_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Option<T> {
-        match fsx::read_private(path, MAX_ITEM_BYTES) {
+        match fsx::read_private(path, MAX_FILE_BYTES) {
             Found::Absent => None,
-            Found::Bytes(bytes) if bytes.len() <= MAX_ITEM_BYTES => {
+            Found::Bytes(bytes) if bytes.len() <= MAX_FILE_BYTES => {
                 match serde_json::from_slice(&bytes) {
                     Ok(value) => Some(value),
                     Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "not a record file; skipped (see `planned-stop records list`)");
+                        // serde_json's message names a line and column, never the input.
+                        tracing::warn!(path = %path.display(), bytes = bytes.len(), error = %e,
+                            "not a record file; skipped (see `planned-stop records list`)");
                         None
                     }
                 }
             }
             found => {
-                tracing::warn!(path = %path.display(), ?found, "not a private regular file of this user; skipped (see `planned-stop records list`)");
+                tracing::warn!(path = %path.display(), found = %found.describe(MAX_FILE_BYTES),
+                    "not a private regular file of this user within the size limit; skipped (see \
+                     `planned-stop records list`)");
                 None
             }
         }
@@ -200,7 +272,7 @@ impl FileRecordStore {
         value: &T,
         durable: bool,
     ) -> Result<(), RecordError> {
-        let bytes = serde_json::to_vec_pretty(value).map_err(|e| RecordError::Invalid {
+        let bytes = serde_json::to_vec(value).map_err(|e| RecordError::Invalid {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
@@ -211,15 +283,28 @@ impl FileRecordStore {
         fsx::remove(path).map_err(RecordError::from)
     }
 
+    /// Removes `path` for good: the directory is synced, so a power failure cannot bring the
+    /// file back (an operator's drop that returns would run the work again).
+    fn remove_durably(&self, path: &Path) -> Result<(), RecordError> {
+        self.remove_file(path)?;
+        fsx::sync_dir_of(path).map_err(RecordError::from)
+    }
+
     /// The ids of every item file; removes a lease whose item is gone (acknowledged or dropped
     /// by a process that died before removing the lease) and temporary files older than
     /// [`ACK_KEEP`] (left by a process that died while writing).
     fn scan(&self) -> Result<Vec<String>, RecordError> {
-        let entries = fs::read_dir(&self.items).map_err(|source| RecordError::Io {
-            op: "list",
-            path: self.items.clone(),
-            source,
-        })?;
+        let entries = match fs::read_dir(&self.items) {
+            // A store opened to look at a directory no service has written yet.
+            Err(e) if !self.writable && e.kind() == io::ErrorKind::NotFound => {
+                return Ok(Vec::new());
+            }
+            entries => entries.map_err(|source| RecordError::Io {
+                op: "list",
+                path: self.items.clone(),
+                source,
+            })?,
+        };
         let mut ids = Vec::new();
         let mut leases = Vec::new();
         for entry in entries.flatten() {
@@ -232,13 +317,15 @@ impl FileRecordStore {
                 ids.push(id.to_owned());
             } else if let Some(id) = name.strip_suffix(LEASE) {
                 leases.push(id.to_owned());
-            } else if name.starts_with('.') && older_than(&entry, ACK_KEEP) {
+            } else if self.writable && name.starts_with('.') && older_than(&entry, ACK_KEEP) {
                 self.remove_file(&entry.path())?;
             }
         }
-        let items: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-        for orphan in leases.iter().filter(|id| !items.contains(id.as_str())) {
-            self.remove_file(&self.path(orphan, LEASE))?;
+        if self.writable {
+            let items: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+            for orphan in leases.iter().filter(|id| !items.contains(id.as_str())) {
+                self.remove_file(&self.path(orphan, LEASE))?;
+            }
         }
         Ok(ids)
     }
@@ -264,7 +351,11 @@ impl FileRecordStore {
             return None;
         }
         let lease = self.read_json(&self.path(id, LEASE));
-        Some(ItemState { item, lease })
+        Some(ItemState {
+            item,
+            lease,
+            quarantined: None,
+        })
     }
 
     fn all(&self) -> Result<Vec<ItemState>, RecordError> {
@@ -278,32 +369,26 @@ impl FileRecordStore {
     }
 
     fn persist_now(&self, stopper: &Owner, record: &StopRecord) -> Result<(), RecordError> {
-        // Again at the stop: the directories may have been removed, or opened up, meanwhile.
-        fsx::prepare_dir(&self.dir, self.allow_shared)?;
-        fsx::prepare_dir(&self.items, self.allow_shared)?;
-        fsx::prepare_dir(&self.acked, self.allow_shared)?;
-        self.sweep_acked()?;
+        self.refuse_read_only()?;
+        // Again at the stop: the directories may have been removed, opened up or given away.
+        self.prepare()?;
+        if let Err(e) = self.sweep_acked() {
+            tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
+                "cannot sweep old acknowledgements; the stop goes on");
+        }
         let stopped_at = record.finished_at;
         for unfinished in &record.unfinished {
-            let Some(id) = unfinished
-                .id
-                .as_deref()
-                .filter(|id| lease::is_valid_item_id(id))
-            else {
-                return Err(RecordError::Invalid {
+            let id =
+                super::store::checked_item(unfinished).map_err(|reason| RecordError::Invalid {
                     path: self.items.clone(),
-                    reason: format!("an item without a valid id: {:?}", unfinished.id),
-                });
+                    reason,
+                })?;
+            let existing = self.state_of(id);
+            let Some(attempts) =
+                super::store::attempts_after_persist(stopper, unfinished, existing.as_ref())
+            else {
+                continue;
             };
-            let mut attempts = 1;
-            if let Some(existing) = self.state_of(id) {
-                if !lease::holds(existing.lease.as_ref(), stopper) {
-                    tracing::warn!(id, holder = ?existing.lease.map(|l| l.owner.to_string()),
-                        "an item handed back is not this process's any more; left to its holder");
-                    continue;
-                }
-                attempts = existing.item.attempts.saturating_add(1);
-            }
             let item = ResumeItem {
                 id: id.to_owned(),
                 participant: unfinished.participant.clone(),
@@ -312,18 +397,45 @@ impl FileRecordStore {
                 stopped_at,
                 attempts,
             };
-            self.write_json(&self.path(id, ITEM), &item)?;
+            let path = self.path(id, ITEM);
+            let bytes = serde_json::to_vec(&item).map_err(|e| RecordError::Invalid {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            if bytes.len() > MAX_FILE_BYTES {
+                return Err(RecordError::Invalid {
+                    path,
+                    reason: format!(
+                        "the item file would be {} bytes, over the {MAX_FILE_BYTES} this store \
+                         reads back",
+                        bytes.len()
+                    ),
+                });
+            }
+            write_unique(&path, &bytes, true)?;
             self.remove_file(&self.path(id, LEASE))?;
         }
-        self.write_json(&StopRecord::path(&self.dir), record)
+        // The summary is for people: the items above are durable whatever happens to it, so a
+        // summary that cannot be written is a warning, never a lost stop.
+        if let Err(e) = self.write_json(&StopRecord::path(&self.dir), record) {
+            tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
+                "cannot write the stop's summary for people; the unfinished items are durable");
+        }
+        Ok(())
     }
 
     /// A summary written before items had ids (an earlier version) still holds its items:
     /// turn them into item files once, so upgrading loses nothing.
     fn import_legacy(&self) -> Result<(), RecordError> {
-        let path = StopRecord::path(&self.dir);
-        let Some(mut record) = self.read_json::<StopRecord>(&path) else {
-            return Ok(());
+        let mut record = match StopRecord::read(&self.dir) {
+            Ok(Some(record)) => record,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                // Only the summary for people: the items are in their own files.
+                tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
+                    "cannot read the last stop's summary; skipped");
+                return Ok(());
+            }
         };
         if record.unfinished.iter().all(|u| u.id.is_some()) {
             return Ok(());
@@ -347,6 +459,7 @@ impl FileRecordStore {
         max: usize,
         lease_for: Duration,
     ) -> Result<Vec<Leased>, RecordError> {
+        self.refuse_read_only()?;
         self.import_legacy()?;
         let now = self.clock.now();
         // Any duration, however large, saturates at the end of time rather than overflowing.
@@ -382,6 +495,7 @@ impl FileRecordStore {
         ids: &[String],
         lease_for: Duration,
     ) -> Result<Vec<String>, RecordError> {
+        self.refuse_read_only()?;
         let now = self.clock.now();
         let mut renewed = Vec::new();
         for id in ids.iter().filter(|id| lease::is_valid_item_id(id)) {
@@ -397,6 +511,7 @@ impl FileRecordStore {
     }
 
     fn acknowledge_now(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
+        self.refuse_read_only()?;
         let unknown = || RecordError::UnknownItem { id: id.to_owned() };
         if self.valid(id).is_none() {
             return Err(unknown());
@@ -435,6 +550,7 @@ impl FileRecordStore {
     }
 
     fn release_now(&self, owner: Option<&Owner>, id: &str) -> Result<bool, RecordError> {
+        self.refuse_read_only()?;
         let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
             return Err(RecordError::UnknownItem { id: id.to_owned() });
         };
@@ -449,17 +565,19 @@ impl FileRecordStore {
                 holder: Some(lease.owner.to_string()),
             });
         }
-        self.remove_file(&self.path(id, LEASE))?;
+        self.remove_durably(&self.path(id, LEASE))?;
         Ok(true)
     }
 
     fn remove_now(&self, id: &str) -> Result<bool, RecordError> {
+        self.refuse_read_only()?;
         if self.valid(id).is_none() {
             return Ok(false);
         }
         let existed = fs::symlink_metadata(self.path(id, ITEM)).is_ok();
+        // The item first: once it is gone for good, a leftover lease is swept as an orphan.
+        self.remove_durably(&self.path(id, ITEM))?;
         self.remove_file(&self.path(id, LEASE))?;
-        self.remove_file(&self.path(id, ITEM))?;
         Ok(existed)
     }
 
@@ -474,8 +592,9 @@ impl RecordStore for FileRecordStore {
         stopper: &'a Owner,
         record: &'a StopRecord,
     ) -> RecordFuture<'a, Persisted> {
-        Box::pin(async move {
-            self.locked(|| self.persist_now(stopper, record))
+        let (stopper, record) = (stopper.clone(), record.clone());
+        self.off_thread(move |s| {
+            s.persist_now(&stopper, &record)
                 .map(|()| Persisted::Durable)
         })
     }
@@ -486,7 +605,8 @@ impl RecordStore for FileRecordStore {
         max: usize,
         lease_for: Duration,
     ) -> RecordFuture<'a, Vec<Leased>> {
-        Box::pin(async move { self.locked(|| self.lease_now(owner, max, lease_for)) })
+        let owner = owner.clone();
+        self.off_thread(move |s| s.lease_now(&owner, max, lease_for))
     }
 
     fn renew<'a>(
@@ -495,27 +615,56 @@ impl RecordStore for FileRecordStore {
         ids: &'a [String],
         lease_for: Duration,
     ) -> RecordFuture<'a, Vec<String>> {
-        Box::pin(async move { self.locked(|| self.renew_now(owner, ids, lease_for)) })
+        let (owner, ids) = (owner.clone(), ids.to_vec());
+        self.off_thread(move |s| s.renew_now(&owner, &ids, lease_for))
     }
 
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {
-        Box::pin(async move { self.locked(|| self.acknowledge_now(owner, id)) })
+        let (owner, id) = (owner.clone(), id.to_owned());
+        self.off_thread(move |s| s.acknowledge_now(&owner, &id))
     }
 
     fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
-        Box::pin(async move { self.locked(|| self.release_now(owner, id)) })
+        let (owner, id) = (owner.cloned(), id.to_owned());
+        self.off_thread(move |s| s.release_now(owner.as_ref(), &id))
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
-        Box::pin(async move { self.locked(|| self.remove_now(id)) })
+        let id = id.to_owned();
+        self.off_thread(move |s| s.remove_now(&id))
     }
 
     fn list(&self) -> RecordFuture<'_, Vec<ItemState>> {
-        Box::pin(async move { self.locked(|| self.all()) })
+        self.off_thread(FileRecordStore::all)
     }
 
     fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>> {
-        Box::pin(async move { StopRecord::read(&self.dir) })
+        self.off_thread(|s| StopRecord::read(&s.dir))
+    }
+}
+
+impl FileRecordStore {
+    /// Runs `op` holding the directory's lock, on the tokio runtime's blocking threads when
+    /// polled inside one (the actix `System`: its event loop never waits on the disk or on
+    /// another process's lock), else right here.
+    fn off_thread<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&FileRecordStore) -> Result<T, RecordError> + Send + 'static,
+    ) -> RecordFuture<'static, T> {
+        let store = self.clone();
+        Box::pin(async move {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => runtime
+                    .spawn_blocking(move || store.locked(|| op(&store)))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(RecordError::Backend {
+                            message: format!("the state directory's worker thread failed: {e}"),
+                        })
+                    }),
+                Err(_) => store.locked(|| op(&store)),
+            }
+        })
     }
 }
 

@@ -21,7 +21,7 @@
 use super::file::FileRecordStore;
 use super::lease::{self, Lease, Liveness, Owner};
 use super::store::{
-    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, lease_end,
+    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, checked_item, lease_end,
 };
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Config, NoTls, Row};
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// How long any one database operation may take before it fails (and a stop spills).
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
@@ -64,6 +64,9 @@ pub struct PgRecordStore {
     service: String,
     connector: Connector,
     client: Arc<tokio::sync::Mutex<Option<Client>>>,
+    /// The server process of the current connection (`pg_backend_pid()`), and of the last one
+    /// abandoned by a timeout: what a timed-out call may still be doing on the server.
+    backends: Arc<std::sync::Mutex<Backends>>,
     clock: Arc<dyn Clock>,
     liveness: LivenessProbe,
     spill: Option<FileRecordStore>,
@@ -147,6 +150,13 @@ pub fn pg_config(url: &str) -> Result<Config, RecordError> {
     Ok(config)
 }
 
+/// See [`PgRecordStore::backends`].
+#[derive(Debug, Default)]
+struct Backends {
+    current: Option<i32>,
+    abandoned: Option<i32>,
+}
+
 /// The encoded owner, one column the queries compare: `host|pid|start`.
 fn owner_key(owner: &Owner) -> String {
     format!("{}|{}|{}", owner.host, owner.pid, owner.start)
@@ -157,43 +167,102 @@ fn as_i64(v: u64) -> i64 {
     v as i64
 }
 
-fn item_of(row: &Row) -> Result<ItemState, RecordError> {
-    let get = |e: tokio_postgres::Error| backend("an item row does not fit this schema", e);
-    let attempts: i32 = row.try_get("attempts").map_err(get)?;
+/// One column of a row, or its type's default with the problem noted: a hand-edited row (a NULL,
+/// another type) is reported, never a panic.
+fn col<T>(row: &Row, name: &str, problems: &mut Vec<String>) -> T
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a> + Default,
+{
+    match row.try_get::<_, Option<T>>(name) {
+        Ok(Some(value)) => value,
+        Ok(None) => {
+            problems.push(format!("{name} is NULL"));
+            T::default()
+        }
+        Err(e) => {
+            problems.push(format!("{name}: {e}"));
+            T::default()
+        }
+    }
+}
+
+/// A process id from its `bigint` column, noting one out of range.
+fn pid_of(value: i64, name: &str, problems: &mut Vec<String>) -> u32 {
+    u32::try_from(value).unwrap_or_else(|_| {
+        problems.push(format!("{name} {value} is not a process id"));
+        0
+    })
+}
+
+/// An item row as the crate reads it, and why it cannot be accepted, if it cannot (a NULL where
+/// a value belongs, an id that is not an item id, a negative count, a lease without its owner or
+/// expiry, or a quarantine already recorded). A row with a problem is quarantined: listed, never
+/// offered, never handed out under a new id.
+fn item_of(row: &Row) -> (ItemState, Option<String>) {
+    let mut problems = Vec::new();
+    let p = &mut problems;
+    let id: String = col(row, "id", p);
+    if !lease::is_valid_item_id(&id) {
+        p.push(format!(
+            "{id:?} is not an item id (1 to 128 of A-Z a-z 0-9 - _)"
+        ));
+    }
+    let attempts: i32 = col(row, "attempts", p);
+    if attempts < 0 {
+        p.push(format!("attempts {attempts} is negative"));
+    }
+    let by_pid: i64 = col(row, "stopped_by_pid", p);
     let item = ResumeItem {
-        id: row.try_get("id").map_err(get)?,
-        participant: row.try_get("participant").map_err(get)?,
-        item: row.try_get("item").map_err(get)?,
+        participant: col(row, "participant", p),
+        item: col(row, "item", p),
         stopped_by: Owner::new(
-            row.try_get::<_, String>("stopped_by_host").map_err(get)?,
-            row.try_get::<_, i64>("stopped_by_pid").map_err(get)? as u32,
-            row.try_get::<_, i64>("stopped_by_start").map_err(get)? as u64,
+            col::<String>(row, "stopped_by_host", p),
+            pid_of(by_pid, "stopped_by_pid", p),
+            col::<i64>(row, "stopped_by_start", p) as u64,
         ),
-        stopped_at: row.try_get("stopped_at").map_err(get)?,
+        stopped_at: col(row, "stopped_at", p),
         attempts: u32::try_from(attempts).unwrap_or(0),
+        id,
     };
-    let lease = match row
-        .try_get::<_, Option<String>>("lease_host")
-        .map_err(get)?
-    {
-        None => None,
-        Some(host) => Some(Lease::new(
-            Owner::new(
-                host,
-                row.try_get::<_, i64>("lease_pid").map_err(get)? as u32,
-                row.try_get::<_, i64>("lease_start").map_err(get)? as u64,
-            ),
-            row.try_get("leased_at").map_err(get)?,
-            row.try_get("lease_expires").map_err(get)?,
-        )),
+    let lease = match row.try_get::<_, Option<String>>("lease_owner") {
+        Ok(None) => None,
+        Ok(Some(_)) => {
+            let pid: i64 = col(row, "lease_pid", p);
+            Some(Lease::new(
+                Owner::new(
+                    col::<String>(row, "lease_host", p),
+                    pid_of(pid, "lease_pid", p),
+                    col::<i64>(row, "lease_start", p) as u64,
+                ),
+                col(row, "leased_at", p),
+                col(row, "lease_expires", p),
+            ))
+        }
+        Err(e) => {
+            p.push(format!("lease_owner: {e}"));
+            None
+        }
     };
-    Ok(ItemState { item, lease })
+    let recorded = row
+        .try_get::<_, Option<String>>("quarantined")
+        .ok()
+        .flatten();
+    let problem = recorded.or_else(|| (!problems.is_empty()).then(|| problems.join("; ")));
+    (
+        ItemState {
+            item,
+            lease,
+            quarantined: problem.clone(),
+        },
+        problem,
+    )
 }
 
 const COLUMNS: &str = "id, participant, item, stopped_by_host, stopped_by_pid, stopped_by_start, \
-    stopped_at, attempts, lease_host, lease_pid, lease_start, leased_at, lease_expires";
+    stopped_at, attempts, lease_owner, lease_host, lease_pid, lease_start, leased_at, lease_expires, \
+    quarantined";
 
-const MIGRATIONS: [&str; 1] = [
+const MIGRATIONS: [&str; 2] = [
     // 1: items with their lease, acknowledgements, the last stop per service.
     "CREATE TABLE planned_stop_items (
         service text NOT NULL,
@@ -226,6 +295,8 @@ const MIGRATIONS: [&str; 1] = [
         record jsonb NOT NULL,
         written_at timestamptz NOT NULL
      );",
+    // 2: rows the crate cannot accept are quarantined (the reason), never offered again.
+    "ALTER TABLE planned_stop_items ADD COLUMN quarantined text;",
 ];
 
 /// Creates or upgrades the schema, once per database whatever the number of replicas starting.
@@ -245,7 +316,18 @@ async fn migrate(client: &mut Client) -> Result<(), RecordError> {
         .query("SELECT version FROM planned_stop_schema", &[])
         .await
         .map_err(|e| backend("cannot read the schema version", e))?;
-    let version: i32 = rows.first().map_or(0, |r| r.get(0));
+    let version: i32 = match rows.first().map(|r| r.try_get::<_, Option<i32>>(0)) {
+        None => 0,
+        Some(Ok(Some(version))) if version >= 0 => version,
+        Some(found) => {
+            return Err(RecordError::Backend {
+                message: format!(
+                    "planned_stop_schema holds no schema version the crate can read ({found:?}); \
+                     fix or drop the table by hand"
+                ),
+            });
+        }
+    };
     if version > SCHEMA_VERSION {
         return Err(RecordError::Backend {
             message: format!(
@@ -275,6 +357,31 @@ async fn migrate(client: &mut Client) -> Result<(), RecordError> {
         .map_err(|e| backend("cannot commit the schema migration", e))
 }
 
+/// Marks a row the crate cannot accept, once: it keeps its data for the operator (`records list`
+/// shows it with the reason) and loses any lease, and no lease ever offers it again.
+async fn quarantine(
+    tx: &tokio_postgres::Transaction<'_>,
+    service: &str,
+    id: &str,
+    reason: &str,
+) -> Result<(), RecordError> {
+    tracing::warn!(
+        id,
+        reason,
+        "an item row the crate cannot accept is quarantined: never \
+        offered again; `planned-stop records list` shows it, `records drop` removes it"
+    );
+    tx.execute(
+        "UPDATE planned_stop_items SET quarantined = $3, lease_owner = NULL, lease_host = NULL, \
+         lease_pid = NULL, lease_start = NULL, leased_at = NULL, lease_expires = NULL \
+         WHERE service = $1 AND id = $2",
+        &[&service, &id, &reason],
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| backend("quarantine an item row", e))
+}
+
 impl PgRecordStore {
     /// A store for `service` in the database `config` names. Nothing is connected yet: the first
     /// operation (or [`PgRecordStore::connect`]) connects and creates the schema.
@@ -294,6 +401,7 @@ impl PgRecordStore {
                 })
             }),
             client: Arc::new(tokio::sync::Mutex::new(None)),
+            backends: Arc::default(),
             clock: Arc::new(SystemClock),
             liveness: Arc::new(Owner::liveness_here),
             spill: None,
@@ -378,6 +486,14 @@ impl PgRecordStore {
                     )
                 })?;
                 migrate(&mut client).await?;
+                let pid = client
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .await
+                    .ok()
+                    .and_then(|row| row.try_get::<_, i32>(0).ok());
+                if let Ok(mut backends) = self.backends.lock() {
+                    backends.current = pid;
+                }
                 *guard = Some(client);
             }
             let client = guard.as_mut().expect("connected above");
@@ -387,12 +503,18 @@ impl PgRecordStore {
             }
             result
         };
-        match tokio::time::timeout(self.timeout, work).await {
+        // Bound first, so the abandoned work (and its hold on the client) is dropped here.
+        let finished = tokio::time::timeout(self.timeout, work).await;
+        match finished {
             Ok(result) => result,
             Err(_) => {
-                // Whatever was in flight is abandoned: the next operation connects afresh.
+                // Whatever was in flight is abandoned: the next operation connects afresh, and the
+                // server process that may still be working on it is remembered.
                 if let Ok(mut guard) = self.client.try_lock() {
                     *guard = None;
+                    if let Ok(mut backends) = self.backends.lock() {
+                        backends.abandoned = backends.current.take();
+                    }
                 }
                 Err(RecordError::Backend {
                     message: format!(
@@ -410,16 +532,21 @@ impl PgRecordStore {
         let record = record.clone();
         self.run(move |client| {
             Box::pin(async move {
-                let mut ids = Vec::new();
-                let mut participants = Vec::new();
-                let mut values = Vec::new();
+                // New work and handed-back items apart: a handed-back item is written again only
+                // while this process holds it (`attempts_after_persist`, the rule every store
+                // follows), so an acknowledgement or an operator's drop is never undone.
+                let (mut ids, mut participants, mut values) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut back, mut back_participants, mut back_values) =
+                    (Vec::new(), Vec::new(), Vec::new());
                 for unfinished in &record.unfinished {
-                    let Some(id) = unfinished.id.as_deref().filter(|id| lease::is_valid_item_id(id))
-                    else {
-                        return Err(RecordError::Invalid {
-                            path: "postgres".into(),
-                            reason: format!("an item without a valid id: {:?}", unfinished.id),
-                        });
+                    let id = checked_item(unfinished).map_err(|reason| RecordError::Invalid {
+                        path: "postgres".into(),
+                        reason,
+                    })?;
+                    let (ids, participants, values) = if unfinished.resumed {
+                        (&mut back, &mut back_participants, &mut back_values)
+                    } else {
+                        (&mut ids, &mut participants, &mut values)
                     };
                     ids.push(id.to_owned());
                     participants.push(unfinished.participant.clone());
@@ -427,20 +554,22 @@ impl PgRecordStore {
                 }
                 let by = (&stopper.host, as_i64(u64::from(stopper.pid)), as_i64(stopper.start));
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
-                // Items this process holds come back pending, their attempts counted up.
+                // Items this process holds come back pending, their attempts counted up (saturating:
+                // a row with attempts at the top of `integer` must not fail the stop).
                 let handed_back = tx
                     .execute(
                         "UPDATE planned_stop_items AS i SET participant = n.participant, item = n.item, \
                          stopped_by_host = $4, stopped_by_pid = $5, stopped_by_start = $6, stopped_at = $7, \
-                         attempts = i.attempts + 1, lease_owner = NULL, lease_host = NULL, lease_pid = NULL, \
-                         lease_start = NULL, leased_at = NULL, lease_expires = NULL \
+                         attempts = LEAST(GREATEST(i.attempts, 0), 2147483646) + 1, lease_owner = NULL, \
+                         lease_host = NULL, lease_pid = NULL, lease_start = NULL, leased_at = NULL, \
+                         lease_expires = NULL \
                          FROM unnest($2::text[], $3::text[], $9::jsonb[]) AS n(id, participant, item) \
-                         WHERE i.service = $1 AND i.id = n.id AND i.lease_owner = $8",
-                        &[&service, &ids, &participants, by.0, &by.1, &by.2, &record.finished_at, &owner_key(&stopper), &values],
+                         WHERE i.service = $1 AND i.id = n.id AND i.lease_owner = $8 AND i.quarantined IS NULL",
+                        &[&service, &back, &back_participants, by.0, &by.1, &by.2, &record.finished_at, &owner_key(&stopper), &back_values],
                     )
                     .await
                     .map_err(|e| backend("hand items back", e))?;
-                // New items; one that exists already (held by someone else) is left to its holder.
+                // New items: written once.
                 let inserted = tx
                     .execute(
                         "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
@@ -452,9 +581,12 @@ impl PgRecordStore {
                     )
                     .await
                     .map_err(|e| backend("insert the items", e))?;
-                let left_alone = ids.len() as u64 - handed_back.min(ids.len() as u64) - inserted.min(ids.len() as u64);
+                let left_alone = (back.len() as u64).saturating_sub(handed_back)
+                    + (ids.len() as u64).saturating_sub(inserted);
                 if left_alone > 0 {
-                    tracing::warn!(left_alone, "items handed back that are not this process's any more; left to their holders");
+                    tracing::warn!(left_alone, "items handed back that are not this process's any \
+                        more (acknowledged, dropped or released by an operator, or taken over), or \
+                        new items whose id was taken; left as they are");
                 }
                 let summary = serde_json::to_value(&record).map_err(|e| backend("encode the stop record", e))?;
                 tx.execute(
@@ -487,11 +619,23 @@ impl PgRecordStore {
             Box::pin(async move {
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
                 for item in &items {
+                    // A new item is inserted unless it was acknowledged or dropped meanwhile; an
+                    // item the spilling process had leased from the database replaces the stale
+                    // row (newer content, attempts counted up, pending) while that process still
+                    // holds it there, and is left to whoever holds it otherwise.
                     tx.execute(
                         "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
                          stopped_by_pid, stopped_by_start, stopped_at, attempts) \
                          SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE NOT EXISTS \
-                         (SELECT 1 FROM planned_stop_acks WHERE service = $1 AND id = $2) ON CONFLICT DO NOTHING",
+                         (SELECT 1 FROM planned_stop_acks WHERE service = $1 AND id = $2) \
+                         ON CONFLICT (service, id) DO UPDATE SET participant = EXCLUDED.participant, \
+                         item = EXCLUDED.item, stopped_by_host = EXCLUDED.stopped_by_host, \
+                         stopped_by_pid = EXCLUDED.stopped_by_pid, stopped_by_start = EXCLUDED.stopped_by_start, \
+                         stopped_at = EXCLUDED.stopped_at, \
+                         attempts = LEAST(GREATEST(planned_stop_items.attempts, 0), 2147483646) + 1, \
+                         lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_start = NULL, \
+                         leased_at = NULL, lease_expires = NULL \
+                         WHERE planned_stop_items.lease_owner = $10 AND planned_stop_items.quarantined IS NULL",
                         &[
                             &service,
                             &item.id,
@@ -502,6 +646,7 @@ impl PgRecordStore {
                             &as_i64(item.stopped_by.start),
                             &item.stopped_at,
                             &i32::try_from(item.attempts).unwrap_or(i32::MAX),
+                            &owner_key(&item.stopped_by),
                         ],
                     )
                     .await
@@ -537,11 +682,11 @@ impl PgRecordStore {
         owner: &Owner,
         max: usize,
         lease_for: Duration,
+        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<Leased>, RecordError> {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let now = self.clock.now();
         let expires_at = lease_end(now, lease_for);
         let service = self.service.clone();
         let owner = owner.clone();
@@ -552,15 +697,24 @@ impl PgRecordStore {
                 let holders = client
                     .query(
                         "SELECT DISTINCT lease_host, lease_pid, lease_start, lease_owner FROM planned_stop_items \
-                         WHERE service = $1 AND lease_owner IS NOT NULL",
+                         WHERE service = $1 AND lease_owner IS NOT NULL AND quarantined IS NULL",
                         &[&service],
                     )
                     .await
                     .map_err(|e| backend("list the lease holders", e))?;
                 let mut seen: HashMap<String, Liveness> = HashMap::new();
                 for row in &holders {
-                    let holder = Owner::new(row.get::<_, String>(0), row.get::<_, i64>(1) as u32, row.get::<_, i64>(2) as u64);
-                    seen.insert(row.get(3), liveness(&holder));
+                    // A holder with a missing part is not looked up: its row is examined (and
+                    // quarantined) below.
+                    let mut problems = Vec::new();
+                    let host: String = col(row, "lease_host", &mut problems);
+                    let pid: i64 = col(row, "lease_pid", &mut problems);
+                    let start: i64 = col(row, "lease_start", &mut problems);
+                    let key: String = col(row, "lease_owner", &mut problems);
+                    let pid = pid_of(pid, "lease_pid", &mut problems);
+                    if problems.is_empty() {
+                        seen.insert(key, liveness(&Owner::new(host, pid, start as u64)));
+                    }
                 }
                 let dead: Vec<String> = seen
                     .iter()
@@ -579,8 +733,9 @@ impl PgRecordStore {
                     let rows = tx
                         .query(
                             &format!(
-                                "SELECT {COLUMNS} FROM planned_stop_items WHERE service = $1 \
-                                 AND (lease_owner IS NULL OR lease_expires <= $2 OR lease_owner = ANY($3)) \
+                                "SELECT {COLUMNS} FROM planned_stop_items WHERE service = $1 AND quarantined IS NULL \
+                                 AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= $2 \
+                                 OR lease_owner = ANY($3)) \
                                  AND NOT (id = ANY($4)) ORDER BY stopped_at, id LIMIT $5 FOR UPDATE SKIP LOCKED"
                             ),
                             &[&service, &now, &dead, &examined, &want],
@@ -592,8 +747,12 @@ impl PgRecordStore {
                     }
                     let mut taken = Vec::new();
                     for row in &rows {
-                        let state = item_of(row)?;
+                        let (state, problem) = item_of(row);
                         examined.push(state.item.id.clone());
+                        if let Some(reason) = problem {
+                            quarantine(&tx, &service, &state.item.id, &reason).await?;
+                            continue;
+                        }
                         let holder = state
                             .lease
                             .as_ref()
@@ -635,6 +794,79 @@ impl PgRecordStore {
         .await
     }
 
+    /// A lease call failed, perhaps after the server committed it (the commit outlasted the
+    /// operation timeout): the caller got nothing, so nothing it might have been given may stay
+    /// leased to this live process. Releases, in the background until it succeeds (at most a few
+    /// minutes), every item leased to `owner` by that call (`leased_at` = `stamp`).
+    fn release_uncertain(&self, owner: &Owner, stamp: chrono::DateTime<chrono::Utc>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key) = (self.clone(), owner_key(owner));
+        let abandoned = self
+            .backends
+            .lock()
+            .ok()
+            .and_then(|mut b| b.abandoned.take());
+        runtime.spawn(async move {
+            let mut wait = Duration::from_millis(100);
+            for _ in 0..20 {
+                let (service, key) = (store.service.clone(), key.clone());
+                let released = store
+                    .run(move |client| {
+                        Box::pin(async move {
+                            // The abandoned call may still be committing on the server: end it
+                            // and wait until its server process is gone, so what it did is final
+                            // (committed or rolled back) before the release looks.
+                            if let Some(pid) = abandoned {
+                                let _ = client.execute("SELECT pg_terminate_backend($1)", &[&pid]).await;
+                                let gone = client
+                                    .query_one(
+                                        "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                                        &[&pid],
+                                    )
+                                    .await
+                                    .map_err(|e| backend("look for the abandoned call", e))?
+                                    .try_get::<_, bool>(0)
+                                    .unwrap_or(false);
+                                if !gone {
+                                    return Err(backend("the abandoned call", "still running"));
+                                }
+                            }
+                            client
+                                .execute(
+                                    "UPDATE planned_stop_items SET lease_owner = NULL, lease_host = NULL, \
+                                     lease_pid = NULL, lease_start = NULL, leased_at = NULL, lease_expires = NULL \
+                                     WHERE service = $1 AND lease_owner = $2 AND leased_at = $3",
+                                    &[&service, &key, &stamp],
+                                )
+                                .await
+                                .map_err(|e| backend("release what a failed lease took", e))
+                        })
+                    })
+                    .await;
+                match released {
+                    Ok(n) => {
+                        if n > 0 {
+                            tracing::warn!(items = n, "a lease call failed after the database \
+                                had taken items for it; they are pending again");
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %crate::error_chain::ErrorChain(&e),
+                            "cannot release what a failed lease may have taken yet; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+            tracing::error!("could not release what a failed lease call may have taken: such \
+                items stay leased to this process until it exits; `planned-stop records release` \
+                frees them");
+        });
+    }
+
     async fn acknowledge_db(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
         let service = self.service.clone();
         let owner = owner_key(owner);
@@ -665,7 +897,10 @@ impl PgRecordStore {
                     .map_err(|e| backend("read an item", e))?;
                 match row {
                     None => Err(RecordError::UnknownItem { id }),
-                    Some(row) => Err(RecordError::NotHolder { id, holder: row.get(0) }),
+                    Some(row) => Err(RecordError::NotHolder {
+                        id,
+                        holder: row.try_get::<_, Option<String>>(0).ok().flatten(),
+                    }),
                 }
             })
         })
@@ -689,7 +924,9 @@ impl PgRecordStore {
                 let Some(row) = row else {
                     return Err(RecordError::UnknownItem { id });
                 };
-                let holder: Option<String> = row.get(0);
+                let holder: Option<String> = row
+                    .try_get(0)
+                    .map_err(|e| backend("an item row does not fit this schema", e))?;
                 let Some(holder) = holder else {
                     return Ok(false);
                 };
@@ -726,7 +963,13 @@ impl RecordStore for PgRecordStore {
                     Some(spill) => {
                         tracing::warn!(error = %crate::error_chain::ErrorChain(&e), dir = %spill.dir().display(),
                             "PostgreSQL is unreachable at the stop: the items are kept on this host and pushed at the next start");
-                        spill.persist(stopper, record).await?;
+                        // The spill keeps every item as this host's own: the lease of a handed-back
+                        // item is in the database, and the push decides there (see push_spilled).
+                        let mut own = record.clone();
+                        for item in &mut own.unfinished {
+                            item.resumed = false;
+                        }
+                        spill.persist(stopper, &own).await?;
                         Ok(Persisted::Spilled {
                             reason: e.to_string(),
                         })
@@ -748,7 +991,14 @@ impl RecordStore for PgRecordStore {
             if let Err(e) = self.push_spilled().await {
                 tracing::warn!(error = %crate::error_chain::ErrorChain(&e), "cannot push the spilled items yet; they stay on this host");
             }
-            self.lease_db(owner, max, lease_for).await
+            // Each call's leases carry its own `leased_at`: what a failed call may have taken
+            // (a commit that outlasted the timeout) can be named and released.
+            let now = self.clock.now();
+            let leased = self.lease_db(owner, max, lease_for, now).await;
+            if leased.is_err() {
+                self.release_uncertain(owner, now);
+            }
+            leased
         })
     }
 
@@ -774,7 +1024,7 @@ impl RecordStore for PgRecordStore {
                     .await
                     .map_err(|e| backend("renew the leases", e))?;
                 let renewed: std::collections::HashSet<String> =
-                    rows.iter().map(|r| r.get(0)).collect();
+                    rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
                 Ok(ids.into_iter().filter(|id| renewed.contains(id)).collect())
             })
         }))
@@ -791,16 +1041,22 @@ impl RecordStore for PgRecordStore {
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
         let service = self.service.clone();
         let id = id.to_owned();
+        let now = self.clock.now();
         Box::pin(self.run(move |client| {
             Box::pin(async move {
-                let n = client
-                    .execute(
-                        "DELETE FROM planned_stop_items WHERE service = $1 AND id = $2",
-                        &[&service, &id],
+                // The drop leaves a tombstone, as an acknowledgement does: a spilled copy of the
+                // item pushed later is not brought back.
+                let row = client
+                    .query_one(
+                        "WITH gone AS (DELETE FROM planned_stop_items WHERE service = $1 AND id = $2 RETURNING id), \
+                         tomb AS (INSERT INTO planned_stop_acks (service, id, acked_by, acked_at) \
+                         SELECT $1, id, 'operator (records drop)', $3 FROM gone ON CONFLICT DO NOTHING) \
+                         SELECT count(*) FROM gone",
+                        &[&service, &id, &now],
                     )
                     .await
                     .map_err(|e| backend("drop an item", e))?;
-                Ok(n > 0)
+                Ok(row.try_get::<_, i64>(0).unwrap_or(0) > 0)
             })
         }))
     }
@@ -816,7 +1072,7 @@ impl RecordStore for PgRecordStore {
                     )
                     .await
                     .map_err(|e| backend("list the items", e))?;
-                rows.iter().map(item_of).collect()
+                Ok(rows.iter().map(|row| item_of(row).0).collect())
             })
         }))
     }
@@ -834,8 +1090,12 @@ impl RecordStore for PgRecordStore {
                     .map_err(|e| backend("read the stop record", e))?;
                 match row {
                     None => Ok(None),
-                    Some(row) => serde_json::from_value(row.get(0))
-                        .map(Some)
+                    Some(row) => row
+                        .try_get::<_, Option<serde_json::Value>>(0)
+                        .ok()
+                        .flatten()
+                        .map(serde_json::from_value)
+                        .transpose()
                         .map_err(|e| backend("the stored stop record does not parse", e)),
                 }
             })

@@ -10,8 +10,8 @@
 //! The methods return boxed futures so a network backend can be asynchronous and the trait stays
 //! usable as `Arc<dyn RecordStore>`; the file store does its (short, local) work when polled.
 
-use super::lease::{Lease, Owner};
-use super::{RecordError, StopRecord};
+use super::lease::{Lease, Owner, holds, is_valid_item_id};
+use super::{RecordError, StopRecord, Unfinished};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -54,6 +54,10 @@ pub struct ItemState {
     pub item: ResumeItem,
     /// Who is resuming it; `None` while pending.
     pub lease: Option<Lease>,
+    /// Why the store does not accept the item, when it does not (a hand-edited database row:
+    /// a NULL, an id that is not an item id): it is kept for the operator and never offered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 /// An item leased to the caller: resume it, then acknowledge it (or hand it back).
@@ -132,6 +136,68 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// The summary of the most recent stop persisted here, if any.
     fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>>;
+}
+
+/// The id of an item about to be persisted, when it may be: a valid id
+/// ([`crate::is_valid_item_id`]) and an item within [`crate::MAX_ITEM_BYTES`]. Every store calls
+/// it before writing anything, so no store holds what another would refuse or could not read back.
+pub(crate) fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
+    let id = unfinished
+        .id
+        .as_deref()
+        .filter(|id| is_valid_item_id(id))
+        .ok_or_else(|| format!("an item without a valid id: {:?}", unfinished.id))?;
+    match crate::record::oversized(&unfinished.item) {
+        Some(size) => Err(format!(
+            "item {id} is {size} bytes of JSON, over the limit of {} (MAX_ITEM_BYTES)",
+            crate::record::MAX_ITEM_BYTES
+        )),
+        None => Ok(id),
+    }
+}
+
+/// What a stop writes for `unfinished`, given what the store holds under its id (`existing`):
+/// the item's attempt count, or `None` to leave the stored item as it is. The one rule every
+/// store follows:
+///
+/// - new work (`resumed: false`) is written once, with attempt 1; an id already taken is left;
+/// - a handed-back item is written again (pending, attempts + 1) only while `stopper` holds its
+///   lease. One that is gone (acknowledged, or dropped by an operator) is not brought back, and one
+///   someone else holds now (released by an operator, or taken over after its lease lapsed) is
+///   theirs: the operator's decision wins over the holder's hand-back.
+pub(crate) fn attempts_after_persist(
+    stopper: &Owner,
+    unfinished: &Unfinished,
+    existing: Option<&ItemState>,
+) -> Option<u32> {
+    let id = unfinished.id.as_deref().unwrap_or_default();
+    match (unfinished.resumed, existing) {
+        (false, None) => Some(1),
+        (false, Some(_)) => {
+            tracing::warn!(
+                id,
+                "a new item's id is taken already; the stored item is kept"
+            );
+            None
+        }
+        (true, Some(existing)) if holds(existing.lease.as_ref(), stopper) => {
+            Some(existing.item.attempts.saturating_add(1))
+        }
+        (true, Some(existing)) => {
+            tracing::warn!(id, holder = ?existing.lease.as_ref().map(|l| l.owner.to_string()),
+                "an item handed back is not this process's any more (released by an operator, or \
+                 taken over); left as it is");
+            None
+        }
+        (true, None) => {
+            tracing::warn!(
+                id,
+                "an item handed back is no longer in the record store \
+                (acknowledged, or dropped by an operator); not written again"
+            );
+            None
+        }
+    }
 }
 
 /// The end of a lease taken or renewed at `now` for `lease_for`: saturates at the end of time.

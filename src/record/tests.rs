@@ -22,6 +22,7 @@ fn record() -> StopRecord {
             id: Some("item-1".into()),
             participant: "jobs".into(),
             item: "job-3".into(),
+            resumed: false,
         }],
         unanswered: vec![],
         notes: vec![],
@@ -29,6 +30,14 @@ fn record() -> StopRecord {
         action: crate::marker::StopAction::Stop,
         exit_code: 0,
     }
+}
+
+/// `record` with every item handed back by its holder rather than new.
+fn handed_back(mut record: StopRecord) -> StopRecord {
+    for item in &mut record.unfinished {
+        item.resumed = true;
+    }
+    record
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -96,11 +105,11 @@ fn an_item_handed_back_by_its_holder_is_pending_again_with_its_attempts_counted(
     block_on(store.persist(&owner(42), &record())).unwrap();
     block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     // Someone else handing it back changes nothing: it is not theirs.
-    block_on(store.persist(&owner(9), &record())).unwrap();
+    block_on(store.persist(&owner(9), &handed_back(record()))).unwrap();
     let listed = block_on(store.list()).unwrap();
     assert_eq!(listed[0].lease.as_ref().unwrap().owner, owner(1));
     assert_eq!(listed[0].item.attempts, 1);
-    block_on(store.persist(&owner(1), &record())).unwrap();
+    block_on(store.persist(&owner(1), &handed_back(record()))).unwrap();
     let listed = block_on(store.list()).unwrap();
     assert_eq!(listed[0].lease, None);
     assert_eq!(listed[0].item.attempts, 2);
@@ -190,6 +199,7 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
         id: Some("item-2".into()),
         participant: "jobs".into(),
         item: "job-4".into(),
+        resumed: false,
     });
     block_on(store.persist(&owner(42), &two)).unwrap();
     let fifo = |path: &std::path::Path| {
@@ -333,11 +343,12 @@ fn an_item_file_past_the_size_limit_is_skipped() {
         id: Some("item-2".into()),
         participant: "jobs".into(),
         item: "job-4".into(),
+        resumed: false,
     });
     block_on(store.persist(&owner(42), &two)).unwrap();
     let path = store.dir().join("planned-stop-items/item-1.item.json");
     let mut bytes = fs::read(&path).unwrap();
-    bytes.resize(file::MAX_ITEM_BYTES + 1, b' ');
+    bytes.resize(file::MAX_FILE_BYTES + 1, b' ');
     fs::write(&path, &bytes).unwrap();
     let ids: Vec<_> = block_on(store.list())
         .unwrap()
@@ -409,4 +420,130 @@ fn a_refusal_names_the_holder() {
         err.to_string(),
         "resume item item-1 is not leased by this process (holder: pid 1 (start 1) on here)"
     );
+}
+
+/// Issue 22.1: one limit, the same where items are accepted and where they are read back.
+#[test]
+fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let mut at_limit = record();
+    // A JSON string of exactly MAX_ITEM_BYTES: the quotes and the text.
+    at_limit.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 2));
+    at_limit.unfinished[0].participant = "p".repeat(200);
+    assert_eq!(oversized(&at_limit.unfinished[0].item), None);
+    block_on(store.persist(&owner(42), &at_limit)).unwrap();
+    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(leased.len(), 1, "written, so read back");
+    assert_eq!(leased[0].item.item, at_limit.unfinished[0].item);
+
+    let mut over = record();
+    over.unfinished[0].id = Some("item-big".into());
+    over.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 1));
+    assert_eq!(
+        oversized(&over.unfinished[0].item),
+        Some(MAX_ITEM_BYTES + 1)
+    );
+    let err = block_on(store.persist(&owner(42), &over)).unwrap_err();
+    assert!(
+        matches!(&err, RecordError::Invalid { reason, .. } if reason.contains("over the limit")),
+        "{err}"
+    );
+    assert!(
+        !store
+            .dir()
+            .join("planned-stop-items/item-big.item.json")
+            .exists()
+    );
+}
+
+/// Issue 22.7: an operator's drop or release wins over the holder's later hand-back.
+#[test]
+fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let mut three = record();
+    for n in 2..=3 {
+        three.unfinished.push(Unfinished {
+            id: Some(format!("item-{n}")),
+            participant: "jobs".into(),
+            item: format!("job-{n}").into(),
+            resumed: false,
+        });
+    }
+    block_on(store.persist(&owner(42), &three)).unwrap();
+    let holder = owner(1);
+    assert_eq!(
+        block_on(store.lease(&holder, 10, Duration::from_secs(60)))
+            .unwrap()
+            .len(),
+        3
+    );
+    block_on(store.acknowledge(&holder, "item-1")).unwrap();
+    assert!(block_on(store.remove("item-2")).unwrap(), "dropped");
+    assert!(block_on(store.release(None, "item-3")).unwrap(), "released");
+    let other = owner(2);
+    let taken = block_on(store.lease(&other, 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(taken.len(), 1, "item-3 is someone else's now");
+    // The holder's planned stop hands back all three.
+    block_on(store.persist(&holder, &handed_back(three))).unwrap();
+    let listed = block_on(store.list()).unwrap();
+    let ids: Vec<&str> = listed.iter().map(|s| s.item.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["item-3"],
+        "neither the acknowledged nor the dropped item comes back"
+    );
+    assert_eq!(listed[0].lease.as_ref().unwrap().owner, other);
+    assert_eq!(listed[0].item.attempts, 1);
+}
+
+/// Issue 22.11: the summary is for people; the items are durable without it.
+#[test]
+fn a_summary_that_cannot_be_written_does_not_fail_the_persist() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    fs::create_dir(store.dir().join(RECORD_FILE_NAME)).unwrap();
+    assert_eq!(
+        block_on(store.persist(&owner(42), &record())).unwrap(),
+        Persisted::Durable
+    );
+    let listed = block_on(store.list()).unwrap();
+    assert_eq!(listed.len(), 1, "the item is durable");
+}
+
+/// Issue 22.9: a store opened to look creates nothing and removes nothing.
+#[test]
+fn a_store_opened_to_look_creates_and_removes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    assert!(
+        FileRecordStore::open_existing(&state, false).is_err(),
+        "no directory, no store"
+    );
+    fs::create_dir(&state).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let look = FileRecordStore::open_existing(&state, false).unwrap();
+    assert!(block_on(look.list()).unwrap().is_empty());
+    assert_eq!(block_on(look.last_stop()).unwrap(), None);
+    assert_eq!(
+        fs::read_dir(&state).unwrap().count(),
+        0,
+        "no lock file, no item directories"
+    );
+    assert!(
+        block_on(look.remove("item-1")).is_err(),
+        "it does not write"
+    );
+    // With a service's items there: listed, and an orphaned lease left where it is.
+    let (store, _) = self::store(dir.path());
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    let orphan = state.join("planned-stop-items/gone.lease.json");
+    fs::write(&orphan, b"{}").unwrap();
+    assert_eq!(block_on(look.list()).unwrap().len(), 1);
+    assert!(orphan.exists());
 }

@@ -123,6 +123,10 @@ pub struct RunnerConfig {
     /// a watchdog thread ends the process with the unexpected code: the actor's own timers cannot
     /// fire if something blocks the event loop, and no stop may hang forever. Default 5 s.
     pub overrun_grace: Duration,
+    /// How long persisting the stop record may take (the record store's own budget, apart from
+    /// the drain's): a persist still running then ends the stop as `record_lost`, with the items
+    /// in the ERROR log line, instead of hanging the stop. Default 10 s.
+    pub persist_deadline: Duration,
 }
 
 impl RunnerConfig {
@@ -149,6 +153,7 @@ impl Default for RunnerConfig {
             phase_deadlines: Vec::new(),
             ready_warning: Some(Duration::from_secs(30)),
             overrun_grace: Duration::from_secs(5),
+            persist_deadline: Duration::from_secs(10),
         }
     }
 }

@@ -195,12 +195,14 @@ impl DrainRun {
                         id: None,
                         participant: name.to_owned(),
                         item,
+                        resumed: false,
                     }));
                 self.unfinished
                     .extend(report.handed_back.into_iter().map(|resumed| Unfinished {
                         id: Some(resumed.id),
                         participant: name.to_owned(),
                         item: resumed.item,
+                        resumed: true,
                     }));
                 self.notes.extend(report.notes.into_iter().map(|note| Note {
                     participant: name.to_owned(),

@@ -19,8 +19,10 @@ use chrono::Utc;
 
 impl RunnerActor {
     /// A plain OS thread (not an actix timer, which a blocked event loop would never fire) that
-    /// ends the process with the unexpected code if the runner has not stopped by the drain
-    /// deadline, one answer grace per phase, and the overrun grace.
+    /// ends the process with the unexpected code if the runner has not concluded by the drain
+    /// deadline, one answer grace per phase, the persist deadline and the overrun grace. It
+    /// watches for the final outcome, not for the `Stopped` state, which comes before the persist:
+    /// a persist that hangs is covered too. Before it exits it logs every item not yet durable.
     pub(super) fn arm_overrun_watchdog(&self, within: std::time::Duration) {
         // Only when the runner owns the process's exit, as for the drop guard.
         if !self.config.stop_system {
@@ -29,22 +31,28 @@ impl RunnerActor {
         let phases = DrainPhase::ALL.len() as u32;
         let limit = within
             .saturating_add(self.config.answer_grace.saturating_mul(phases))
+            .saturating_add(drain::clamp(self.config.persist_deadline))
             .saturating_add(drain::clamp(self.config.overrun_grace));
         let status = self.status.subscribe();
         let participants: Vec<String> = self.participants.iter().map(|p| p.name.clone()).collect();
         let code = self.config.exit_codes.unexpected;
+        let pending = self.pending.clone();
         let spawned = std::thread::Builder::new()
             .name("planned-stop-overrun".into())
             .spawn(move || {
                 std::thread::sleep(limit);
-                if status.borrow().state != RunnerState::Stopped {
+                let concluded = status.borrow().exit_code.is_some();
+                if !concluded {
+                    let state = status.borrow().state;
                     tracing::error!(
                         limit_ms = limit.as_millis() as u64,
+                        ?state,
                         ?participants,
                         code,
-                        "the drain overran its deadline and grace (is something blocking the \
-                         event loop?); exiting so the stop cannot hang"
+                        "the stop overran its drain deadline, persist deadline and grace (is \
+                         something blocking the event loop?); exiting so the stop cannot hang"
                     );
+                    log_pending(&pending);
                     std::process::exit(code);
                 }
             });
@@ -110,7 +118,25 @@ impl Drop for RunnerActor {
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");
         }
+        log_pending(&self.pending);
         self.withdraw_presence();
         std::process::exit(code);
+    }
+}
+
+/// Logs the items of a stop that are not durable yet (ERROR, as JSON): the last trace of work
+/// the process is about to end without recording.
+fn log_pending(pending: &super::Pending) {
+    // A poisoned lock still holds the items.
+    let items = match pending.lock() {
+        Ok(p) => p.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    if let Some(items) = items {
+        tracing::error!(
+            %items,
+            "the process ends before these unfinished items were made durable: they are not \
+             recorded anywhere but in this log line; resubmit them"
+        );
     }
 }

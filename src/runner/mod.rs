@@ -39,7 +39,10 @@ use crate::identity::ProcessIdentity;
 use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
 use crate::marker::Marker;
 use crate::outcome::{Outcome, Phase};
-use crate::record::{Owner, Persisted, RecordError, StopRecord, is_valid_item_id, item_id};
+use crate::record::{
+    MAX_ITEM_BYTES, Note, Owner, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id,
+    item_id, oversized,
+};
 use crate::store::MarkerStore;
 use actix::clock::Instant;
 use actix::prelude::*;
@@ -59,7 +62,17 @@ pub struct RunnerActor {
     status: watch::Sender<RunnerStatus>,
     held: Option<PlannedStop>,
     drain: Option<DrainRun>,
+    /// The items of a stop that are not durable yet, as JSON, from the end of the drain until
+    /// the record is persisted: whatever ends the process meanwhile (the overrun watchdog, the
+    /// drop guard) logs them first, so no item is lost without a trace.
+    pending: Pending,
+    /// Items over [`MAX_ITEM_BYTES`]: never written, so the stop ends `record_lost` with them in
+    /// its ERROR log line.
+    unrecorded: Vec<Unfinished>,
 }
+
+/// See [`RunnerActor::pending`].
+pub(crate) type Pending = Arc<std::sync::Mutex<Option<String>>>;
 
 impl RunnerActor {
     /// A runner in `Starting` for the process `own`, claiming its markers from `store`.
@@ -80,6 +93,8 @@ impl RunnerActor {
             status,
             held: None,
             drain: None,
+            pending: Arc::default(),
+            unrecorded: Vec::new(),
         }
     }
 
@@ -313,11 +328,34 @@ impl RunnerActor {
         let unanswered = run.unanswered(&names);
         let stopper = Owner::this_process(&self.own);
         let mut unfinished = run.unfinished;
+        // New work gets its id here; a handed-back item keeps the one its store gave it (never a
+        // new one, which would multiply it).
         for (index, item) in unfinished.iter_mut().enumerate() {
-            if item.id.as_deref().is_none_or(|id| !is_valid_item_id(id)) {
+            if !item.resumed && item.id.as_deref().is_none_or(|id| !is_valid_item_id(id)) {
                 item.id = Some(item_id(&stopper, finished_at, index));
             }
         }
+        // The one size limit, checked where items are accepted: an item no store may hold (too
+        // large, or handed back under an id that is not an item id) is kept out of the record
+        // and ends the stop as `record_lost`, never dropped silently.
+        let (unfinished, unrecorded): (Vec<_>, Vec<_>) = unfinished.into_iter().partition(|u| {
+            oversized(&u.item).is_none() && u.id.as_deref().is_some_and(is_valid_item_id)
+        });
+        let mut notes = run.notes;
+        for item in &unrecorded {
+            let id = item.id.as_deref().unwrap_or_default();
+            let why = match oversized(&item.item) {
+                Some(size) => {
+                    format!("item {id} is {size} bytes of JSON, over the limit of {MAX_ITEM_BYTES}")
+                }
+                None => format!("item {id:?} was handed back under an id that is not an item id"),
+            };
+            notes.push(Note {
+                participant: item.participant.clone(),
+                note: format!("{why}: not recorded (it is in the ERROR log line)"),
+            });
+        }
+        self.unrecorded = unrecorded;
         let record = StopRecord {
             pid: self.own.pid,
             cause: run.cause,
@@ -335,18 +373,32 @@ impl RunnerActor {
             forced: run.forced,
             unfinished,
             unanswered,
-            notes: run.notes,
+            notes,
             phases: run.phases,
             action,
             exit_code: code,
         };
         debug_assert_eq!(record.verdict, run.verdict);
+        if let Ok(mut pending) = self.pending.lock() {
+            *pending = Some(items_json(&record.unfinished, &self.unrecorded));
+        }
         match self.config.records.clone() {
             // Persisted before anything reports the stop: the outcome, the status and the exit
-            // code all wait for the items to be durable.
+            // code all wait for the items to be durable, within the persist's own budget.
             Some(store) => {
+                let budget = self.config.persist_deadline;
                 let persisting = async move {
-                    let result = store.persist(&stopper, &record).await;
+                    let result =
+                        match actix::clock::timeout(budget, store.persist(&stopper, &record)).await
+                        {
+                            Ok(result) => result,
+                            Err(_) => Err(RecordError::Backend {
+                                message: format!(
+                                    "the record store did not finish persisting within {budget:?} \
+                                     (the persist deadline); is it reachable?"
+                                ),
+                            }),
+                        };
                     (record, result)
                 };
                 ctx.wait(
@@ -356,13 +408,14 @@ impl RunnerActor {
                 );
             }
             None => {
-                if !record.unfinished.is_empty() {
+                if !record.unfinished.is_empty() || !self.unrecorded.is_empty() {
                     tracing::error!(
-                        items = %serde_json::to_string(&record.unfinished).unwrap_or_default(),
+                        items = %items_json(&record.unfinished, &self.unrecorded),
                         "no record store is configured (ServiceBuilder::state_dir or \
                          record_store); the unfinished items are only in this log line"
                     );
                 }
+                self.unrecorded.clear();
                 self.conclude(record, Ok(Persisted::Durable), ctx);
             }
         }
@@ -377,7 +430,20 @@ impl RunnerActor {
         ctx: &mut Context<Self>,
     ) {
         let mut spilled = false;
+        let unrecorded = std::mem::take(&mut self.unrecorded);
         let phase = match persisted {
+            Ok(_) if !unrecorded.is_empty() => {
+                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
+                tracing::error!(
+                    code = record.exit_code,
+                    items = %items_json(&[], &unrecorded),
+                    "items no record store may hold were handed back (over the size limit \
+                     MAX_ITEM_BYTES, or under an id that is not an item id): they are not recorded \
+                     anywhere but in this log line; resubmit them, and hand back smaller items (an \
+                     id of the work, not the work itself). The other items are durable"
+                );
+                Phase::RecordLost
+            }
             Ok(how) => {
                 if let Persisted::Spilled { reason } = &how {
                     spilled = true;
@@ -400,13 +466,16 @@ impl RunnerActor {
                 tracing::error!(
                     error = %ErrorChain(&e),
                     code = record.exit_code,
-                    items = %serde_json::to_string(&record.unfinished).unwrap_or_default(),
+                    items = %items_json(&record.unfinished, &unrecorded),
                     "cannot persist the stop record: the unfinished items are not recorded \
                      anywhere but in this log line; resubmit them, then fix the record store"
                 );
                 Phase::RecordLost
             }
         };
+        if let Ok(mut pending) = self.pending.lock() {
+            *pending = None;
+        }
         let code = record.exit_code;
         tracing::info!(
             verdict = ?record.verdict,
@@ -561,6 +630,12 @@ impl Handler<AddParticipant> for RunnerActor {
             recipient: add.recipient,
         });
     }
+}
+
+/// The items of a stop as one JSON array, for the log line that is their last trace.
+fn items_json(recorded: &[Unfinished], unrecorded: &[Unfinished]) -> String {
+    let all: Vec<&Unfinished> = recorded.iter().chain(unrecorded).collect();
+    serde_json::to_string(&all).unwrap_or_default()
 }
 
 /// `at + within` on the wall clock, saturating at the latest time chrono can represent.

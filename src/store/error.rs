@@ -42,6 +42,19 @@ pub enum StoreError {
         /// Its permission bits.
         mode: u32,
     },
+    /// A directory whose files the service acts on belongs to another user (not this process's,
+    /// not root): that user could replace what it holds.
+    #[error(
+        "directory {path} belongs to uid {owner}, not to this process's user or root: that user \
+         could replace what it holds; run the service as its owner, or `chown` it to the \
+         service's user"
+    )]
+    ForeignDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner's uid.
+        owner: u32,
+    },
     /// A file operation failed.
     #[error("cannot {op} {path}")]
     Io {

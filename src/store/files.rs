@@ -24,6 +24,20 @@ pub(crate) enum Found {
 }
 
 impl Found {
+    /// What was found, for a log line: the kind, size or owner, never the bytes.
+    pub(crate) fn describe(&self, limit: usize) -> String {
+        match self {
+            Found::Absent => "absent".to_owned(),
+            Found::Bytes(b) if b.len() > limit => {
+                format!("larger than the limit of {limit} bytes")
+            }
+            Found::Bytes(b) => format!("{} bytes", b.len()),
+            Found::NotAFile(kind) => format!("a {kind:?}, not a regular file"),
+            Found::Unreadable(kind) => format!("unreadable ({kind})"),
+            Found::Foreign(uid) => format!("owned by uid {uid}, not by this user"),
+        }
+    }
+
     pub(super) fn content(&self) -> SlotContent<'_> {
         match self {
             Found::Absent => SlotContent::Absent,
@@ -269,6 +283,29 @@ pub(crate) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
     refuse_shared(dir, &meta, allow_shared)
 }
 
+/// [`prepare_dir`] for a directory whose files this process acts on as its own (the state
+/// directory): also refused when it belongs to another user than this process's or root, who
+/// could rename or replace whatever it holds even though they cannot read it.
+pub(crate) fn prepare_own_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
+    prepare_dir(dir, allow_shared)?;
+    check_own_dir(dir)
+}
+
+/// The owner half of [`prepare_own_dir`], for a directory that must already exist.
+pub(crate) fn check_own_dir(dir: &Path) -> Result<(), StoreError> {
+    let meta = fs::metadata(dir).map_err(|source| StoreError::Directory {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    match os::foreign_owner(&meta) {
+        Some(owner) if owner != 0 => Err(StoreError::ForeignDirectory {
+            path: dir.to_path_buf(),
+            owner,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Makes a rename into or out of `path`'s directory durable.
 pub(crate) fn sync_dir_of(path: &Path) -> Result<(), StoreError> {
     match path.parent() {
@@ -282,6 +319,20 @@ pub(crate) fn open_lock_file(path: &Path) -> io::Result<fs::File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
     os::private_file(&mut options);
+    os::no_follow(&mut options);
+    let file = options.open(path)?;
+    match non_file_kind(&file.metadata()?) {
+        None => Ok(file),
+        Some(kind) => Err(io::Error::other(format!(
+            "a {kind:?} is in the way of the lock file"
+        ))),
+    }
+}
+
+/// Opens an existing lock file to lock it without creating one (a look that must change nothing).
+pub(crate) fn open_existing_lock_file(path: &Path) -> io::Result<fs::File> {
+    let mut options = OpenOptions::new();
+    options.read(true);
     os::no_follow(&mut options);
     let file = options.open(path)?;
     match non_file_kind(&file.metadata()?) {

@@ -29,6 +29,37 @@ pub async fn settle() {
     }
 }
 
+/// Waits until the runner's status satisfies `wanted` (work on the runtime's blocking threads,
+/// such as the file store's, takes its own time: yields alone cannot wait for it). On the paused
+/// clock a status that never comes fails the test once an hour of virtual time has passed,
+/// instead of hanging it.
+pub async fn until(
+    status: &watch::Receiver<RunnerStatus>,
+    wanted: impl Fn(&RunnerStatus) -> bool,
+) -> RunnerStatus {
+    let mut status = status.clone();
+    let waited = tokio::time::timeout(Duration::from_secs(3600), async {
+        loop {
+            let now = status.borrow_and_update().clone();
+            if wanted(&now) {
+                return now;
+            }
+            if status.changed().await.is_err() {
+                return status.borrow().clone();
+            }
+        }
+    });
+    waited
+        .await
+        .expect("the runner never reached the wanted status")
+}
+
+/// Waits until the runner has concluded its stop (its exit code is known: the record is
+/// persisted, or could not be).
+pub async fn concluded(status: &watch::Receiver<RunnerStatus>) -> RunnerStatus {
+    until(status, |s| s.exit_code.is_some()).await
+}
+
 /// Moves the paused clock forward by `d` in one jump, then settles.
 pub async fn advance(d: Duration) {
     tokio::time::advance(d).await;
@@ -157,7 +188,8 @@ impl ParticipantControl {
     }
 }
 
-/// Captures tracing events (level and message) for assertions on logs.
+/// Captures tracing events (level, and the message followed by every other field as
+/// ` name=value`) for assertions on logs.
 #[derive(Clone, Default)]
 pub struct LogCapture(pub Arc<Mutex<Vec<(tracing::Level, String)>>>);
 
@@ -167,6 +199,17 @@ impl LogCapture {
         use tracing_subscriber::layer::SubscriberExt;
         let subscriber = tracing_subscriber::registry().with(self.clone());
         tracing::subscriber::set_default(subscriber)
+    }
+
+    /// The longest event captured, in bytes (message and fields).
+    pub fn longest(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, m)| m.len())
+            .max()
+            .unwrap_or(0)
     }
 
     /// How many events at `level` contain `text`.
@@ -182,20 +225,23 @@ impl LogCapture {
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
+        #[derive(Default)]
+        struct Message(String, String);
         impl tracing::field::Visit for Message {
             fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
                 if field.name() == "message" {
                     self.0 = format!("{value:?}");
+                } else {
+                    self.1 += &format!(" {}={value:?}", field.name());
                 }
             }
         }
-        let mut m = Message(String::new());
+        let mut m = Message::default();
         event.record(&mut m);
         self.0
             .lock()
             .unwrap()
-            .push((*event.metadata().level(), m.0));
+            .push((*event.metadata().level(), m.0 + &m.1));
     }
 }
 

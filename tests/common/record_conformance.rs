@@ -4,8 +4,10 @@
 //!
 //! The model: four owners (two on this host, whose liveness the store can check, two on another
 //! host, where only lease expiry counts), each living, crashing and starting again with a new
-//! start fingerprint (pid reuse); stops that leave new items and hand leased ones back; leases,
-//! acknowledgements, releases and drops; a wall clock that only the test moves. After every step
+//! start fingerprint (pid reuse); stops that leave new items and hand back every item their
+//! process leased — also those it no longer holds (acknowledged, dropped or released by an
+//! operator, taken over), which must stay as they are; leases, acknowledgements, releases and
+//! drops; a wall clock that only the test moves. After every step
 //! the store must list exactly what the model holds, and every answer must be the model's.
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -335,6 +337,8 @@ pub struct Sut {
     _keep: Box<dyn std::any::Any>,
     clock: Arc<TestClock>,
     lives: Arc<Mutex<[(u64, bool); OWNERS]>>,
+    /// What each owner leased, by its start fingerprint: its stop hands it all back.
+    taken: Mutex<[Vec<(u64, String, String)>; OWNERS]>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -386,6 +390,7 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
             _keep: keep,
             clock,
             lives,
+            taken: Mutex::default(),
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -408,16 +413,14 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                 }
                 let stopper = match by {
                     Some(k) => {
+                        // Everything this life leased, held or not: the store writes back only
+                        // what it still holds.
                         let start = before_lives[k].0;
-                        let me = owner(k, start);
-                        let held = sut.runtime.block_on(store.list()).unwrap();
-                        for s in held
-                            .iter()
-                            .filter(|s| s.lease.as_ref().is_some_and(|l| l.owner == me))
-                        {
-                            items.push(serde_json::json!({"id": s.item.id, "participant": "jobs", "item": s.item.item}));
+                        let taken = sut.taken.lock().unwrap();
+                        for (_, id, value) in taken[k].iter().filter(|(s, _, _)| *s == start) {
+                            items.push(serde_json::json!({"id": id, "participant": "jobs", "item": value, "resumed": true}));
                         }
-                        me
+                        owner(k, start)
                     }
                     None => Owner::new(HERE, STOPPER, u64::from(m.stops)),
                 };
@@ -434,6 +437,11 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                     .unwrap();
                 let ids: Vec<String> = leased.iter().map(|l| l.item.id.clone()).collect();
                 assert_eq!(Expect::Leased(ids), m.expect, "lease by owner {k}");
+                let mut taken = sut.taken.lock().unwrap();
+                for l in &leased {
+                    let value = l.item.item.as_str().unwrap_or_default().to_owned();
+                    taken[k].push((before_lives[k].0, l.item.id.clone(), value));
+                }
                 for l in &leased {
                     assert_eq!(l.lease.owner, me);
                 }
