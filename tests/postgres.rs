@@ -537,6 +537,50 @@ mod fleet {
                 .count()
         };
         assert_eq!(count(&spilled), 2, "kept on this host");
+        // Issue 22.12: with the database unreachable, the operator still sees the spilled items
+        // and the marker directory, and is told the database could not be read.
+        let state = base.path().join("state");
+        let run_dir = base.path().join("run");
+        let out = run(&[
+            "records",
+            "list",
+            "--records",
+            &pg.1,
+            "--service",
+            &service,
+            "--state",
+            s(&state),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "the database is unreachable");
+        let listing = json_of(&out);
+        let items = listing["items"].as_array().unwrap();
+        assert_eq!(items.len(), 2, "{listing}");
+        assert!(items.iter().all(|i| i["spilled"] == true), "{listing}");
+        assert!(
+            !listing["errors"].as_array().unwrap().is_empty(),
+            "{listing}"
+        );
+        let out = run(&[
+            "status",
+            "--dir",
+            s(&run_dir),
+            "--records",
+            &pg.1,
+            "--service",
+            &service,
+            "--state",
+            s(&state),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        let status = json_of(&out);
+        assert_eq!(status["outcomes"].as_array().unwrap().len(), 1, "{status}");
+        assert_eq!(status["items"].as_array().unwrap().len(), 2, "{status}");
+        assert!(
+            !status["store_errors"].as_array().unwrap().is_empty(),
+            "{status}"
+        );
         pg.ctl("resume");
         let next = serve(
             base.path(),

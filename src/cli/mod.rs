@@ -383,7 +383,7 @@ fn status(args: StatusArgs) -> u8 {
     };
     let outcomes = store.outcomes();
     let presences = store.presences();
-    let (record, items) = match stop_records(&args) {
+    let found = match stop_records(&args) {
         Ok(found) => found,
         Err(e) => return fail(e),
     };
@@ -402,10 +402,11 @@ fn status(args: StatusArgs) -> u8 {
                 "since": p.since,
                 "owner_alive": p.owner_alive(),
             })).collect::<Vec<_>>(),
-            "stop_record": record,
-            "items": items,
+            "stop_record": found.last_stop,
+            "items": records::items_json(&found),
+            "store_errors": found.errors,
         }));
-        return EXIT_OK;
+        return records::report_errors(&found);
     }
     emit(format!("marker directory {}", store.dir().display()));
     if entries.is_empty() {
@@ -448,7 +449,7 @@ fn status(args: StatusArgs) -> u8 {
             }
         ));
     }
-    if let Some(r) = record {
+    if let Some(r) = &found.last_stop {
         emit(format!(
             "stop record: pid {} stopped {:?} ({:?}), {} unfinished item(s) to resume",
             r.pid,
@@ -458,52 +459,41 @@ fn status(args: StatusArgs) -> u8 {
         ));
     }
     if args.state.is_some() || args.records.is_some() {
-        let leased = items.iter().filter(|s| s.lease.is_some()).count();
+        let leased = found.items.iter().filter(|s| s.lease.is_some()).count();
         emit(format!(
-            "unfinished items: {} pending, {leased} leased",
-            items.len() - leased
+            "unfinished items: {} pending, {leased} leased, {} spilled on this host",
+            found.items.len() - leased,
+            found.spilled.len()
         ));
-        for s in &items {
+        for s in &found.items {
             emit(format!("  {}", records::describe_item(s)));
         }
+        for s in &found.spilled {
+            emit(format!("  {} [spilled]", records::describe_item(s)));
+        }
     }
-    EXIT_OK
+    records::report_errors(&found)
 }
 
-/// The last stop record and the items in the store `status` was pointed at (none without
-/// `--state` or `--records`; a state directory that does not exist yet holds nothing).
-fn stop_records(
-    args: &StatusArgs,
-) -> Result<
-    (
-        Option<planned_stop::StopRecord>,
-        Vec<planned_stop::ItemState>,
-    ),
-    String,
-> {
-    let state = args.state.as_deref().filter(|d| d.exists());
+/// What the record store `status` was pointed at holds (nothing without `--state` or
+/// `--records`; a state directory that does not exist yet holds nothing). A store that cannot be
+/// read is in `errors`, so the marker directory is still shown.
+fn stop_records(args: &StatusArgs) -> Result<records::Found, String> {
+    let state = args.state.clone().filter(|d| d.exists());
     if args.records.is_none() && state.is_none() {
-        return Ok((None, Vec::new()));
+        return Ok(records::Found::default());
     }
-    let Some(store) = record_store(
-        state,
-        args.records.as_deref(),
-        &args.service,
-        true,
-        Access::Look,
-    )?
-    else {
-        return Ok((None, Vec::new()));
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(async {
-        let record = store.last_stop().await.map_err(|e| chain(&e))?;
-        let items = store.list().await.map_err(|e| chain(&e))?;
-        Ok((record, items))
-    })
+    let names = records::StateArgs {
+        state,
+        records: args.records.clone(),
+        service: args.service.clone(),
+        allow_shared_state: true,
+    };
+    records::look(&runtime, &names)
 }
 
 fn clear(args: ClearArgs) -> u8 {

@@ -106,14 +106,11 @@ pub fn run(args: RecordsArgs) -> u8 {
     };
     match args.action {
         RecordsAction::List { state, json } => {
-            let store = match open(&state, Access::Look) {
-                Ok(s) => s,
+            let found = match look(&runtime, &state) {
+                Ok(found) => found,
                 Err(e) => return fail(e),
             };
-            match runtime.block_on(store.list()) {
-                Ok(items) => print_list(&state.describe(), &items, json),
-                Err(e) => fail(chain(&e)),
-            }
+            print_list(&state.describe(), &found, json)
         }
         RecordsAction::Release { state, id } => {
             let store = match open(&state, Access::Change) {
@@ -144,6 +141,71 @@ pub fn run(args: RecordsArgs) -> u8 {
     }
 }
 
+/// What an operator sees of a record store: its items, the spilled ones apart, the last stop,
+/// and every part that could not be read. The database and the spill directory are read
+/// separately, so an unreachable database still shows what its stops spilled on this host.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// The store's own items (the database's, or the state directory's without `--records`).
+    pub items: Vec<ItemState>,
+    /// Items a stop kept in the spill directory because the database was unreachable; the next
+    /// start on this host pushes them.
+    pub spilled: Vec<ItemState>,
+    /// The last stop's summary.
+    pub last_stop: Option<planned_stop::StopRecord>,
+    /// What could not be read, each with its cause.
+    pub errors: Vec<String>,
+}
+
+/// Reads what `state` names, changing nothing (see [`Found`]).
+pub fn look(runtime: &tokio::runtime::Runtime, state: &StateArgs) -> Result<Found, String> {
+    let mut found = Found::default();
+    let database = StateArgs {
+        state: None,
+        ..state.clone()
+    };
+    if state.records.is_some() {
+        let store = open(&database, Access::Look)?;
+        match runtime.block_on(store.list()) {
+            Ok(items) => found.items = items,
+            Err(e) => found.errors.push(format!("the database: {}", chain(&e))),
+        }
+        match runtime.block_on(store.last_stop()) {
+            Ok(last) => found.last_stop = last,
+            Err(e) if found.errors.is_empty() => {
+                found.errors.push(format!("the last stop: {}", chain(&e)));
+            }
+            Err(_) => {}
+        }
+    }
+    if state.state.is_some() {
+        let files = StateArgs {
+            records: None,
+            ..state.clone()
+        };
+        let store = open(&files, Access::Look)?;
+        let items = match runtime.block_on(store.list()) {
+            Ok(items) => items,
+            Err(e) => {
+                found
+                    .errors
+                    .push(format!("the state directory: {}", chain(&e)));
+                Vec::new()
+            }
+        };
+        if state.records.is_some() {
+            found.spilled = items;
+        } else {
+            found.items = items;
+            match runtime.block_on(store.last_stop()) {
+                Ok(last) => found.last_stop = last,
+                Err(e) => found.errors.push(format!("the last stop: {}", chain(&e))),
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// An unknown item is its own exit code, so a script can tell it from a broken store.
 fn item_error(e: &RecordError) -> u8 {
     eprintln!("planned-stop: {}", chain(e));
@@ -167,29 +229,62 @@ fn holder_alive(state: &ItemState) -> Option<bool> {
     }
 }
 
-fn print_list(place: &str, items: &[ItemState], as_json: bool) -> u8 {
+fn print_list(place: &str, found: &Found, as_json: bool) -> u8 {
     if as_json {
-        let items: Vec<_> = items
-            .iter()
-            .map(|s| {
-                let mut value = serde_json::to_value(s).unwrap_or_default();
-                if let Some(fields) = value.as_object_mut() {
-                    fields.insert("holder_alive".into(), json!(holder_alive(s)));
+        emit(json!({
+            "store": place,
+            "items": items_json(found),
+            "errors": found.errors,
+        }));
+    } else {
+        emit(place.to_owned());
+        if found.items.is_empty() && found.spilled.is_empty() && found.errors.is_empty() {
+            emit("  no unfinished items");
+        }
+        for s in &found.items {
+            emit(format!("  {}", describe_item(s)));
+        }
+        for s in &found.spilled {
+            emit(format!(
+                "  {} [spilled on this host: pushed at the next start here]",
+                describe_item(s)
+            ));
+        }
+    }
+    report_errors(found)
+}
+
+/// The items as JSON: each with `holder_alive`, and `spilled: true` for the spilled ones.
+pub fn items_json(found: &Found) -> Vec<serde_json::Value> {
+    let tagged = found
+        .items
+        .iter()
+        .map(|s| (s, false))
+        .chain(found.spilled.iter().map(|s| (s, true)));
+    tagged
+        .map(|(s, spilled)| {
+            let mut value = serde_json::to_value(s).unwrap_or_default();
+            if let Some(fields) = value.as_object_mut() {
+                fields.insert("holder_alive".into(), json!(holder_alive(s)));
+                if spilled {
+                    fields.insert("spilled".into(), json!(true));
                 }
-                value
-            })
-            .collect();
-        emit(json!({ "store": place, "items": items }));
-        return EXIT_OK;
+            }
+            value
+        })
+        .collect()
+}
+
+/// Says on stderr what could not be read; exit 2 when anything could not (after showing the rest).
+pub fn report_errors(found: &Found) -> u8 {
+    for e in &found.errors {
+        eprintln!("planned-stop: cannot read {e}; the rest is shown");
     }
-    emit(place.to_owned());
-    if items.is_empty() {
-        emit("  no unfinished items");
+    if found.errors.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_USAGE
     }
-    for s in items {
-        emit(format!("  {}", describe_item(s)));
-    }
-    EXIT_OK
 }
 
 /// One item as a line of text.
@@ -203,6 +298,9 @@ pub fn describe_item(s: &ItemState) -> String {
         s.item.stopped_at,
         s.item.attempts
     );
+    if let Some(why) = &s.quarantined {
+        return format!("{what}: quarantined ({why}); never offered: `records drop` removes it");
+    }
     match (&s.lease, holder_liveness(s)) {
         (None, _) => format!("{what}: pending"),
         (Some(l), Some(Liveness::Alive)) => format!("{what}: leased by {} (running)", l.owner),
