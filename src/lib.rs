@@ -31,6 +31,9 @@
 //! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
 //! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
 //!   readiness that says `draining`, and the exit code `main` returns.
+//! - `postgres`: [`PgRecordStore`], the record store every replica of a fleet reaches.
+//! - `testing`: [`testing`], the conformance suite a third-party [`RecordStore`] runs to show it
+//!   follows the same rules as the crate's own stores.
 //!
 //! ## How the pieces fit
 //!
@@ -77,6 +80,9 @@ pub mod stopper;
 mod store;
 #[cfg(all(unix, feature = "systemd"))]
 mod systemd;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod verdict;
 mod watcher;
 #[cfg(feature = "actix-web")]

@@ -106,6 +106,26 @@ pub struct Unfinished {
 }
 
 impl Unfinished {
+    /// New work left by `participant` (the runner gives it its id at the stop).
+    pub fn new(participant: impl Into<String>, item: serde_json::Value) -> Unfinished {
+        Unfinished {
+            id: None,
+            participant: participant.into(),
+            item,
+            resumed: false,
+        }
+    }
+
+    /// A resumed item handed back under the id its store gave it.
+    pub fn handed_back(item: &ResumeItem) -> Unfinished {
+        Unfinished {
+            id: Some(item.id.clone()),
+            participant: item.participant.clone(),
+            item: item.item.clone(),
+            resumed: true,
+        }
+    }
+
     /// The item read back as `T`, the type the participant handed back.
     pub fn item_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         T::deserialize(&self.item)

@@ -156,7 +156,7 @@ enum Records {
 const DEFAULT_LEASE: Duration = Duration::from_secs(300);
 
 /// The shortest lease a service accepts. Leases are renewed every third of their length
-/// ([`renewal_interval`]), and one renewal may wait up to 3 s for its store (the PostgreSQL
+/// (a third of the lease), and one renewal may wait up to 3 s for its store (the PostgreSQL
 /// store's operation timeout; the state directory's lock wait is 2 s): a lease must outlast one
 /// interval plus that wait, or it could lapse while its holder runs and another host's process
 /// would take the same items.

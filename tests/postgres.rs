@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::record_conformance::{Backend, Conformance, Probe};
+use planned_stop::testing::{Backend, Conformance, Probe};
 use planned_stop::{Clock, Owner, PgRecordStore, RecordStore};
 use proptest::prelude::ProptestConfig;
 use proptest_state_machine::prop_state_machine;
@@ -88,7 +88,7 @@ fn record_with_items(n: usize) -> planned_stop::StopRecord {
             |i| serde_json::json!({"id": format!("item-{i:06}"), "participant": "jobs", "item": i}),
         )
         .collect();
-    common::record_conformance::stop_record(1, chrono::Utc::now(), items)
+    planned_stop::testing::stop_record(1, chrono::Utc::now(), items)
 }
 
 /// 8 claimers, each with its own connection and identity, lease batches of 50 from 10,000 items

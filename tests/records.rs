@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::record_conformance::{Backend, Conformance, Probe};
+use planned_stop::testing::{Backend, Conformance, Probe};
 use planned_stop::{Clock, FileRecordStore, RecordStore};
 use proptest::prelude::ProptestConfig;
 use proptest_state_machine::prop_state_machine;
@@ -42,6 +42,210 @@ prop_state_machine! {
     /// Every answer of the file store is the model's, and it lists exactly the model's items.
     #[test]
     fn the_file_store_conforms(sequential 1..=30 => Conformance<Files>);
+}
+
+/// A record store written outside the crate, from its public API alone (issue 22.15: the item
+/// types have constructors, the lease rules and the suite are public): it must pass the same
+/// conformance suite as the crate's own stores.
+mod outside {
+    use chrono::{DateTime, Utc};
+    use planned_stop::{
+        Clock, ItemState, Lease, Leased, Liveness, Owner, Persisted, RecordError, RecordFuture,
+        RecordStore, ResumeItem, StopRecord, holds, is_offered,
+    };
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    pub struct Memory {
+        items: Mutex<Vec<ItemState>>,
+        clock: Arc<dyn Clock>,
+        probe: super::Probe,
+    }
+
+    impl std::fmt::Debug for Memory {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Memory")
+        }
+    }
+
+    fn end(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+        now + chrono::TimeDelta::from_std(d).unwrap()
+    }
+
+    impl Memory {
+        pub fn new(clock: Arc<dyn Clock>, probe: super::Probe) -> Memory {
+            Memory {
+                items: Mutex::default(),
+                clock,
+                probe,
+            }
+        }
+
+        fn persist_now(&self, stopper: &Owner, record: &StopRecord) {
+            let mut items = self.items.lock().unwrap();
+            for u in &record.unfinished {
+                let id = u.id.clone().unwrap();
+                let found = items.iter().position(|s| s.item.id == id);
+                match (u.resumed, found) {
+                    (false, None) => items.push(ItemState::new(
+                        ResumeItem::new(
+                            id,
+                            &u.participant,
+                            u.item.clone(),
+                            stopper.clone(),
+                            record.finished_at,
+                            1,
+                        ),
+                        None,
+                    )),
+                    (true, Some(i)) if holds(items[i].lease.as_ref(), stopper) => {
+                        let attempts = items[i].item.attempts.saturating_add(1);
+                        items[i] = ItemState::new(
+                            ResumeItem::new(
+                                id,
+                                &u.participant,
+                                u.item.clone(),
+                                stopper.clone(),
+                                record.finished_at,
+                                attempts,
+                            ),
+                            None,
+                        );
+                    }
+                    _ => {} // someone else's, or gone: left as it is
+                }
+            }
+            items.sort_by(|a, b| {
+                (a.item.stopped_at, &a.item.id).cmp(&(b.item.stopped_at, &b.item.id))
+            });
+        }
+    }
+
+    impl RecordStore for Memory {
+        fn persist<'a>(
+            &'a self,
+            stopper: &'a Owner,
+            record: &'a StopRecord,
+        ) -> RecordFuture<'a, Persisted> {
+            self.persist_now(stopper, record);
+            Box::pin(async { Ok(Persisted::Durable) })
+        }
+
+        fn lease<'a>(
+            &'a self,
+            owner: &'a Owner,
+            max: usize,
+            lease_for: Duration,
+        ) -> RecordFuture<'a, Vec<Leased>> {
+            let now = self.clock.now();
+            let mut leased = Vec::new();
+            for s in self.items.lock().unwrap().iter_mut() {
+                let liveness = s
+                    .lease
+                    .as_ref()
+                    .map_or(Liveness::Dead, |l| (self.probe)(&l.owner));
+                if leased.len() < max && is_offered(s.lease.as_ref(), now, liveness) {
+                    let lease = Lease::new(owner.clone(), now, end(now, lease_for));
+                    s.lease = Some(lease.clone());
+                    leased.push(Leased::new(s.item.clone(), lease));
+                }
+            }
+            Box::pin(async { Ok(leased) })
+        }
+
+        fn renew<'a>(
+            &'a self,
+            owner: &'a Owner,
+            ids: &'a [String],
+            lease_for: Duration,
+        ) -> RecordFuture<'a, Vec<String>> {
+            let now = self.clock.now();
+            let mut renewed = Vec::new();
+            let mut items = self.items.lock().unwrap();
+            for id in ids {
+                if let Some(s) = items
+                    .iter_mut()
+                    .find(|s| &s.item.id == id && holds(s.lease.as_ref(), owner))
+                {
+                    s.lease = Some(Lease::new(owner.clone(), now, end(now, lease_for)));
+                    renewed.push(id.clone());
+                }
+            }
+            Box::pin(async { Ok(renewed) })
+        }
+
+        fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {
+            let mut items = self.items.lock().unwrap();
+            let result = match items.iter().position(|s| s.item.id == id) {
+                None => Err(RecordError::UnknownItem { id: id.into() }),
+                Some(i) if holds(items[i].lease.as_ref(), owner) => {
+                    items.remove(i);
+                    Ok(())
+                }
+                Some(i) => Err(RecordError::NotHolder {
+                    id: id.into(),
+                    holder: items[i].lease.as_ref().map(|l| l.owner.to_string()),
+                }),
+            };
+            Box::pin(async { result })
+        }
+
+        fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
+            let mut items = self.items.lock().unwrap();
+            let result = match items.iter_mut().find(|s| s.item.id == id) {
+                None => Err(RecordError::UnknownItem { id: id.into() }),
+                Some(s) => match (&s.lease, owner) {
+                    (None, _) => Ok(false),
+                    (Some(l), Some(o)) if l.owner != *o => Err(RecordError::NotHolder {
+                        id: id.into(),
+                        holder: Some(l.owner.to_string()),
+                    }),
+                    (Some(_), _) => {
+                        s.lease = None;
+                        Ok(true)
+                    }
+                },
+            };
+            Box::pin(async { result })
+        }
+
+        fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
+            let mut items = self.items.lock().unwrap();
+            let before = items.len();
+            items.retain(|s| s.item.id != id);
+            let removed = items.len() < before;
+            Box::pin(async move { Ok(removed) })
+        }
+
+        fn list(&self) -> RecordFuture<'_, Vec<ItemState>> {
+            let items = self.items.lock().unwrap().clone();
+            Box::pin(async { Ok(items) })
+        }
+
+        fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+}
+
+struct Outside;
+
+impl Backend for Outside {
+    fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>) {
+        (Arc::new(outside::Memory::new(clock, probe)), Box::new(()))
+    }
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig {
+        cases: cases().min(200),
+        max_shrink_iters: 4096,
+        .. ProptestConfig::default()
+    })]
+
+    /// A store written outside the crate from its public API passes the same suite.
+    #[test]
+    fn a_store_written_outside_the_crate_conforms(sequential 1..=30 => Conformance<Outside>);
 }
 
 #[cfg(unix)]

@@ -40,6 +40,25 @@ pub struct ResumeItem {
 }
 
 impl ResumeItem {
+    /// An item as a store reads it back (for other [`RecordStore`] backends and their tests).
+    pub fn new(
+        id: impl Into<String>,
+        participant: impl Into<String>,
+        item: serde_json::Value,
+        stopped_by: Owner,
+        stopped_at: DateTime<Utc>,
+        attempts: u32,
+    ) -> ResumeItem {
+        ResumeItem {
+            id: id.into(),
+            participant: participant.into(),
+            item,
+            stopped_by,
+            stopped_at,
+            attempts,
+        }
+    }
+
     /// The item read back as `T`, the type the participant handed back.
     pub fn item_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         T::deserialize(&self.item)
@@ -60,6 +79,24 @@ pub struct ItemState {
     pub quarantined: Option<String>,
 }
 
+impl ItemState {
+    /// An item and its lease (for other [`RecordStore`] backends).
+    pub fn new(item: ResumeItem, lease: Option<Lease>) -> ItemState {
+        ItemState {
+            item,
+            lease,
+            quarantined: None,
+        }
+    }
+
+    /// The same, quarantined for `reason`: listed, never offered.
+    #[must_use]
+    pub fn with_quarantine(mut self, reason: impl Into<String>) -> ItemState {
+        self.quarantined = Some(reason.into());
+        self
+    }
+}
+
 /// An item leased to the caller: resume it, then acknowledge it (or hand it back).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -68,6 +105,14 @@ pub struct Leased {
     pub item: ResumeItem,
     /// The caller's lease.
     pub lease: Lease,
+}
+
+impl Leased {
+    /// An item leased under `lease` (for other [`RecordStore`] backends, and for a participant's
+    /// unit tests that hand one back).
+    pub fn new(item: ResumeItem, lease: Lease) -> Leased {
+        Leased { item, lease }
+    }
 }
 
 /// How [`RecordStore::persist`] kept the items.

@@ -131,6 +131,23 @@ pub struct Drain {
     pub phase: DrainPhase,
 }
 
+impl Drain {
+    /// A drain request as the runner sends it: for a participant's own unit tests.
+    ///
+    /// ```
+    /// use planned_stop::{Drain, DrainPhase, StopVerdict};
+    /// let drain = Drain::new(std::time::Duration::from_secs(5), StopVerdict::Planned, DrainPhase::Work);
+    /// assert_eq!(drain.phase, DrainPhase::Work);
+    /// ```
+    pub fn new(within: Duration, verdict: StopVerdict, phase: DrainPhase) -> Drain {
+        Drain {
+            within,
+            verdict,
+            phase,
+        }
+    }
+}
+
 /// A participant's answer to [`Drain`]: [`DrainReport::done`], or [`DrainReport::unfinished`]
 /// with the items to resume, plus notes for people ([`DrainReport::with_note`]) and, when it had
 /// to cut work it could neither finish nor hand back, [`DrainReport::cut_short`].

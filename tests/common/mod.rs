@@ -4,7 +4,6 @@
 
 pub mod actors;
 pub mod process;
-pub mod record_conformance;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::{Marker, ProcessIdentity};

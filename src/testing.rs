@@ -1,6 +1,24 @@
 //! The record-store conformance suite: any [`RecordStore`] against one model, as a proptest state
-//! machine. A backend's test file names its [`Backend`] and runs [`Conformance`] with
-//! `prop_state_machine!`; the file store's is `tests/records.rs`.
+//! machine (the `testing` feature).
+//!
+//! Why it is public: [`RecordStore`] invites other backends, and a backend is only as good as its
+//! agreement with the lease rules every store shares. A backend's test implements [`Backend`] and
+//! runs [`Conformance`] with `proptest_state_machine::prop_state_machine!`, exactly as this crate's
+//! own stores do (`tests/records.rs` for the state directory, `tests/postgres.rs` for PostgreSQL):
+//!
+//! ```ignore
+//! use planned_stop::testing::{Backend, Conformance, Probe};
+//! struct Mine;
+//! impl Backend for Mine {
+//!     fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn Any>) {
+//!         todo!("a fresh, empty store reading `clock`, deciding liveness with `probe`")
+//!     }
+//! }
+//! proptest_state_machine::prop_state_machine! {
+//!     #[test]
+//!     fn my_store_conforms(sequential 1..=30 => Conformance<Mine>);
+//! }
+//! ```
 //!
 //! The model: four owners (two on this host, whose liveness the store can check, two on another
 //! host, where only lease expiry counts), each living, crashing and starting again with a new
@@ -10,8 +28,10 @@
 //! drops; a wall clock that only the test moves. After every step
 //! the store must list exactly what the model holds, and every answer must be the model's.
 
+#![allow(missing_docs)] // the model's steps and states are named for the test output, not an API
+
+use crate::{Clock, Liveness, Owner, RecordError, RecordStore, StopRecord};
 use chrono::{DateTime, TimeDelta, Utc};
-use planned_stop::{Clock, Liveness, Owner, RecordError, RecordStore, StopRecord};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use std::marker::PhantomData;
