@@ -560,10 +560,17 @@ fn keep_leases(
     status: watch::Receiver<RunnerStatus>,
 ) {
     let every = renewal_interval(lease_for);
+    // After a failed renewal, try again soon rather than a whole interval later: a store that
+    // was briefly unreachable must not cost a live holder its leases.
+    let retry = (every / 8).clamp(Duration::from_millis(50), Duration::from_millis(500));
     actix::spawn(async move {
+        let mut wait = every;
         loop {
-            actix::clock::sleep(every).await;
-            if status.borrow().state == RunnerState::Stopped {
+            actix::clock::sleep(wait).await;
+            wait = every;
+            // Until the stop has concluded (its record persisted): the items it hands back are
+            // still this process's while the persist runs.
+            if status.borrow().exit_code.is_some() {
                 return;
             }
             let ids: Vec<String> = held
@@ -586,7 +593,9 @@ fn keep_leases(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(error = %ErrorChain(&e), "cannot renew the leases; retrying at the next interval")
+                    wait = retry;
+                    tracing::warn!(error = %ErrorChain(&e), retry_ms = retry.as_millis() as u64,
+                        "cannot renew the leases; retrying soon")
                 }
             }
         }

@@ -1112,3 +1112,122 @@ fn helper_blocked_persist() {
     });
     std::process::exit(0);
 }
+
+/// A store whose first renewal fails (a database briefly unreachable), recording when each
+/// renewal came (on the paused clock).
+#[derive(Debug)]
+struct FlakyRenewal {
+    inner: planned_stop::FileRecordStore,
+    calls: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl RecordStore for FlakyRenewal {
+    fn persist<'a>(
+        &'a self,
+        s: &'a planned_stop::Owner,
+        r: &'a StopRecord,
+    ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
+        self.inner.persist(s, r)
+    }
+    fn lease<'a>(
+        &'a self,
+        o: &'a planned_stop::Owner,
+        m: usize,
+        d: Duration,
+    ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
+        self.inner.lease(o, m, d)
+    }
+    fn renew<'a>(
+        &'a self,
+        _: &'a planned_stop::Owner,
+        ids: &'a [String],
+        _: Duration,
+    ) -> planned_stop::RecordFuture<'a, Vec<String>> {
+        let mut calls = self.calls.lock().unwrap();
+        calls.push(tokio::time::Instant::now());
+        let first = calls.len() == 1;
+        Box::pin(async move {
+            if first {
+                Err(planned_stop::RecordError::Backend {
+                    message: "unreachable for a moment".into(),
+                })
+            } else {
+                Ok(ids.to_vec())
+            }
+        })
+    }
+    fn acknowledge<'a>(
+        &'a self,
+        o: &'a planned_stop::Owner,
+        id: &'a str,
+    ) -> planned_stop::RecordFuture<'a, ()> {
+        self.inner.acknowledge(o, id)
+    }
+    fn release<'a>(
+        &'a self,
+        o: Option<&'a planned_stop::Owner>,
+        id: &'a str,
+    ) -> planned_stop::RecordFuture<'a, bool> {
+        self.inner.release(o, id)
+    }
+    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::RecordFuture<'a, bool> {
+        self.inner.remove(id)
+    }
+    fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
+        self.inner.list()
+    }
+    fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
+        self.inner.last_stop()
+    }
+}
+
+/// Issue 22.5 (found by the chaos run): a renewal that fails is retried soon, not a whole
+/// interval later — one unreachable moment must not let a live holder's lease lapse.
+#[test]
+fn a_failed_renewal_is_retried_soon() {
+    let f = Fixture::new();
+    let inner = planned_stop::FileRecordStore::open(f.state(), false).unwrap();
+    let record = planned_stop::testing::stop_record(
+        1,
+        Utc::now(),
+        vec![serde_json::json!({"id": "item-1", "participant": "jobs", "item": "job-1"})],
+    );
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(inner.persist(&planned_stop::Owner::new("elsewhere", 1, 1), &record))
+        .unwrap();
+    let store = std::sync::Arc::new(FlakyRenewal {
+        inner,
+        calls: std::sync::Mutex::default(),
+    });
+    let lease = Duration::from_secs(6); // renewed every 2 s
+    paused_system().block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .record_store(store.clone())
+            .lease_for(lease)
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        assert_eq!(h.resume().await.unwrap().len(), 1);
+        h.ready();
+        while store.calls.lock().unwrap().len() < 2 {
+            advance(Duration::from_millis(50)).await;
+        }
+        let calls = store.calls.lock().unwrap().clone();
+        let (first, second) = (calls[0] - start, calls[1] - calls[0]);
+        assert!(
+            first >= lease / 3,
+            "the first renewal at a third of the lease: {first:?}"
+        );
+        assert!(
+            second < lease / 6,
+            "retried well within the next interval, not {second:?} later"
+        );
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+}
