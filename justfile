@@ -21,6 +21,12 @@ proptest-long cases="10000":
 model:
     PLANNED_STOP_MODEL=deep cargo test --release --test model -- --nocapture --test-threads 1
 
+# The fleet in chaos for longer, e.g. `just chaos 600` (tests/chaos.rs; needs PostgreSQL's
+# binaries, which ci/postgres.sh installs): 5 replicas on PostgreSQL and 3 on a shared state
+# directory under random faults, then the checker; then the same with injected defects.
+chaos secs="300":
+    PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --release --features postgres --test chaos -- --ignored --nocapture --test-threads 1
+
 # Fuzz one target for longer, e.g. `just fuzz verdict 600` (installs cargo-fuzz if missing).
 fuzz target secs="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
