@@ -616,6 +616,46 @@ fn store_for(url: &str, service: &str) -> PgRecordStore {
         .operation_timeout(Duration::from_secs(30))
 }
 
+/// A store for `service` holding two items (`item-000000`, `item-000001`), both leased for an
+/// hour to `replica` pid 10.
+fn two_items_leased(
+    url: &str,
+    service: &str,
+) -> (
+    tokio::runtime::Runtime,
+    PgRecordStore,
+    Owner,
+    Vec<planned_stop::Leased>,
+) {
+    let rt = runtime();
+    let store = store_for(url, service);
+    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
+        .unwrap();
+    let holder = Owner::new("replica", 10, 1);
+    let leased = rt
+        .block_on(store.lease(&holder, 10, Duration::from_secs(3600)))
+        .unwrap();
+    (rt, store, holder, leased)
+}
+
+/// A spill directory, and a store for `service` whose database cannot be reached, spilling there
+/// (a stop on a host that lost the database).
+fn unreachable_with_spill(
+    service: &str,
+) -> (
+    tempfile::TempDir,
+    planned_stop::FileRecordStore,
+    PgRecordStore,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = planned_stop::FileRecordStore::open(dir.path().join("spill"), false).unwrap();
+    let unreachable = PgRecordStore::from_url("postgres://nobody@127.0.0.1:1/none", service)
+        .unwrap()
+        .operation_timeout(Duration::from_millis(500))
+        .spill_to(spill.clone());
+    (dir, spill, unreachable)
+}
+
 /// Issue 22.3: rows the crate cannot accept never panic, never fail a lease, are quarantined
 /// once (listed with the reason, never offered, never multiplied); attempts at the top of
 /// `integer` saturate instead of failing the stop.
@@ -686,14 +726,7 @@ fn hostile_rows_are_quarantined_and_attempts_saturate() {
 fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
     let Some(url) = database() else { return };
     let service = unique_service("spill-push");
-    let rt = runtime();
-    let store = store_for(&url, &service);
-    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
-        .unwrap();
-    let holder = Owner::new("replica", 10, 1);
-    let leased = rt
-        .block_on(store.lease(&holder, 10, Duration::from_secs(3600)))
-        .unwrap();
+    let (rt, store, holder, leased) = two_items_leased(&url, &service);
     assert_eq!(leased.len(), 2);
     // item-000001 is released by an operator and taken by another replica meanwhile.
     assert!(rt.block_on(store.release(None, "item-000001")).unwrap());
@@ -705,13 +738,7 @@ fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
         1
     );
     // The holder's stop finds the database unreachable and spills both, with newer content.
-    let dir = tempfile::tempdir().unwrap();
-    let spill = planned_stop::FileRecordStore::open(dir.path().join("spill"), false).unwrap();
-    let unreachable =
-        PgRecordStore::from_url("postgres://nobody@127.0.0.1:1/none", service.clone())
-            .unwrap()
-            .operation_timeout(Duration::from_millis(500))
-            .spill_to(spill.clone());
+    let (_dir, spill, unreachable) = unreachable_with_spill(&service);
     let mut back = record_with_items(0);
     back.unfinished.extend(leased.iter().map(|l| {
         serde_json::from_value(serde_json::json!({
@@ -752,14 +779,7 @@ fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
 fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spill() {
     let Some(url) = database() else { return };
     let service = unique_service("drop-wins");
-    let rt = runtime();
-    let store = store_for(&url, &service);
-    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
-        .unwrap();
-    let holder = Owner::new("replica", 10, 1);
-    let leased = rt
-        .block_on(store.lease(&holder, 10, Duration::from_secs(3600)))
-        .unwrap();
+    let (rt, store, holder, leased) = two_items_leased(&url, &service);
     assert!(rt.block_on(store.remove("item-000000")).unwrap());
     assert!(rt.block_on(store.remove("item-000001")).unwrap());
     let back_of = |ids: &[&str]| {
@@ -776,13 +796,7 @@ fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spil
     rt.block_on(store.persist(&holder, &back_of(&["item-000000"])))
         .unwrap();
     // The other one through a spill.
-    let dir = tempfile::tempdir().unwrap();
-    let spill = planned_stop::FileRecordStore::open(dir.path().join("spill"), false).unwrap();
-    let unreachable =
-        PgRecordStore::from_url("postgres://nobody@127.0.0.1:1/none", service.clone())
-            .unwrap()
-            .operation_timeout(Duration::from_millis(500))
-            .spill_to(spill.clone());
+    let (_dir, spill, unreachable) = unreachable_with_spill(&service);
     rt.block_on(unreachable.persist(&holder, &back_of(&["item-000001"])))
         .unwrap();
     let next = store_for(&url, &service).spill_to(spill);

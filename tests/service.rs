@@ -70,6 +70,18 @@ impl Fixture {
     }
 }
 
+/// In a helper process: its role, with its logs on stderr and a bounded life; `None` when this
+/// process is not a helper.
+fn logging_helper() -> Option<String> {
+    let role = common::helper_role()?;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    common::give_up_after_helper_lifetime();
+    Some(role)
+}
+
 fn state(h: &ServiceHandle) -> RunnerState {
     h.status().state
 }
@@ -701,14 +713,9 @@ fn a_panic_in_the_watcher_or_the_runner_ends_the_process_non_zero_and_logged() {
 #[test]
 #[ignore = "run as a child process by the test above"]
 fn helper_panicking_service() {
-    let Some(role) = common::helper_role() else {
+    let Some(role) = logging_helper() else {
         return;
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
-    common::give_up_after_helper_lifetime();
     let f = Fixture::new();
     let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     actix::System::new().block_on(async {
@@ -768,14 +775,9 @@ fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
 #[test]
 #[ignore = "run as a child process by the test above"]
 fn helper_blocked_drain() {
-    if common::helper_role().is_none() {
+    if logging_helper().is_none() {
         return;
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
-    common::give_up_after_helper_lifetime();
     let f = Fixture::new();
     actix::System::new().block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
@@ -909,57 +911,97 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
     assert_eq!(leased[0].item.item, "small");
 }
 
-/// A record store whose persist never ends (a database that does not answer, a custom store
-/// without a timeout).
-#[derive(Debug)]
-struct Hangs;
+/// What a [`Faulty`] record store does wrong.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// Its persist never ends (a database that does not answer, a store without a timeout).
+    PersistHangs,
+    /// Its persist blocks the thread it runs on (the event loop): only the watchdog can help.
+    PersistBlocks,
+    /// Its first renewal fails (a database unreachable for a moment).
+    FirstRenewalFails,
+}
 
-impl RecordStore for Hangs {
+/// A file store with one fault; it records when each renewal came (on the paused clock).
+#[derive(Debug)]
+struct Faulty {
+    inner: planned_stop::FileRecordStore,
+    fault: Fault,
+    renewals: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl Faulty {
+    fn new(state: &std::path::Path, fault: Fault) -> std::sync::Arc<Faulty> {
+        std::sync::Arc::new(Faulty {
+            inner: planned_stop::FileRecordStore::open(state, false).unwrap(),
+            fault,
+            renewals: std::sync::Mutex::default(),
+        })
+    }
+}
+
+impl RecordStore for Faulty {
     fn persist<'a>(
         &'a self,
-        _: &'a planned_stop::Owner,
-        _: &'a StopRecord,
+        s: &'a planned_stop::Owner,
+        r: &'a StopRecord,
     ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
-        Box::pin(std::future::pending())
+        match self.fault {
+            Fault::PersistHangs => Box::pin(std::future::pending()),
+            Fault::PersistBlocks => Box::pin(async {
+                std::thread::sleep(common::HELPER_LIFETIME);
+                Ok(planned_stop::Persisted::Durable)
+            }),
+            Fault::FirstRenewalFails => self.inner.persist(s, r),
+        }
     }
     fn lease<'a>(
         &'a self,
-        _: &'a planned_stop::Owner,
-        _: usize,
-        _: Duration,
+        o: &'a planned_stop::Owner,
+        m: usize,
+        d: Duration,
     ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
-        Box::pin(async { Ok(Vec::new()) })
+        self.inner.lease(o, m, d)
     }
     fn renew<'a>(
         &'a self,
-        _: &'a planned_stop::Owner,
-        _: &'a [String],
-        _: Duration,
+        o: &'a planned_stop::Owner,
+        ids: &'a [String],
+        d: Duration,
     ) -> planned_stop::RecordFuture<'a, Vec<String>> {
-        Box::pin(async { Ok(Vec::new()) })
+        let mut renewals = self.renewals.lock().unwrap();
+        renewals.push(tokio::time::Instant::now());
+        if self.fault == Fault::FirstRenewalFails && renewals.len() == 1 {
+            return Box::pin(async {
+                Err(planned_stop::RecordError::Backend {
+                    message: "unreachable for a moment".into(),
+                })
+            });
+        }
+        self.inner.renew(o, ids, d)
     }
     fn acknowledge<'a>(
         &'a self,
-        _: &'a planned_stop::Owner,
+        o: &'a planned_stop::Owner,
         id: &'a str,
     ) -> planned_stop::RecordFuture<'a, ()> {
-        Box::pin(async move { Err(planned_stop::RecordError::UnknownItem { id: id.into() }) })
+        self.inner.acknowledge(o, id)
     }
     fn release<'a>(
         &'a self,
-        _: Option<&'a planned_stop::Owner>,
+        o: Option<&'a planned_stop::Owner>,
         id: &'a str,
     ) -> planned_stop::RecordFuture<'a, bool> {
-        Box::pin(async move { Err(planned_stop::RecordError::UnknownItem { id: id.into() }) })
+        self.inner.release(o, id)
     }
-    fn remove<'a>(&'a self, _: &'a str) -> planned_stop::RecordFuture<'a, bool> {
-        Box::pin(async { Ok(false) })
+    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::RecordFuture<'a, bool> {
+        self.inner.remove(id)
     }
     fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
-        Box::pin(async { Ok(Vec::new()) })
+        self.inner.list()
     }
     fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
-        Box::pin(async { Ok(None) })
+        self.inner.last_stop()
     }
 }
 
@@ -976,7 +1018,7 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
         let stop = sys.stop_future();
         let code = sys.block_on(async {
             let mut b = PlannedStopService::builder(Layout::Slots(f.markers()))
-                .record_store(std::sync::Arc::new(Hangs))
+                .record_store(Faulty::new(&f.state(), Fault::PersistHangs))
                 .persist_deadline(Duration::from_secs(2))
                 .handle_signals(false)
                 .events(false)
@@ -1009,63 +1051,6 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
     }
 }
 
-/// A record store whose persist blocks the thread it runs on (the event loop): only the
-/// overrun watchdog can end the stop.
-#[derive(Debug)]
-struct Blocks;
-
-impl RecordStore for Blocks {
-    fn persist<'a>(
-        &'a self,
-        _: &'a planned_stop::Owner,
-        _: &'a StopRecord,
-    ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
-        Box::pin(async {
-            std::thread::sleep(common::HELPER_LIFETIME);
-            Ok(planned_stop::Persisted::Durable)
-        })
-    }
-    fn lease<'a>(
-        &'a self,
-        o: &'a planned_stop::Owner,
-        m: usize,
-        d: Duration,
-    ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
-        Hangs.lease(o, m, d)
-    }
-    fn renew<'a>(
-        &'a self,
-        o: &'a planned_stop::Owner,
-        ids: &'a [String],
-        d: Duration,
-    ) -> planned_stop::RecordFuture<'a, Vec<String>> {
-        Hangs.renew(o, ids, d)
-    }
-    fn acknowledge<'a>(
-        &'a self,
-        o: &'a planned_stop::Owner,
-        id: &'a str,
-    ) -> planned_stop::RecordFuture<'a, ()> {
-        Hangs.acknowledge(o, id)
-    }
-    fn release<'a>(
-        &'a self,
-        o: Option<&'a planned_stop::Owner>,
-        id: &'a str,
-    ) -> planned_stop::RecordFuture<'a, bool> {
-        Hangs.release(o, id)
-    }
-    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::RecordFuture<'a, bool> {
-        Hangs.remove(id)
-    }
-    fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
-        Hangs.list()
-    }
-    fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
-        Hangs.last_stop()
-    }
-}
-
 /// Issue 22.2: when the persist blocks the event loop, the watchdog ends the process — and logs
 /// every item that was not made durable before it does.
 #[test]
@@ -1083,19 +1068,14 @@ fn the_watchdog_logs_the_items_it_could_not_wait_for() {
 #[test]
 #[ignore = "run as a child process by the test above"]
 fn helper_blocked_persist() {
-    if common::helper_role().is_none() {
+    if logging_helper().is_none() {
         return;
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
-    common::give_up_after_helper_lifetime();
     let f = Fixture::new();
     actix::System::new().block_on(async {
         let (jobs, control) = ParticipantControl::start();
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
-            .record_store(std::sync::Arc::new(Blocks))
+            .record_store(Faulty::new(&f.state(), Fault::PersistBlocks))
             .drain_deadline(Duration::from_millis(200))
             .persist_deadline(Duration::from_millis(100))
             .overrun_grace(Duration::from_millis(300))
@@ -1113,80 +1093,12 @@ fn helper_blocked_persist() {
     std::process::exit(0);
 }
 
-/// A store whose first renewal fails (a database briefly unreachable), recording when each
-/// renewal came (on the paused clock).
-#[derive(Debug)]
-struct FlakyRenewal {
-    inner: planned_stop::FileRecordStore,
-    calls: std::sync::Mutex<Vec<tokio::time::Instant>>,
-}
-
-impl RecordStore for FlakyRenewal {
-    fn persist<'a>(
-        &'a self,
-        s: &'a planned_stop::Owner,
-        r: &'a StopRecord,
-    ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
-        self.inner.persist(s, r)
-    }
-    fn lease<'a>(
-        &'a self,
-        o: &'a planned_stop::Owner,
-        m: usize,
-        d: Duration,
-    ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
-        self.inner.lease(o, m, d)
-    }
-    fn renew<'a>(
-        &'a self,
-        _: &'a planned_stop::Owner,
-        ids: &'a [String],
-        _: Duration,
-    ) -> planned_stop::RecordFuture<'a, Vec<String>> {
-        let mut calls = self.calls.lock().unwrap();
-        calls.push(tokio::time::Instant::now());
-        let first = calls.len() == 1;
-        Box::pin(async move {
-            if first {
-                Err(planned_stop::RecordError::Backend {
-                    message: "unreachable for a moment".into(),
-                })
-            } else {
-                Ok(ids.to_vec())
-            }
-        })
-    }
-    fn acknowledge<'a>(
-        &'a self,
-        o: &'a planned_stop::Owner,
-        id: &'a str,
-    ) -> planned_stop::RecordFuture<'a, ()> {
-        self.inner.acknowledge(o, id)
-    }
-    fn release<'a>(
-        &'a self,
-        o: Option<&'a planned_stop::Owner>,
-        id: &'a str,
-    ) -> planned_stop::RecordFuture<'a, bool> {
-        self.inner.release(o, id)
-    }
-    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::RecordFuture<'a, bool> {
-        self.inner.remove(id)
-    }
-    fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
-        self.inner.list()
-    }
-    fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
-        self.inner.last_stop()
-    }
-}
-
 /// Issue 22.5 (found by the chaos run): a renewal that fails is retried soon, not a whole
 /// interval later — one unreachable moment must not let a live holder's lease lapse.
 #[test]
 fn a_failed_renewal_is_retried_soon() {
     let f = Fixture::new();
-    let inner = planned_stop::FileRecordStore::open(f.state(), false).unwrap();
+    let store = Faulty::new(&f.state(), Fault::FirstRenewalFails);
     let record = planned_stop::testing::stop_record(
         1,
         Utc::now(),
@@ -1195,12 +1107,12 @@ fn a_failed_renewal_is_retried_soon() {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
-        .block_on(inner.persist(&planned_stop::Owner::new("elsewhere", 1, 1), &record))
+        .block_on(
+            store
+                .inner
+                .persist(&planned_stop::Owner::new("elsewhere", 1, 1), &record),
+        )
         .unwrap();
-    let store = std::sync::Arc::new(FlakyRenewal {
-        inner,
-        calls: std::sync::Mutex::default(),
-    });
     let lease = Duration::from_secs(6); // renewed every 2 s
     paused_system().block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
@@ -1214,10 +1126,10 @@ fn a_failed_renewal_is_retried_soon() {
         let start = tokio::time::Instant::now();
         assert_eq!(h.resume().await.unwrap().len(), 1);
         h.ready();
-        while store.calls.lock().unwrap().len() < 2 {
+        while store.renewals.lock().unwrap().len() < 2 {
             advance(Duration::from_millis(50)).await;
         }
-        let calls = store.calls.lock().unwrap().clone();
+        let calls = store.renewals.lock().unwrap().clone();
         let (first, second) = (calls[0] - start, calls[1] - calls[0]);
         assert!(
             first >= lease / 3,

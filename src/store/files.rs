@@ -319,20 +319,18 @@ pub(crate) fn open_lock_file(path: &Path) -> io::Result<fs::File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
     os::private_file(&mut options);
-    os::no_follow(&mut options);
-    let file = options.open(path)?;
-    match non_file_kind(&file.metadata()?) {
-        None => Ok(file),
-        Some(kind) => Err(io::Error::other(format!(
-            "a {kind:?} is in the way of the lock file"
-        ))),
-    }
+    open_lock(path, options)
 }
 
 /// Opens an existing lock file to lock it without creating one (a look that must change nothing).
 pub(crate) fn open_existing_lock_file(path: &Path) -> io::Result<fs::File> {
     let mut options = OpenOptions::new();
     options.read(true);
+    open_lock(path, options)
+}
+
+/// Opens `path` with `options`, never through a symlink or a FIFO, and only if it is a file.
+fn open_lock(path: &Path, mut options: OpenOptions) -> io::Result<fs::File> {
     os::no_follow(&mut options);
     let file = options.open(path)?;
     match non_file_kind(&file.metadata()?) {
