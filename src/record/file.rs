@@ -142,11 +142,11 @@ impl FileRecordStore {
     /// Creates the directories (0700) and checks their policy: at open, and again at each stop
     /// (they may have been removed, opened up or given away meanwhile).
     fn prepare(&self) -> Result<(), RecordError> {
+        // Each directory's own entry is made durable too, not only what it holds.
         for dir in [&self.dir, &self.items, &self.acked] {
             fsx::prepare_own_dir(dir, self.allow_shared)?;
+            fsx::sync_dir_of(dir)?;
         }
-        // The state directory's own entry is durable too, not only what it holds.
-        fsx::sync_dir_of(&self.dir)?;
         Ok(())
     }
 
@@ -529,7 +529,7 @@ impl FileRecordStore {
         }
         // The acknowledgement is one rename: the item leaves the item directory for good.
         let done = self.acked.join(format!("{id}{ITEM}"));
-        match fs::rename(&item, &done) {
+        match fsx::rename_file(&item, &done) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown()),
             Err(source) => {
@@ -544,8 +544,10 @@ impl FileRecordStore {
         if let Ok(file) = fs::OpenOptions::new().write(true).open(&done) {
             let _ = file.set_modified(std::time::SystemTime::now());
         }
-        fsx::sync_dir_of(&item)?;
+        // The new place first: a power loss between the two syncs leaves the item in both (it may
+        // be resumed once more), never in neither.
         fsx::sync_dir_of(&done)?;
+        fsx::sync_dir_of(&item)?;
         self.remove_file(&self.path(id, LEASE))
     }
 

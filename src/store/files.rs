@@ -7,7 +7,7 @@
 use super::StoreError;
 use crate::marker::MAX_MARKER_BYTES;
 use crate::verdict::{FileKind, SlotContent};
-use os::{is_symlink_loop, open_no_follow, sync_dir};
+use os::{is_symlink_loop, open_no_follow};
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::Path;
@@ -198,6 +198,12 @@ fn write_new_file(
     if durable {
         file.sync_all().map_err(|e| io("sync", e))?;
     }
+    #[cfg(test)]
+    journal::record(journal::Step::Write {
+        path: path.to_path_buf(),
+        bytes: bytes.to_vec(),
+        synced: durable,
+    });
     Ok(())
 }
 
@@ -217,16 +223,43 @@ fn replace(from: &Path, to: &Path) -> Result<(), StoreError> {
 }
 
 fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
-    with_sharing_retries(|| fs::rename(from, to)).map_err(|source| StoreError::Io {
+    rename_file(from, to).map_err(|source| StoreError::Io {
         op: "rename into place",
         path: to.to_path_buf(),
         source,
     })
 }
 
+/// Renames `from` to `to` (retrying Windows sharing violations).
+pub(crate) fn rename_file(from: &Path, to: &Path) -> io::Result<()> {
+    with_sharing_retries(|| fs::rename(from, to))?;
+    #[cfg(test)]
+    journal::record(journal::Step::Rename {
+        from: from.to_path_buf(),
+        to: to.to_path_buf(),
+    });
+    Ok(())
+}
+
+/// Makes the entries of `dir` durable (and records the step for the crash-consistency tests).
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    os::sync_dir(dir)?;
+    #[cfg(test)]
+    journal::record(journal::Step::SyncDir {
+        dir: dir.to_path_buf(),
+    });
+    Ok(())
+}
+
 pub(crate) fn remove(path: &Path) -> Result<(), StoreError> {
     match with_sharing_retries(|| fs::remove_file(path)) {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            #[cfg(test)]
+            journal::record(journal::Step::Remove {
+                path: path.to_path_buf(),
+            });
+            Ok(())
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(StoreError::Io {
             op: "remove",
@@ -362,6 +395,60 @@ fn refuse_shared(dir: &Path, meta: &fs::Metadata, allow_shared: bool) -> Result<
 }
 
 pub(crate) use os::reader_of;
+
+/// The file-system steps the store takes, recorded for the crash-consistency tests (tests only):
+/// they replay every prefix of an operation and keep only what was made durable, as a power loss
+/// at that point would (`src/record/tests.rs`).
+#[cfg(test)]
+pub(crate) mod journal {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    /// One step, in the order it was taken.
+    #[derive(Debug, Clone)]
+    pub(crate) enum Step {
+        /// A new file with these bytes, synced or not (its name is durable only once its
+        /// directory is synced).
+        Write {
+            path: PathBuf,
+            bytes: Vec<u8>,
+            synced: bool,
+        },
+        Rename {
+            from: PathBuf,
+            to: PathBuf,
+        },
+        Remove {
+            path: PathBuf,
+        },
+        /// The directory's entries are durable from here on.
+        SyncDir {
+            dir: PathBuf,
+        },
+    }
+
+    static STEPS: Mutex<Vec<Step>> = Mutex::new(Vec::new());
+
+    pub(crate) fn record(step: Step) {
+        STEPS.lock().unwrap_or_else(|p| p.into_inner()).push(step);
+    }
+
+    /// The steps recorded since the last call that touch paths under `root` (tests run in
+    /// parallel; each looks at its own directory).
+    pub(crate) fn take_under(root: &std::path::Path) -> Vec<Step> {
+        let mut steps = STEPS.lock().unwrap_or_else(|p| p.into_inner());
+        let (mine, others): (Vec<Step>, Vec<Step>) = steps.drain(..).partition(|s| {
+            let path = match s {
+                Step::Write { path, .. } | Step::Remove { path } => path,
+                Step::Rename { to, .. } => to,
+                Step::SyncDir { dir } => dir,
+            };
+            path.starts_with(root)
+        });
+        *steps = others;
+        mine
+    }
+}
 
 #[cfg(unix)]
 mod os {
