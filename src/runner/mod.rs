@@ -355,6 +355,12 @@ impl RunnerActor {
                 note: format!("{why}: not recorded (it is in the ERROR log line)"),
             });
         }
+        // The summary says the code the process will end with.
+        let code = if unrecorded.is_empty() || self.config.records.is_none() {
+            code
+        } else {
+            self.config.exit_codes.record_lost_code(run.cause)
+        };
         self.unrecorded = unrecorded;
         let record = StopRecord {
             pid: self.own.pid,
