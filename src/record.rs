@@ -310,7 +310,7 @@ fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
         }
         Found::Bytes(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| invalid(e.to_string())),
+            .map_err(|e| invalid(json_problem(&e))),
         Found::NotAFile(kind) => Err(invalid(format!("a {kind:?}, not a regular file"))),
         Found::Foreign(uid) => Err(invalid(format!(
             "owned by uid {uid}, not by this user: it is never trusted"
@@ -321,6 +321,17 @@ fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
             source: io::Error::from(kind),
         }),
     }
+}
+
+/// What is wrong with a file that does not parse, without a word of its contents: serde_json's
+/// own message can quote the input ("invalid type: string \"…\"").
+pub(crate) fn json_problem(e: &serde_json::Error) -> String {
+    format!(
+        "not valid JSON of this kind ({:?} error at line {}, column {})",
+        e.classify(),
+        e.line(),
+        e.column()
+    )
 }
 
 /// "No record" for a record path that does not exist — unless the state directory itself exists

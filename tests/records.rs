@@ -728,3 +728,39 @@ mod with_processes {
         assert!(listed(&d).is_empty());
     }
 }
+
+/// Issue 22.1: a file the store cannot use is reported by path, size and reason — never by its
+/// contents (a 2 MiB item once became one 10 MB log line of its bytes).
+#[test]
+fn an_unusable_item_file_is_reported_without_its_contents() {
+    let logs = common::actors::LogCapture::default();
+    let _guard = logs.install();
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileRecordStore::open(dir.path().join("state"), false).unwrap();
+    let items = store.dir().join("planned-stop-items");
+    let big = format!("\"SECRET-1{}\"", "x".repeat(2 << 20));
+    std::fs::write(items.join("big.item.json"), big).unwrap();
+    std::fs::write(
+        items.join("bad.item.json"),
+        r#"{"id": "bad", "attempts": "SECRET-2"}"#,
+    )
+    .unwrap();
+    // Polled once outside any runtime, the store works on this thread, where the capture is.
+    let mut listing = store.list();
+    let waker = std::task::Waker::noop();
+    let std::task::Poll::Ready(listed) = listing
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker))
+    else {
+        panic!("outside a runtime the file store answers at once");
+    };
+    assert!(listed.unwrap().is_empty());
+    assert_eq!(logs.count(tracing::Level::WARN, "big.item.json"), 1);
+    assert_eq!(logs.count(tracing::Level::WARN, "bad.item.json"), 1);
+    assert!(logs.longest() < 1000, "no line carries a file");
+    let all = logs.0.lock().unwrap();
+    assert!(
+        all.iter().all(|(_, line)| !line.contains("SECRET")),
+        "{all:?}"
+    );
+}

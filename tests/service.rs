@@ -892,7 +892,10 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
         .map(|u| u.item.as_str().unwrap())
         .collect();
     assert_eq!(items, ["small"]);
-    assert_eq!(record.exit_code, 74, "the summary says how the process ended");
+    assert_eq!(
+        record.exit_code, 74,
+        "the summary says how the process ended"
+    );
     assert!(
         record
             .notes

@@ -244,8 +244,8 @@ impl FileRecordStore {
                 match serde_json::from_slice(&bytes) {
                     Ok(value) => Some(value),
                     Err(e) => {
-                        // serde_json's message names a line and column, never the input.
-                        tracing::warn!(path = %path.display(), bytes = bytes.len(), error = %e,
+                        tracing::warn!(path = %path.display(), bytes = bytes.len(),
+                            problem = %super::json_problem(&e),
                             "not a record file; skipped (see `planned-stop records list`)");
                         None
                     }
