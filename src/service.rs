@@ -549,9 +549,9 @@ pub struct ServiceHandle {
 
 type Held = Arc<std::sync::Mutex<BTreeSet<String>>>;
 
-/// Renews this process's leases every third of the lease while the runner has not stopped, so an
-/// item is only offered to another host's process once this one stops renewing (it died, or its
-/// event loop is wedged).
+/// Renews this process's leases every third of the lease (a failed renewal is retried within
+/// 500 ms) until the stop has concluded, so an item is only offered to another host's process
+/// once this one stops renewing (it died, or its event loop is wedged).
 fn keep_leases(
     store: Arc<dyn RecordStore>,
     owner: Owner,
