@@ -133,11 +133,13 @@ pub enum Persisted {
 ///
 /// Every method is atomic with respect to every other caller of the same store, in any process.
 pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
-    /// Makes `record`'s unfinished items durable, then its summary. Items without an id were
-    /// given one by the caller; an item whose id is already stored is being handed back by its
-    /// lease holder `stopper`: it becomes pending again with its attempts counted up (when
-    /// `stopper` does not hold its lease any more, the item is someone else's now and is left
-    /// as it is). Returns only once everything is durable; an error means the items may not be.
+    /// Makes `record`'s unfinished items durable, then its summary (a summary that cannot be
+    /// written is only a warning). Every item has an id and fits [`crate::MAX_ITEM_BYTES`]; a
+    /// store refuses one that does not. New work (`resumed: false`) is written once, its attempt
+    /// count 1. A handed-back item (`resumed: true`) becomes pending again with its attempts
+    /// counted up (saturating) only while `stopper` holds its lease; one that was acknowledged, dropped or
+    /// released by an operator, or taken by someone else, is left as it is. Returns only once
+    /// everything is durable; an error means the items may not be.
     fn persist<'a>(
         &'a self,
         stopper: &'a Owner,
