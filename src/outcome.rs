@@ -98,6 +98,10 @@ pub enum Phase {
     /// else, or `main` returned): nothing was recorded and the process exits with `exit_code`,
     /// the unexpected code.
     Aborted,
+    /// The drain (or the persist after it) overran its deadlines and grace, and the overrun
+    /// watchdog ended the process with `exit_code`, the unexpected code: the items not yet
+    /// durable are in its ERROR log line, the participants that had not answered in another.
+    Overrun,
 }
 
 impl Phase {

@@ -23,9 +23,9 @@
 //!
 //! [`PlannedStopService::builder`] opens the marker store (creating the directory 0700), reads this
 //! process's identity once, sweeps leftovers of dead processes, and starts a [`RunnerActor`] and a
-//! [`MarkerWatcherActor`] on the current actix system. The runner stops the system with the exit
-//! code of the verdict, so `System::run_with_code` (or `#[actix::main]` returning it) ends the
-//! process as planned.
+//! [`MarkerWatcherActor`] on the current actix system. The runner owns the end of the process
+//! ([`ServiceBuilder::owns_process_exit`]): once the stop concluded, the process ends with the
+//! verdict's exit code whatever `main` does.
 
 use crate::clock::{Clock, SystemClock};
 use crate::error_chain::ErrorChain;
@@ -114,6 +114,7 @@ impl PlannedStopService {
             records: Records::None,
             allow_shared_state: false,
             lease_for: DEFAULT_LEASE,
+            forced_exit: None,
         }
     }
 }
@@ -142,6 +143,7 @@ pub struct ServiceBuilder {
     records: Records,
     allow_shared_state: bool,
     lease_for: Duration,
+    forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
 }
 
 /// Where the builder keeps records: opened at start, so a state directory that cannot be used
@@ -373,17 +375,48 @@ impl ServiceBuilder {
         self
     }
 
-    /// Whether the runner stops the actix system when stopped (default `true`). With `false` the
-    /// application owns the process's exit: the runner's guards are disarmed too (no exit when
-    /// the runner is dropped before it stopped, no overrun watchdog); await
-    /// [`ServiceHandle::stopped`] and exit with its code.
+    /// Whether the runner owns the end of the process (default `true`, for services).
+    ///
+    /// On: once the stop concluded (its record persisted), the process ends with the verdict's
+    /// exit code whatever `main` does — returns `Ok(())` or `ExitCode::SUCCESS`, never returns
+    /// because it runs a server with `block_on`, or panics: the runner stops the actix `System`
+    /// with the code, corrects any other code on the way out (an `atexit` handler), and ends the
+    /// process itself if `main` has not returned within [`Self::exit_grace`]. A runner dropped
+    /// before it stopped, a `System` stopped by someone else and a drain that overruns all end it
+    /// with the unexpected code; panics are logged through `tracing`. docs/design.md has the table
+    /// of `main` layouts and the codes they end with.
+    ///
+    /// Off (embedding the runner in a larger program, tests): nothing in the library ends the
+    /// process or installs a panic hook; await [`ServiceHandle::stopped`] and end the process
+    /// with its code yourself.
     ///
     /// ```
-    /// // Run the runner inside a larger system that stops by other means.
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).stop_system(false);
+    /// // Run the runner inside a larger program that ends by other means.
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).owns_process_exit(false);
     /// ```
-    pub fn stop_system(mut self, stop: bool) -> Self {
-        self.runner.stop_system = stop;
+    pub fn owns_process_exit(mut self, owns: bool) -> Self {
+        self.runner.owns_process_exit = owns;
+        self
+    }
+
+    /// How long `main` has, once the stop concluded, to return by itself (and run what follows
+    /// `stopped().await`, such as flushing telemetry) before the runner ends the process with
+    /// the verdict's code. Default 2 s. Only with [`Self::owns_process_exit`].
+    pub fn exit_grace(mut self, grace: Duration) -> Self {
+        self.runner.exit_grace = grace;
+        self
+    }
+
+    /// A last word before the library ends the process itself (the overrun watchdog, the guard
+    /// against a `System` that ended before the runner finished, the exit grace passing): `hook`
+    /// gets the exit code and, when the stop concluded, its verdict. It runs on the thread that
+    /// ends the process, possibly while the event loop is blocked: keep it short (the command
+    /// line prints its `exit` event). Only with [`Self::owns_process_exit`]; one per process.
+    pub fn on_forced_exit(
+        mut self,
+        hook: impl Fn(i32, Option<StopVerdict>) + Send + Sync + 'static,
+    ) -> Self {
+        self.forced_exit = Some(Box::new(hook));
         self
     }
 
@@ -411,9 +444,9 @@ impl ServiceBuilder {
 
     /// Opens the store, sweeps it, and starts both actors on the current system.
     ///
-    /// The runner owns the process's exit from then on: if the `System` ends (or `main`
-    /// returns) before the runner has stopped, the process exits with the unexpected code (see
-    /// [`Self::stop_system`] to hand that back to the application).
+    /// Every fallible step comes first: an error leaves nothing running. From then on the
+    /// runner owns the process's end (see [`Self::owns_process_exit`] to hand that back to the
+    /// application).
     ///
     /// ```
     /// # use planned_stop::{Layout, PlannedStopService, RunnerState, StopRequest};
@@ -441,7 +474,6 @@ impl ServiceBuilder {
                 min: MIN_LEASE,
             });
         }
-        log_panics();
         let own = match self.identity {
             Some(id) => id,
             None => ProcessIdentity::current()?,
@@ -464,22 +496,35 @@ impl ServiceBuilder {
             )),
             Records::Store(store) => Some(store),
         };
+        // The runner's mailbox exists before the runner does: the signal handlers, the last
+        // fallible step, are installed against it, and only then is the runner made and run. A
+        // failure leaves no runner behind (its drop guard would end the process later).
+        let context: Context<RunnerActor> = Context::new();
+        let runner = context.address();
+        if self.handle_signals {
+            crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
+        }
         let mut config = self.runner;
         config.records = records.clone();
         let unexpected_code = config.exit_codes.unexpected;
-        let mut runner = RunnerActor::new(store.clone(), own, config, self.clock.clone());
+        let owns_exit = config.owns_process_exit;
+        let mut actor = RunnerActor::new(store.clone(), own, config, self.clock.clone());
         for (phase, name, recipient) in self.participants {
-            runner.add_participant(phase, name, recipient);
+            actor.add_participant(phase, name, recipient);
         }
-        let status = runner.subscribe();
-        let runner = runner.start();
+        let status = actor.subscribe();
+        if owns_exit {
+            log_panics();
+            if let Some(hook) = self.forced_exit {
+                crate::runner::process_end::on_forced_exit(hook);
+            }
+            crate::runner::process_end::arm(unexpected_code);
+        }
+        context.run(actor);
         #[cfg(all(unix, feature = "systemd"))]
         {
             crate::systemd::follow(status.clone());
             crate::systemd::heartbeat();
-        }
-        if self.handle_signals {
-            crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
         }
         let since = self.clock.now();
         let mut watcher = MarkerWatcherActor::new(
@@ -621,10 +666,7 @@ const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 /// `code` as a process exit code; one that does not fit in a byte is a failure, never 0.
 fn exit_code_of(code: i32) -> std::process::ExitCode {
-    u8::try_from(code).map_or(
-        std::process::ExitCode::FAILURE,
-        std::process::ExitCode::from,
-    )
+    std::process::ExitCode::from(crate::runner::process_end::status_of(code))
 }
 
 impl ServiceHandle {
@@ -753,6 +795,8 @@ impl ServiceHandle {
     ///     actix::System::new().block_on(async {
     ///         let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
     ///             .state_dir(dir.join("state"))
+    ///             // Two lives in one process: the first must not end it.
+    ///             .owns_process_exit(false)
     ///             .handle_signals(false)
     ///             .participant("jobs", Jobs.start().recipient())
     ///             .start()
@@ -845,5 +889,45 @@ impl ServiceHandle {
     /// This process as the owner of its leases.
     pub fn owner(&self) -> &Owner {
         &self.owner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Installing the signal handlers is the last fallible step of `start`: when it fails, no
+    /// runner is left behind (one used to be running already, and its drop guard ended the
+    /// process about 30 s later when the application went on without it).
+    #[test]
+    fn a_start_that_fails_on_signals_leaves_no_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        System::new().block_on(async {
+            crate::signals::FAIL_NEXT.set(true);
+            let before = crate::runner::LIVE.get();
+            let result = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+                // Off, so a runner left behind shows in the count instead of ending the tests.
+                .owns_process_exit(false)
+                .start();
+            assert!(matches!(result, Err(StartError::Signals(_))), "{result:?}");
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(
+                crate::runner::LIVE.get(),
+                before,
+                "a runner was left behind"
+            );
+            // The application retries without signal handlers, and that service works.
+            let handle = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+                .owns_process_exit(false)
+                .handle_signals(false)
+                .start()
+                .unwrap();
+            assert_eq!(crate::runner::LIVE.get(), before + 1);
+            handle.ready();
+            handle.request_stop(StopRequest::Planned);
+            assert_eq!(handle.stopped().await, std::process::ExitCode::SUCCESS);
+        });
     }
 }

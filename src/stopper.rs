@@ -331,6 +331,14 @@ pub enum WaitOutcome {
     },
     /// The target was still running at the deadline and had not accepted the stop.
     NotAccepted,
+    /// The target finished its stop (its outcome is final: stopped, record lost, aborted) but
+    /// was still alive at the deadline: its runner does not own the process's end
+    /// (`ServiceBuilder::owns_process_exit(false)`) and its `main` has not ended it, or it is
+    /// stuck on the way out. Not a refusal: the stop happened, the process did not end.
+    StoppedStillAlive {
+        /// Its final outcome file.
+        outcome: Outcome,
+    },
     /// The target exited without writing any outcome: not a planned-stop service, or killed
     /// (SIGKILL, a crash) before it accepted the stop. What happened is unknown.
     GoneWithoutOutcome,
@@ -445,6 +453,9 @@ pub fn wait_with(
                 Some(outcome) if outcome.phase == Phase::Held => WaitOutcome::Held { outcome },
                 Some(outcome) if outcome.phase == Phase::Draining => {
                     WaitOutcome::StillDraining { outcome }
+                }
+                Some(outcome) if outcome.phase.is_final() => {
+                    WaitOutcome::StoppedStillAlive { outcome }
                 }
                 _ => WaitOutcome::NotAccepted,
             };

@@ -52,6 +52,7 @@ impl Fixture {
     /// Starts the service with the given participants (inside the system).
     fn start(&self, participants: Vec<(&str, Recipient<planned_stop::Drain>)>) -> ServiceHandle {
         let mut b = PlannedStopService::builder(Layout::Slots(self.markers()))
+            .owns_process_exit(false)
             .state_dir(self.state())
             .poll_interval(POLL)
             .drain_deadline(DRAIN)
@@ -92,7 +93,6 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
     let f = Fixture::new();
     f.write_marker("deploy-1");
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let (p, control) = ParticipantControl::start();
         let h = f.start(vec![("jobs", p)]);
@@ -105,7 +105,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
         settle().await;
         assert_eq!(h.status().verdict, Some(StopVerdict::Planned));
         assert!(control.finish(&[]));
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     let record = f.record();
@@ -156,7 +156,6 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
 fn unmarked_sigterm_is_unexpected_and_a_later_marker_does_not_change_it() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let (p, control) = ParticipantControl::start();
         let h = f.start(vec![("jobs", p)]);
@@ -170,7 +169,7 @@ fn unmarked_sigterm_is_unexpected_and_a_later_marker_does_not_change_it() {
         assert_eq!(h.status().verdict, Some(StopVerdict::Unexpected));
         assert!(f.slot_exists(), "nobody acted on the late marker");
         assert!(control.finish(&[]));
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 1);
     assert_eq!(f.record().verdict, StopVerdict::Unexpected);
@@ -181,7 +180,6 @@ fn unmarked_sigterm_is_unexpected_and_a_later_marker_does_not_change_it() {
 fn sigterm_with_our_marker_in_place_is_planned() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = f.start(vec![]);
         h.ready();
@@ -196,7 +194,7 @@ fn sigterm_with_our_marker_in_place_is_planned() {
             "trigger_watcher: false leaves it to the signal"
         );
         h.signal(OsSignal(SignalKind::Terminate));
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     assert_eq!(f.record().cause, StopCause::Signal(SignalKind::Terminate));
@@ -209,7 +207,6 @@ fn a_marker_seen_while_starting_is_delivered_once_running() {
     let f = Fixture::new();
     f.write_marker("early");
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = f.start(vec![]);
         advance(POLL * 10).await;
@@ -220,7 +217,7 @@ fn a_marker_seen_while_starting_is_delivered_once_running() {
         );
         assert!(f.slot_exists(), "and not dropped");
         h.ready();
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     assert_eq!(f.record().request_id.as_deref(), Some("early"));
@@ -231,7 +228,6 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
     let f = Fixture::new();
     f.write_marker("slow");
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let (fast, fast_control) = ParticipantControl::start();
         let (slow, slow_control) = ParticipantControl::start();
@@ -252,7 +248,7 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
         );
         advance(Duration::from_secs(1)).await;
         assert_eq!(concluded(&h.subscribe()).await.state, RunnerState::Stopped);
-        let code = stop.await.unwrap();
+        let code = code_of(h.stopped().await);
         // An answer after the runner stopped changes nothing.
         assert!(slow_control.finish(&["too late"]));
         settle().await;
@@ -294,7 +290,6 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
 fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let (p, _control) = ParticipantControl::start();
         let h = f.start(vec![("jobs", p)]);
@@ -305,7 +300,7 @@ fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
         assert_eq!(state(&h), RunnerState::Draining);
         let started = tokio::time::Instant::now();
         h.signal(OsSignal(SignalKind::Interrupt));
-        let code = stop.await.unwrap();
+        let code = code_of(h.stopped().await);
         assert_eq!(
             tokio::time::Instant::now(),
             started,
@@ -323,9 +318,9 @@ fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
 fn exit_codes_are_configurable_per_cause() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
             .clock(TokioClock::new())
             .handle_signals(false)
             .exit_code(
@@ -337,7 +332,7 @@ fn exit_codes_are_configurable_per_cause() {
             .unwrap();
         h.ready();
         h.signal(OsSignal(SignalKind::Hangup));
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 75);
 }
@@ -347,7 +342,6 @@ fn a_status_subscriber_sees_states_only_move_forward() {
     let f = Fixture::new();
     f.write_marker("watch");
     let sys = paused_system();
-    let stop = sys.stop_future();
     let states = sys.block_on(async {
         let h = f.start(vec![]);
         let mut rx = h.subscribe();
@@ -360,7 +354,7 @@ fn a_status_subscriber_sees_states_only_move_forward() {
             }
         });
         h.ready();
-        stop.await.unwrap();
+        code_of(h.stopped().await);
         settle().await;
         seen.borrow().clone()
     });
@@ -372,6 +366,7 @@ fn a_status_subscriber_sees_states_only_move_forward() {
 fn start_outside_a_system_is_a_clear_error() {
     let f = Fixture::new();
     let err = PlannedStopService::builder(Layout::Slots(f.markers()))
+        .owns_process_exit(false)
         .start()
         .unwrap_err();
     assert!(
@@ -386,9 +381,9 @@ fn start_outside_a_system_is_a_clear_error() {
 fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
             .poll_interval(Duration::from_secs(3600))
             .handle_signals(false)
             .events(true)
@@ -415,7 +410,7 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
             before,
             "delivered without a poll"
         );
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     let outcome = f.store().read_outcome(f.me.pid).unwrap();
@@ -431,10 +426,10 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
     let _guard = logs.install();
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let warning = "has not called ServiceHandle::ready()";
     let code = sys.block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
             .state_dir(f.state())
             .poll_interval(POLL)
             .handle_signals(false)
@@ -454,7 +449,7 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
         advance(Duration::from_secs(60)).await;
         assert_eq!(logs.count(tracing::Level::WARN, warning), 1, "warned once");
         h.ready();
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     assert_eq!(f.record().request_id.as_deref(), Some("early"));
@@ -483,14 +478,13 @@ impl Handler<planned_stop::Drain> for Gone {
 fn a_participant_that_is_gone_does_not_delay_the_exit() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = f.start(vec![("gone", Gone.start().recipient())]);
         h.ready();
         settle().await;
         let before = tokio::time::Instant::now();
         h.request_stop(StopRequest::Planned);
-        let code = stop.await.unwrap();
+        let code = code_of(h.stopped().await);
         assert_eq!(
             tokio::time::Instant::now() - before,
             Duration::ZERO,
@@ -510,12 +504,11 @@ fn a_programmatic_request_stops_with_its_own_classification() {
     for (request, expected) in [(StopRequest::Planned, 0), (StopRequest::Unexpected, 1)] {
         let f = Fixture::new();
         let sys = paused_system();
-        let stop = sys.stop_future();
         let code = sys.block_on(async {
             let h = f.start(vec![]);
             h.ready();
             h.request_stop(request);
-            stop.await.unwrap()
+            code_of(h.stopped().await)
         });
         assert_eq!(code, expected, "{request:?}");
         assert_eq!(f.record().cause, StopCause::Request);
@@ -528,7 +521,6 @@ fn a_programmatic_request_stops_with_its_own_classification() {
 fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = f.start(vec![]);
         let marker = Marker::new(f.me.pid, Some(f.me.start), Utc::now()).with_request_id("held-1");
@@ -536,7 +528,7 @@ fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
         settle().await;
         assert_eq!(state(&h), RunnerState::Starting);
         h.ready();
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     assert_eq!(f.record().request_id.as_deref(), Some("held-1"));
@@ -548,7 +540,6 @@ fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
 fn participants_can_join_after_start_but_not_once_draining() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let (early_asked, late_asked, code) = sys.block_on(async {
         let h = f.start(vec![]);
         let (early, early_control) = ParticipantControl::start();
@@ -561,7 +552,7 @@ fn participants_can_join_after_start_but_not_once_draining() {
         h.add_participant(planned_stop::DrainPhase::Final, "late", late);
         settle().await;
         assert!(early_control.finish(&["e-1"]));
-        let code = stop.await.unwrap();
+        let code = code_of(h.stopped().await);
         (early_control.asked(), late_control.asked(), code)
     });
     assert_eq!(code, 0);
@@ -581,11 +572,11 @@ fn participants_can_join_after_start_but_not_once_draining() {
 fn an_earlier_phase_timer_does_not_end_the_next_phase() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let (fast, fast_control) = ParticipantControl::start();
         let (slow, slow_control) = ParticipantControl::start();
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
             .state_dir(f.state())
             .poll_interval(POLL)
             .drain_deadline(DRAIN)
@@ -610,7 +601,7 @@ fn an_earlier_phase_timer_does_not_end_the_next_phase() {
             "the work phase still runs"
         );
         assert!(slow_control.finish(&[]));
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
     let record = f.record();
@@ -649,10 +640,10 @@ proptest::proptest! {
     ) {
         let f = Fixture::new();
         let sys = paused_system();
-        let stop = sys.stop_future();
         let code = sys.block_on(async {
             let (p, control) = ParticipantControl::start();
             let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+                .owns_process_exit(false)
                 .state_dir(f.state())
                 .drain_deadline(drain)
                 .poll_interval(poll)
@@ -675,7 +666,7 @@ proptest::proptest! {
             h.request_stop(StopRequest::Planned);
             settle().await;
             control.finish(&["job"]);
-            stop.await.unwrap()
+            code_of(h.stopped().await)
         });
         proptest::prop_assert_eq!(code, 0);
         let record = f.record();
@@ -759,17 +750,38 @@ impl Handler<planned_stop::Drain> for Blocker {
 }
 
 /// No stop can hang forever: a drain whose participant blocks the event loop is ended by the
-/// overrun watchdog once the deadline and its grace have passed, non-zero, saying who was
-/// draining.
+/// overrun watchdog once the deadline and its grace have passed, non-zero, naming the participant
+/// that had not answered (not the one that had); its end is an outcome of its own (`overrun`,
+/// not a draining process that seems killed), the presence file is withdrawn, and the
+/// application's forced-exit hook had its last word.
 #[test]
 fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
-    let out = common::run_helper("helper_blocked_drain", "blocked-drain");
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::helper_command("helper_blocked_drain", "blocked-drain")
+        .env("PLANNED_STOP_TEST_DIR", dir.path())
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("overran") && stderr.contains("blocker"),
-        "{stderr}"
-    );
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("overran"))
+        .unwrap_or_else(|| panic!("no overrun line: {stderr}"));
+    assert!(line.contains("blocker"), "{line}");
+    assert!(!line.contains("quick"), "quick had answered: {line}");
+    let pid: u32 = stdout
+        .lines()
+        .find_map(|l| l.split("helper-pid ").nth(1))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid: {stdout}"));
+    let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
+    let outcome = store.read_outcome(pid).expect("an outcome");
+    assert_eq!(outcome.phase, Phase::Overrun, "{outcome:?}");
+    assert_eq!(outcome.exit_code, Some(1));
+    assert!(outcome.finished_at.is_some());
+    assert_eq!(store.read_presence(pid), None, "withdrawn");
+    assert!(stdout.contains("forced-exit 1 None"), "{stdout}");
 }
 
 #[test]
@@ -778,18 +790,24 @@ fn helper_blocked_drain() {
     if logging_helper().is_none() {
         return;
     }
-    let f = Fixture::new();
+    let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
+    println!("helper-pid {}", std::process::id());
     actix::System::new().block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let (quick, control) = ParticipantControl::start();
+        let h = PlannedStopService::builder(Layout::Slots(dir.join("run")))
             .drain_deadline(Duration::from_millis(200))
             .overrun_grace(Duration::from_millis(300))
+            .participant_in(planned_stop::DrainPhase::Ingress, "quick", quick)
             .participant("blocker", Blocker.start().recipient())
             .handle_signals(false)
             .events(false)
+            .on_forced_exit(|code, verdict| println!("forced-exit {code} {verdict:?}"))
             .start()
             .unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
+        actix::clock::sleep(Duration::from_millis(10)).await;
+        control.finish(&[]);
         h.stopped().await
     });
     std::process::exit(0);
@@ -803,7 +821,6 @@ fn helper_blocked_drain() {
 fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
     let f = Fixture::new();
     let sys = paused_system();
-    let stop = sys.stop_future();
     sys.block_on(async {
         let h = f.start(vec![]);
         let presence = f
@@ -814,7 +831,7 @@ fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
         assert!(f.store().is_watched_by(&f.me));
         h.ready();
         h.request_stop(StopRequest::Planned);
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(f.store().read_presence(f.me.pid), None);
     assert_eq!(
@@ -832,7 +849,7 @@ fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
         let _h = PlannedStopService::builder(Layout::Slots(f.markers()))
             .handle_signals(false)
             .events(false)
-            .stop_system(false)
+            .owns_process_exit(false)
             .clock(TokioClock::new())
             .start()
             .unwrap();
@@ -869,12 +886,11 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
     let logs = LogCapture::default();
     let _guard = logs.install();
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let h = f.start(vec![("jobs", BigAndSmall.start().recipient())]);
         h.ready();
         h.request_stop(StopRequest::Planned);
-        let code = stop.await.unwrap();
+        let code = code_of(h.stopped().await);
         let outcome = h.status().outcome.unwrap();
         assert_eq!(outcome.phase, Phase::RecordLost);
         code
@@ -1019,9 +1035,9 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
         let logs = LogCapture::default();
         let _guard = logs.install();
         let sys = paused_system();
-        let stop = sys.stop_future();
         let code = sys.block_on(async {
             let mut b = PlannedStopService::builder(Layout::Slots(f.markers()))
+                .owns_process_exit(false)
                 .record_store(Faulty::new(&f.state(), Fault::PersistHangs))
                 .persist_deadline(Duration::from_secs(2))
                 .handle_signals(false)
@@ -1041,7 +1057,7 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
             if let Some(control) = control {
                 assert!(control.finish(&["job-41"]));
             }
-            stop.await.unwrap()
+            code_of(h.stopped().await)
         });
         assert_eq!(code, 74, "participant: {with_participant}");
         if with_participant {
@@ -1120,6 +1136,7 @@ fn a_failed_renewal_is_retried_soon() {
     let lease = Duration::from_secs(6); // renewed every 2 s
     paused_system().block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
             .record_store(store.clone())
             .lease_for(lease)
             .handle_signals(false)

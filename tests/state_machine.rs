@@ -453,7 +453,7 @@ impl StateMachineTest for RunnerAndWatcher {
             let config = RunnerConfig {
                 drain_deadline: Duration::from_millis(DRAIN_MS),
                 answer_grace: Duration::from_millis(GRACE_MS),
-                stop_system: false,
+                owns_process_exit: false,
                 ..RunnerConfig::default()
             };
             let (participant, control) = ParticipantControl::start();

@@ -27,10 +27,10 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
     let me = ProcessIdentity::current().unwrap();
 
     let sys = paused_system();
-    let stop = sys.stop_future();
     let code = sys.block_on(async {
         let (participant, control) = ParticipantControl::start();
         let h = PlannedStopService::builder(Layout::Slots(markers.clone()))
+            .owns_process_exit(false)
             .poll_interval(POLL)
             .drain_deadline(DRAIN)
             .handle_signals(false)
@@ -51,7 +51,7 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
             advance(Duration::from_secs(1)).await;
         }
         assert!(control.finish(&[]));
-        stop.await.unwrap()
+        code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
 

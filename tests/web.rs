@@ -36,15 +36,32 @@ enum AppLayout {
     /// The application runs an `HttpServer` of its own with actix-server's signal handling left
     /// on (not handed to `serve`), under `run_with_code`.
     OwnServerWithSignals,
+    /// `#[actix_web::main]` running the application's own `HttpServer` with `server.run().await`
+    /// (the integration not used, actix-web's signal handling left on); `main` returns `Ok(())`.
+    OwnServerBlockOn,
+    /// `planned_stop::web::serve(server, &stop).await?; Ok(())` in `main -> io::Result<()>`:
+    /// the exit code the future resolves to is dropped.
+    ServeThenOk,
+    /// `main` awaits `serve`, then panics.
+    PanicsAfterStop,
     /// A mistake: `#[actix::main]` whose `main` returns without awaiting the runner.
     ActixMainReturnsEarly,
+    /// `main` panics right after starting the service.
+    PanicsAtOnce,
+    /// The runner does not own the process's end (`owns_process_exit(false)`) and `main` runs
+    /// a server that never ends: the stop finishes, the process stays.
+    NotOwnedNeverEnds,
 }
 
-const LAYOUTS: [AppLayout; 4] = [
+/// The layouts of the table in docs/design.md: every stop ends with its verdict's code.
+const LAYOUTS: [AppLayout; 7] = [
     AppLayout::RunWithCode,
     AppLayout::ActixMain,
     AppLayout::ActixWebMain,
     AppLayout::OwnServerWithSignals,
+    AppLayout::OwnServerBlockOn,
+    AppLayout::ServeThenOk,
+    AppLayout::PanicsAfterStop,
 ];
 
 impl AppLayout {
@@ -54,14 +71,23 @@ impl AppLayout {
             AppLayout::ActixMain => "actix-main",
             AppLayout::ActixWebMain => "actix-web-main",
             AppLayout::OwnServerWithSignals => "own-server-with-signals",
+            AppLayout::OwnServerBlockOn => "own-server-block-on",
+            AppLayout::ServeThenOk => "serve-then-ok",
+            AppLayout::PanicsAfterStop => "panics-after-stop",
             AppLayout::ActixMainReturnsEarly => "actix-main-returns-early",
+            AppLayout::PanicsAtOnce => "panics-at-once",
+            AppLayout::NotOwnedNeverEnds => "not-owned-never-ends",
         }
     }
 
     fn of_role(role: &str) -> Option<AppLayout> {
         LAYOUTS
             .into_iter()
-            .chain([AppLayout::ActixMainReturnsEarly])
+            .chain([
+                AppLayout::ActixMainReturnsEarly,
+                AppLayout::PanicsAtOnce,
+                AppLayout::NotOwnedNeverEnds,
+            ])
             .find(|l| l.role() == role)
     }
 }
@@ -152,6 +178,13 @@ impl App {
         stopper::request(&store, self.child.id(), &StopOptions::new()).unwrap();
     }
 
+    /// Asks for a planned restart, as `planned-stop stop --restart` does.
+    fn planned_restart(&self) {
+        let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
+        let options = StopOptions::new().with_action(planned_stop::StopAction::Restart);
+        stopper::request(&store, self.child.id(), &options).unwrap();
+    }
+
     fn sigterm(&self) {
         // SAFETY: kill(2) on our own child.
         assert_eq!(
@@ -216,19 +249,17 @@ fn options() -> AppOptions {
     }
 }
 
-fn bare_sigterm_is_not_zero_and_a_planned_stop_is(layout: AppLayout) {
+/// One row of the table in docs/design.md: in `layout`, a bare SIGTERM ends the process with 1,
+/// a planned stop with 0 and a planned restart with 75, 20 times of 20, whatever `main` returns.
+fn every_stop_ends_with_its_verdicts_code(layout: AppLayout) {
     for round in 0..ROUNDS {
         let mut app = App::start(layout, &options());
         app.sigterm();
         let code = app.exit_code();
-        assert_ne!(
+        assert_eq!(
             code,
-            Some(0),
-            "{layout:?} round {round}: a bare SIGTERM exited 0"
-        );
-        assert!(
-            code.is_some(),
-            "{layout:?} round {round}: killed by a signal"
+            Some(1),
+            "{layout:?} round {round}: a bare SIGTERM is unexpected"
         );
 
         let mut app = App::start(layout, &options());
@@ -247,27 +278,60 @@ fn bare_sigterm_is_not_zero_and_a_planned_stop_is(layout: AppLayout) {
             Some(Phase::Stopped),
             "{layout:?} round {round}"
         );
+
+        let mut app = App::start(layout, &options());
+        app.planned_restart();
+        assert_eq!(
+            app.exit_code(),
+            Some(75),
+            "{layout:?} round {round}: planned restart"
+        );
+        assert_eq!(
+            app.outcome_phase(),
+            Some(Phase::Stopped),
+            "{layout:?} round {round}"
+        );
     }
 }
 
 #[test]
 fn run_with_code_layout() {
-    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::RunWithCode);
+    every_stop_ends_with_its_verdicts_code(AppLayout::RunWithCode);
 }
 
 #[test]
 fn actix_main_layout() {
-    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::ActixMain);
+    every_stop_ends_with_its_verdicts_code(AppLayout::ActixMain);
 }
 
 #[test]
 fn actix_web_main_layout() {
-    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::ActixWebMain);
+    every_stop_ends_with_its_verdicts_code(AppLayout::ActixWebMain);
 }
 
 #[test]
 fn own_server_with_its_signal_handling_left_on() {
-    bare_sigterm_is_not_zero_and_a_planned_stop_is(AppLayout::OwnServerWithSignals);
+    every_stop_ends_with_its_verdicts_code(AppLayout::OwnServerWithSignals);
+}
+
+/// The runner's `System::stop` does not end a `main` that runs its own server with `block_on`:
+/// the process used to go on serving after a planned stop, and exit 0 on a bare SIGTERM.
+#[test]
+fn own_server_run_by_block_on_with_main_returning_ok() {
+    every_stop_ends_with_its_verdicts_code(AppLayout::OwnServerBlockOn);
+}
+
+/// `serve(..).await?; Ok(())`: the code the future resolves to is dropped, `main` says 0; the
+/// verdict's code wins (a restart used to exit 0, and a supervisor left the service down).
+#[test]
+fn serve_awaited_with_question_mark_and_ok() {
+    every_stop_ends_with_its_verdicts_code(AppLayout::ServeThenOk);
+}
+
+/// A panic in `main` after the stop concluded does not turn its code into 101.
+#[test]
+fn main_panicking_after_the_stop() {
+    every_stop_ends_with_its_verdicts_code(AppLayout::PanicsAfterStop);
 }
 
 /// An application whose own `HttpServer` also reacts to SIGTERM, with a slow drain (a work
@@ -298,18 +362,69 @@ fn own_server_with_signals_and_a_slow_drain_never_exits_0() {
 }
 
 /// The guard: a `main` that returns while the runner is still running (here: without awaiting
-/// it at all) must not exit 0 — the outcome says `aborted` and the exit code is the unexpected one.
+/// it at all), or panics, must not exit 0 or 101 — the outcome says `aborted` and the exit code
+/// is the unexpected one.
 #[test]
-fn main_returning_before_the_runner_stopped_is_not_a_clean_exit() {
+fn main_returning_or_panicking_before_the_runner_stopped_is_not_a_clean_exit() {
     for round in 0..ROUNDS {
-        let mut app = App::start(AppLayout::ActixMainReturnsEarly, &options());
-        assert_eq!(app.exit_code(), Some(1), "round {round}");
-        assert_eq!(app.outcome_phase(), Some(Phase::Aborted), "round {round}");
-        assert!(
-            !app.announced(),
-            "round {round}: the aborted runner withdrew it"
-        );
+        for layout in [AppLayout::ActixMainReturnsEarly, AppLayout::PanicsAtOnce] {
+            let mut app = App::start(layout, &options());
+            assert_eq!(app.exit_code(), Some(1), "{layout:?} round {round}");
+            assert_eq!(
+                app.outcome_phase(),
+                Some(Phase::Aborted),
+                "{layout:?} round {round}"
+            );
+            assert!(
+                !app.announced(),
+                "{layout:?} round {round}: the aborted runner withdrew it"
+            );
+        }
     }
+}
+
+/// `System::current().stop()` from a request handler while `main` runs the System with
+/// `block_on` (which goes on running): the runner notices, writes `aborted` and exits with the
+/// unexpected code. It used to stay alive, serving nothing, with no outcome and no log line.
+#[test]
+fn a_system_stopped_by_a_handler_is_aborted_not_left_running() {
+    for layout in [AppLayout::ActixWebMain, AppLayout::OwnServerBlockOn] {
+        for round in 0..ROUNDS {
+            let mut app = App::start(layout, &options());
+            // The handler stops the System before it answers, so no answer is expected.
+            let _ = http_get(app.port, "/quit");
+            assert_eq!(app.exit_code(), Some(1), "{layout:?} round {round}");
+            assert_eq!(
+                app.outcome_phase(),
+                Some(Phase::Aborted),
+                "{layout:?} round {round}"
+            );
+        }
+    }
+}
+
+/// A runner that does not own the process's end finishes its stop while `main` goes on: the
+/// stopper says so (`stopped_still_alive`, 12) instead of `not_accepted`, and the library does
+/// not end the process.
+#[test]
+fn a_stopper_tells_a_finished_stop_in_a_live_process_from_a_refusal() {
+    let mut app = App::start(AppLayout::NotOwnedNeverEnds, &options());
+    let out = common::process::planned_stop()
+        .args(["stop", "--pid", &app.child.id().to_string(), "--dir"])
+        .arg(app.run_dir())
+        .args(["--wait", "3", "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "stopped_still_alive", "{report}");
+    assert_eq!(out.status.code(), Some(12), "{report}");
+    assert_eq!(report["exit_code"], 0, "{report}");
+    assert_eq!(report["phase"], "stopped", "{report}");
+    assert!(
+        app.child.try_wait().unwrap().is_none(),
+        "nothing in the library ended a process it does not own"
+    );
+    assert_eq!(http_get(app.port, "/").map(|(c, _)| c), Some(200));
 }
 
 /// A slow request in flight when the stop arrives completes; readiness says `draining` during the
@@ -436,6 +551,13 @@ async fn slow_endpoint() -> &'static str {
     "slow done"
 }
 
+/// Stops the actix `System` from a handler, as an application might to shut itself down.
+#[actix_web::get("/quit")]
+async fn quit_endpoint() -> &'static str {
+    actix::System::current().stop();
+    "stopping"
+}
+
 #[actix_web::get("/")]
 async fn hello_endpoint() -> &'static str {
     "hello"
@@ -468,6 +590,9 @@ fn helper_web_app() {
         let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
             .state_dir(base.join("state"))
             .drain_deadline(Duration::from_secs(10))
+            .owns_process_exit(layout != AppLayout::NotOwnedNeverEnds)
+            // Short, so the layouts whose main never returns by itself end quickly.
+            .exit_grace(Duration::from_millis(300))
             .participant("jobs", Jobs(jobs).start().recipient());
         if let Some(ms) = ingress {
             builder = builder.phase_deadline(DrainPhase::Ingress, ms);
@@ -481,6 +606,7 @@ fn helper_web_app() {
                 .service(planned_stop::web::readiness("/ready", &ready))
                 .service(slow_endpoint)
                 .service(hello_endpoint)
+                .service(quit_endpoint)
         })
         .workers(1)
         .bind(("127.0.0.1", 0))
@@ -540,6 +666,52 @@ fn helper_web_app() {
             announce(0);
             0 // the mistake: returns "success" without awaiting stop.stopped()
         }),
+        AppLayout::OwnServerBlockOn | AppLayout::NotOwnedNeverEnds => {
+            // What `#[actix_web::main] async fn main() -> io::Result<()>` expands to.
+            let result: std::io::Result<()> = actix_web::rt::System::new().block_on(async {
+                let stop = start(&base);
+                let http =
+                    HttpServer::new(|| App::new().service(hello_endpoint).service(quit_endpoint))
+                        .workers(1)
+                        .bind(("127.0.0.1", 0))?;
+                announce(http.addrs()[0].port());
+                stop.ready();
+                http.run().await
+            });
+            result.unwrap();
+            return; // main returns Ok(()): exit 0 as far as main is concerned
+        }
+        AppLayout::ServeThenOk => {
+            let result: std::io::Result<()> = actix_web::rt::System::new().block_on(async {
+                let stop = start(&base);
+                let http = server(&stop);
+                announce(http.addrs()[0].port());
+                stop.ready();
+                planned_stop::web::serve(http, &stop).grace(grace).await?;
+                Ok(())
+            });
+            result.unwrap();
+            return;
+        }
+        AppLayout::PanicsAfterStop => {
+            actix_web::rt::System::new().block_on(async {
+                let stop = start(&base);
+                let http = server(&stop);
+                announce(http.addrs()[0].port());
+                stop.ready();
+                let _ = planned_stop::web::serve(http, &stop).grace(grace).await;
+            });
+            panic!("main panics after the stop");
+        }
+        AppLayout::PanicsAtOnce => {
+            actix::System::new().block_on(async {
+                let stop = start(&base);
+                stop.ready();
+                announce(0);
+                panic!("main panics before any stop");
+            });
+            return;
+        }
         AppLayout::OwnServerWithSignals => {
             let system = actix::System::new();
             system.block_on(async {

@@ -59,6 +59,8 @@ pub const EXIT_KILLED_WHILE_DRAINING: u8 = 9;
 pub const EXIT_RECORD_LOST: u8 = 10;
 /// Exit code: no such item in the state directory.
 pub const EXIT_NO_SUCH_ITEM: u8 = 11;
+/// `stop --wait`: the target finished its stop but was still alive at the deadline.
+pub const EXIT_STOPPED_STILL_ALIVE: u8 = 12;
 
 /// Planned stops for actix services: stop one specific process, on purpose, exactly once.
 #[derive(Debug, Parser)]

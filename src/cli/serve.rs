@@ -202,7 +202,16 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
         .drain_deadline(Duration::from_millis(args.drain_ms))
         .allow_shared_dir(args.allow_shared_dir)
         .allow_shared_state(args.allow_shared_state)
-        .events(!args.no_events);
+        .events(!args.no_events)
+        // The library ending the process itself (the overrun watchdog, a guard) still says so
+        // on stdout, last, as every exit does.
+        .on_forced_exit(|code, verdict| {
+            let verdict = match verdict {
+                Some(StopVerdict::Planned) => "planned",
+                _ => "unexpected",
+            };
+            emit(json!({ "event": "exit", "code": code, "verdict": verdict }));
+        });
     let store = super::record_store(
         args.state.as_deref(),
         args.records.as_deref(),

@@ -2,8 +2,8 @@
 
 use super::{
     EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_OK,
-    EXIT_RECORD_LOST, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs,
-    chain, emit, fail, path_json,
+    EXIT_RECORD_LOST, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED,
+    EXIT_USAGE, LayoutArgs, chain, emit, fail, path_json,
 };
 use clap::Args;
 use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
@@ -228,6 +228,22 @@ pub fn run(args: StopArgs) -> u8 {
                 args.pid, outcome.accepted_at, outcome.drain_deadline
             ),
             json!({ "accepted_at": outcome.accepted_at, "drain_deadline": outcome.drain_deadline }),
+        ),
+        WaitOutcome::StoppedStillAlive { outcome } => (
+            "stopped_still_alive",
+            EXIT_STOPPED_STILL_ALIVE,
+            format!(
+                "process {} finished its stop ({}, exit code {}) but is still alive: its runner \
+                 does not own the process's end (owns_process_exit(false)) and its main has not \
+                 returned, or it is stuck on the way out",
+                args.pid,
+                serde_json::to_value(outcome.phase)
+                    .unwrap_or_default()
+                    .as_str()
+                    .unwrap_or("?"),
+                outcome.exit_code.map_or("?".to_owned(), |c| c.to_string())
+            ),
+            json!({ "phase": outcome.phase, "exit_code": outcome.exit_code, "verdict": outcome.verdict }),
         ),
         WaitOutcome::NotAccepted
             if !requested.watching && !store.is_watched_by(&requested.target) =>

@@ -110,10 +110,16 @@ pub struct RunnerConfig {
     /// Where to persist the stop record and its unfinished items; `None` keeps none (and the
     /// items are logged at ERROR, as for a store that fails).
     pub records: Option<Arc<dyn RecordStore>>,
-    /// Stop the actix `System` with the exit code when stopped. Default `true`. It also arms
-    /// the guard: a runner dropped before it stopped (the `System` stopped by someone else, or
-    /// `main` returned) ends the process with the unexpected exit code.
-    pub stop_system: bool,
+    /// The runner owns the process's end (default `true`): it stops the actix `System` with
+    /// the verdict's code, ends the process with that code whatever `main` returns (within
+    /// [`Self::exit_grace`] of the stop's conclusion), and arms the guards (a runner dropped
+    /// before it stopped, a `System` stopped by someone else, a drain that overruns: the
+    /// unexpected code). With `false` nothing in the library ends the process or installs a
+    /// panic hook; the application awaits `ServiceHandle::stopped`.
+    pub owns_process_exit: bool,
+    /// How long `main` has, once the stop concluded, to return by itself before the runner ends
+    /// the process with the verdict's code. Default 2 s.
+    pub exit_grace: Duration,
     /// A phase's own deadline, within the overall one; a phase without one may use all that is
     /// left of the overall deadline.
     pub phase_deadlines: Vec<(DrainPhase, Duration)>,
@@ -149,7 +155,8 @@ impl Default for RunnerConfig {
             answer_grace: Duration::from_millis(100),
             exit_codes: ExitCodes::default(),
             records: None,
-            stop_system: true,
+            owns_process_exit: true,
+            exit_grace: Duration::from_secs(2),
             phase_deadlines: Vec::new(),
             ready_warning: Some(Duration::from_secs(30)),
             overrun_grace: Duration::from_secs(5),

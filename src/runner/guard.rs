@@ -2,20 +2,29 @@
 //! nothing else does, and no stop hangs".
 //!
 //! The runner decides the exit code, but the process ends wherever `main` ends, and a blocked
-//! event loop starves the runner's own timers. Both guards are armed only when the runner owns
-//! the process's exit (`RunnerConfig::stop_system`, the default):
+//! event loop starves the runner's own timers. The guards are armed only when the runner owns
+//! the process's exit (`RunnerConfig::owns_process_exit`, the default), and end the process
+//! through [`super::process_end::end`]:
 //!
-//! - the **drop guard**: a runner dropped before it stopped (the `System` stopped by someone else,
-//!   `main` returned early, a panic) writes an `aborted` outcome and exits with the unexpected
-//!   code instead of letting the process exit 0;
+//! - the **drop guard**: a runner dropped before it stopped (`System::run` ended by someone
+//!   else, `main` returned early, a panic) writes an `aborted` outcome and exits with the
+//!   unexpected code instead of letting the process exit 0;
+//! - the **System check**: a `System` stopped by someone else while `main` runs it with
+//!   `block_on` (which goes on running): the same, found within [`SYSTEM_CHECK`];
 //! - the **overrun watchdog**: a plain OS thread that ends the process with the unexpected code
-//!   when a drain overruns its deadline, answer graces and overrun grace.
+//!   when a drain overruns its deadline, answer graces and overrun grace. It writes an
+//!   `overrun` outcome, withdraws the presence file and logs who had not answered.
 
-use super::{DrainPhase, RunnerActor, drain};
+use super::{DrainPhase, RunnerActor, drain, process_end};
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::{RunnerState, StopCause, StopVerdict};
 use crate::outcome::{Outcome, Phase};
+use actix::prelude::*;
 use chrono::Utc;
+use std::time::Duration;
+
+/// How often the runner checks that its `System` has not been stopped by someone else.
+pub(super) const SYSTEM_CHECK: Duration = Duration::from_millis(200);
 
 impl RunnerActor {
     /// A plain OS thread (not an actix timer, which a blocked event loop would never fire) that
@@ -25,7 +34,7 @@ impl RunnerActor {
     /// a persist that hangs is covered too. Before it exits it logs every item not yet durable.
     pub(super) fn arm_overrun_watchdog(&self, within: std::time::Duration) {
         // Only when the runner owns the process's exit, as for the drop guard.
-        if !self.config.stop_system {
+        if !self.config.owns_process_exit {
             return;
         }
         let phases = DrainPhase::ALL.len() as u32;
@@ -34,27 +43,53 @@ impl RunnerActor {
             .saturating_add(drain::clamp(self.config.persist_deadline))
             .saturating_add(drain::clamp(self.config.overrun_grace));
         let status = self.status.subscribe();
-        let participants: Vec<String> = self.participants.iter().map(|p| p.name.clone()).collect();
+        let awaiting = self.awaiting.clone();
         let code = self.config.exit_codes.unexpected;
         let pending = self.pending.clone();
+        let store = self.store.clone();
+        let own = self.own;
         let spawned = std::thread::Builder::new()
             .name("planned-stop-overrun".into())
             .spawn(move || {
                 std::thread::sleep(limit);
-                let concluded = status.borrow().exit_code.is_some();
-                if !concluded {
-                    let state = status.borrow().state;
-                    tracing::error!(
-                        limit_ms = limit.as_millis() as u64,
-                        ?state,
-                        ?participants,
-                        code,
-                        "the stop overran its drain deadline, persist deadline and grace (is \
-                         something blocking the event loop?); exiting so the stop cannot hang"
-                    );
-                    log_pending(&pending);
-                    std::process::exit(code);
+                let (concluded, state, outcome) = {
+                    let now = status.borrow();
+                    (now.exit_code.is_some(), now.state, now.outcome.clone())
+                };
+                if concluded {
+                    return;
                 }
+                let unanswered: Vec<String> = match awaiting.lock() {
+                    Ok(a) => a.clone(),
+                    Err(poisoned) => poisoned.into_inner().clone(),
+                };
+                tracing::error!(
+                    limit_ms = limit.as_millis() as u64,
+                    ?state,
+                    ?unanswered,
+                    code,
+                    "the stop overran its drain deadline, persist deadline and grace (is \
+                     something blocking the event loop?); exiting so the stop cannot hang"
+                );
+                log_pending(&pending);
+                // The watchdog's end is an outcome of its own: the stopper reports that the
+                // process ended itself (unexpectedly), not that it was killed while draining.
+                if let Some(accepted) = outcome {
+                    let now = Utc::now();
+                    let outcome = Outcome {
+                        phase: Phase::Overrun,
+                        finished_at: Some(now),
+                        exit_code: Some(code),
+                        ..(*accepted).clone()
+                    };
+                    if let Err(e) = store.write_outcome(&outcome) {
+                        tracing::warn!(error = %ErrorChain(&e), "cannot write the overrun outcome");
+                    }
+                }
+                if let Err(e) = store.remove_presence(&own) {
+                    tracing::warn!(error = %ErrorChain(&e), "cannot remove the presence file");
+                }
+                process_end::end_forced(code, None);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the drain overrun watchdog");
@@ -68,29 +103,62 @@ impl RunnerActor {
 /// process would otherwise exit with whatever code that path chose, usually 0, which a
 /// supervisor reads as a clean stop. So the runner writes an `aborted` outcome, logs what to
 /// change, and ends the process with the unexpected exit code. Armed only when the runner owns
-/// the `System`'s exit (`stop_system`, the default).
+/// the `System`'s exit (`owns_process_exit`, the default).
 impl Drop for RunnerActor {
     fn drop(&mut self) {
+        #[cfg(test)]
+        super::LIVE.with(|live| live.set(live.get().saturating_sub(1)));
         // Also while unwinding: a runner that panicked has stopped deciding anything, and a
         // process whose runner is gone must not go on ignoring stops or exit 0.
         if self.lifecycle.state() == RunnerState::Stopped {
             return;
         }
-        if !self.config.stop_system {
+        if !self.config.owns_process_exit {
             // Nothing acts on a marker any more: stop announcing that something does.
             self.withdraw_presence();
             return;
         }
-        let code = self.config.exit_codes.unexpected;
-        let state = self.lifecycle.state();
-        tracing::error!(
-            ?state,
-            code,
+        self.abort(
             "the actix System stopped (or main returned) before the planned-stop runner \
              finished; exiting with the unexpected code. Let the runner stop the System, or await \
              ServiceHandle::stopped() in main, and disable other signal handlers \
-             (HttpServer::disable_signals, or planned_stop::web::serve)"
+             (HttpServer::disable_signals, or planned_stop::web::serve)",
         );
+    }
+}
+
+impl RunnerActor {
+    /// Checks every [`SYSTEM_CHECK`] that the `System` is still running: `System::stop` (from a
+    /// handler, from actix-server's own signal handling with `system_exit`) does not end a `main`
+    /// that runs it with `block_on`, which would go on with its arbiters stopped — serving
+    /// nothing, watching no marker's outcome through — until killed.
+    pub(super) fn check_system(&self, ctx: &mut Context<Self>) {
+        if !self.config.owns_process_exit {
+            return;
+        }
+        ctx.run_interval(SYSTEM_CHECK, |act, _| {
+            if act.lifecycle.state() == RunnerState::Stopped {
+                return;
+            }
+            // The System's own arbiter takes no more work once the System was told to stop.
+            let running = System::try_current().is_some_and(|s| s.arbiter().spawn(async {}));
+            if !running {
+                act.abort(
+                    "the actix System was stopped (System::stop, or a server's own signal \
+                     handling) before the planned-stop runner finished; exiting with the \
+                     unexpected code. Stop through the runner (ServiceHandle::request_stop) and \
+                     leave signals to it",
+                );
+            }
+        });
+    }
+
+    /// Ends the process with the unexpected code before the runner finished: an `aborted`
+    /// outcome, the pending items in the log, the presence withdrawn.
+    fn abort(&mut self, why: &str) -> ! {
+        let code = self.config.exit_codes.unexpected;
+        let state = self.lifecycle.state();
+        tracing::error!(?state, code, "{why}");
         // Not the injected clock: it may be what panicked, and a second panic here would abort.
         let now = Utc::now();
         let (cause, verdict, request_id, accepted_at) = match &self.drain {
@@ -120,7 +188,7 @@ impl Drop for RunnerActor {
         }
         log_pending(&self.pending);
         self.withdraw_presence();
-        std::process::exit(code);
+        process_end::end_forced(code, None)
     }
 }
 

@@ -24,6 +24,7 @@ mod config;
 mod drain;
 mod guard;
 mod messages;
+pub(crate) mod process_end;
 
 pub use config::{ExitCodes, RunnerConfig};
 pub use messages::{
@@ -69,6 +70,14 @@ pub struct RunnerActor {
     /// Items over [`MAX_ITEM_BYTES`]: never written, so the stop ends `record_lost` with them in
     /// its ERROR log line.
     unrecorded: Vec<Unfinished>,
+    /// The participants of a drain that have not answered yet, for the overrun watchdog's log.
+    awaiting: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many runners exist on this thread (tests: a failed start must leave none).
+    pub(crate) static LIVE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// See [`RunnerActor::pending`].
@@ -83,6 +92,8 @@ impl RunnerActor {
         clock: Arc<dyn Clock>,
     ) -> Self {
         let (status, _) = watch::channel(RunnerStatus::starting());
+        #[cfg(test)]
+        LIVE.with(|live| live.set(live.get() + 1));
         RunnerActor {
             lifecycle: Lifecycle::new(),
             store,
@@ -95,6 +106,7 @@ impl RunnerActor {
             drain: None,
             pending: Arc::default(),
             unrecorded: Vec::new(),
+            awaiting: Arc::default(),
         }
     }
 
@@ -218,6 +230,9 @@ impl RunnerActor {
             Instant::now(),
             within,
         ));
+        if let Ok(mut awaiting) = self.awaiting.lock() {
+            *awaiting = self.participants.iter().map(|p| p.name.clone()).collect();
+        }
         self.arm_overrun_watchdog(within);
         self.next_phase(false, ctx);
     }
@@ -288,6 +303,11 @@ impl RunnerActor {
         let Some(run) = self.drain.as_mut() else {
             return;
         };
+        if let Ok(mut awaiting) = self.awaiting.lock()
+            && let Some(at) = awaiting.iter().position(|n| n == name)
+        {
+            awaiting.remove(at);
+        }
         let report = match answer {
             Ok(report) => Some(report),
             Err(e) => {
@@ -502,10 +522,13 @@ impl RunnerActor {
             exit_code: Some(code),
             spilled,
         });
-        if self.config.stop_system
-            && let Some(system) = System::try_current()
-        {
-            system.stop_with_code(code);
+        if self.config.owns_process_exit {
+            if let Some(system) = System::try_current() {
+                system.stop_with_code(i32::from(process_end::status_of(code)));
+            }
+            // Whatever main does next (returns another code, or never returns because it runs
+            // a server with block_on), the process ends with this code.
+            process_end::concluded(code, Some(record.verdict), self.config.exit_grace);
         }
         ctx.stop();
     }
@@ -516,6 +539,9 @@ impl Actor for RunnerActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.publish();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.check_system(ctx);
+        }
         // actix polls a context once while dropping it (a System torn down before the actor
         // ever ran): there is no timer then, and the drop guard below takes over.
         let timers = tokio::runtime::Handle::try_current().is_ok();

@@ -300,3 +300,11 @@ impl Watched {
         self.seen.lock().unwrap().clone()
     }
 }
+
+/// The number inside an `ExitCode` (it has no accessor): what the process would exit with.
+#[allow(dead_code)]
+pub fn code_of(code: std::process::ExitCode) -> i32 {
+    (0..=255)
+        .find(|&n| std::process::ExitCode::from(n) == code)
+        .map_or(1, i32::from)
+}
