@@ -92,7 +92,7 @@ pub use clock::{Clock, SystemClock};
 pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use marker::{Marker, MarkerError, StopAction};
-pub use outcome::{Outcome, Phase, Presence};
+pub use outcome::{DrainSummary, Outcome, Phase, Presence};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use record::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};

@@ -151,6 +151,77 @@ pub struct Outcome {
     /// database store's spill directory). Absent (false) otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spilled: bool,
+    /// How the drain went, in a final outcome (`stopped`, `record_lost`): whether a stopper may
+    /// call it clean. Absent in the other phases and from earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSummary>,
+}
+
+/// How a drain went, as the final outcome tells a stopper: enough to tell a clean drain from one
+/// that lost in-memory work (a participant that never answered or panicked, requests cut at a
+/// deadline, a forced stop). Bounded, so the outcome file stays within its 16 KiB bound.
+///
+/// ```
+/// let summary: planned_stop::DrainSummary = serde_json::from_str(
+///     r#"{"in_time":false,"forced":false,"unanswered":["jobs"],"notes":[],"note_count":0,"handed_back":0}"#,
+/// ).unwrap();
+/// assert!(!summary.is_clean());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DrainSummary {
+    /// Every participant answered before its phase's deadline, none cut work, nobody forced.
+    pub in_time: bool,
+    /// Cut short by a force (a second Ctrl-C, `StopRequest::Force`).
+    pub forced: bool,
+    /// Participants that never answered, or whose mailbox closed before they could (a panic
+    /// in their `Drain` handler): the work they held in memory is unknown. At most
+    /// [`DrainSummary::MAX_LISTED`] names of at most [`DrainSummary::MAX_TEXT`] characters.
+    pub unanswered: Vec<String>,
+    /// The drain's notes (requests cut at a deadline, items not recorded), as
+    /// `participant: note`: the first [`DrainSummary::MAX_LISTED`], each cut to
+    /// [`DrainSummary::MAX_TEXT`] characters.
+    pub notes: Vec<String>,
+    /// How many notes there were in all.
+    pub note_count: usize,
+    /// How many unfinished items were handed back to be resumed.
+    pub handed_back: usize,
+}
+
+impl DrainSummary {
+    /// The most names or notes listed.
+    pub const MAX_LISTED: usize = 16;
+    /// The most characters of one name or note.
+    pub const MAX_TEXT: usize = 200;
+
+    /// Whether the drain lost nothing it was told of: every participant answered in time, no
+    /// work was cut, the stop was not forced. Items handed back are not a loss: they resume.
+    pub fn is_clean(&self) -> bool {
+        self.in_time && !self.forced && self.unanswered.is_empty()
+    }
+
+    /// The summary of a stop record, bounded (one rule for the runner and any other writer).
+    pub fn of(record: &crate::StopRecord) -> DrainSummary {
+        let cut = |text: &str| text.chars().take(Self::MAX_TEXT).collect::<String>();
+        DrainSummary {
+            in_time: record.drained_in_time,
+            forced: record.forced,
+            unanswered: record
+                .unanswered
+                .iter()
+                .take(Self::MAX_LISTED)
+                .map(|name| cut(name))
+                .collect(),
+            notes: record
+                .notes
+                .iter()
+                .take(Self::MAX_LISTED)
+                .map(|n| cut(&format!("{}: {}", n.participant, n.note)))
+                .collect(),
+            note_count: record.notes.len(),
+            handed_back: record.unfinished.len(),
+        }
+    }
 }
 
 impl Outcome {

@@ -148,6 +148,56 @@ fn an_unmarked_sigterm_then_a_marker_still_exits_1() {
     assert_eq!(service.exit_code(), Some(1));
 }
 
+/// Issue 23.5: a forced drain used to read `stopped_planned`, exit 0, like a clean one. The
+/// stopper now carries the drain's summary (`clean`, `drain`), and with `--require-clean` a lossy
+/// drain exits 13; a clean one still exits 0.
+#[cfg(unix)]
+#[test]
+fn stop_wait_tells_a_clean_drain_from_a_forced_one() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "20000"],
+    );
+    let stopper = planned_stop()
+        .args(["stop", "--pid", &service.pid_arg(), "--dir"])
+        .arg(&d.run)
+        .args(["--wait", "30", "--json", "--require-clean"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    service.expect("draining");
+    service.signal(libc::SIGINT); // a Ctrl-C while draining forces the stop
+    let out = stopper.wait_with_output().unwrap();
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "stopped_planned", "{report}");
+    assert_eq!(out.status.code(), Some(13), "{report}");
+    assert_eq!(report["clean"], false, "{report}");
+    assert_eq!(report["drain"]["forced"], true, "{report}");
+    assert_eq!(report["drain"]["in_time"], false, "{report}");
+    assert!(
+        report["message"].as_str().unwrap().contains("forced"),
+        "{report}"
+    );
+    assert_eq!(service.exit_code(), Some(0), "still a planned stop");
+
+    // A drain in which every job hands its work back in time is clean: 0 with the flag.
+    let mut service = serve(
+        &d,
+        &["--jobs", "2", "--job-ms", "60000", "--drain-ms", "200"],
+    );
+    let out = stop(&d, &service.pid_arg(), &["--wait", "20", "--require-clean"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("stopped_planned"), Some(0)),
+        "{report}"
+    );
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["drain"]["handed_back"], 2, "{report}");
+    assert_eq!(service.exit_code(), Some(0));
+}
+
 #[cfg(unix)]
 #[test]
 fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted() {

@@ -455,6 +455,31 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
     assert_eq!(f.record().request_id.as_deref(), Some("early"));
 }
 
+/// Issue 23.5: the phase deadline's warning names the participants that had not answered
+/// (and only those), so an operator knows whose in-memory work is unknown.
+#[test]
+fn the_phase_deadline_warning_names_the_silent_participant() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let f = Fixture::new();
+    let sys = paused_system();
+    sys.block_on(async {
+        let (silent, _control) = ParticipantControl::start();
+        let (quick, control) = ParticipantControl::start();
+        let h = f.start(vec![("silent-jobs", silent), ("quick-jobs", quick)]);
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        settle().await;
+        assert!(control.finish(&[]));
+        code_of(h.stopped().await)
+    });
+    let warned = "deadline passed without an answer";
+    assert_eq!(logs.count(tracing::Level::WARN, warned), 1);
+    assert_eq!(logs.count(tracing::Level::WARN, "silent-jobs"), 1);
+    assert_eq!(logs.count(tracing::Level::WARN, "quick-jobs"), 0);
+    assert_eq!(f.record().unanswered, ["silent-jobs"]);
+}
+
 /// An actor that stops as soon as it starts: a participant whose mailbox is closed.
 struct Gone;
 

@@ -61,6 +61,8 @@ pub const EXIT_RECORD_LOST: u8 = 10;
 pub const EXIT_NO_SUCH_ITEM: u8 = 11;
 /// `stop --wait`: the target finished its stop but was still alive at the deadline.
 pub const EXIT_STOPPED_STILL_ALIVE: u8 = 12;
+/// `stop --wait --require-clean`: the target stopped as planned, but its drain was not clean.
+pub const EXIT_NOT_CLEAN: u8 = 13;
 
 /// Planned stops for actix services: stop one specific process, on purpose, exactly once.
 #[derive(Debug, Parser)]

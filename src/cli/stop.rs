@@ -1,13 +1,13 @@
 //! `planned-stop stop`: write the marker for one process, optionally signal it, wait and report.
 
 use super::{
-    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_OK,
-    EXIT_RECORD_LOST, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED,
-    EXIT_USAGE, LayoutArgs, chain, emit, fail, path_json,
+    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN,
+    EXIT_OK, EXIT_RECORD_LOST, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE,
+    EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs, chain, emit, fail, path_json,
 };
 use clap::Args;
 use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
-use planned_stop::{MarkerStore, StopAction};
+use planned_stop::{DrainSummary, MarkerStore, StopAction};
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -55,6 +55,11 @@ pub struct StopArgs {
     /// by the OS (a pidfd on Linux), which reports the moment it exits.
     #[arg(long)]
     pub no_events: bool,
+    /// With --wait: a planned stop whose drain was not clean (a participant never answered or
+    /// panicked, requests were cut at a deadline, the stop was forced) exits 13 instead of 0, so
+    /// a deploy script can stop on a lossy drain.
+    #[arg(long)]
+    pub require_clean: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -169,9 +174,19 @@ pub fn run(args: StopArgs) -> u8 {
         WaitOutcome::StoppedPlanned { exit_code, outcome } => {
             // Racing stoppers: the target accepted one request; say whose.
             let own = planned_stop::stopper::is_own_request(outcome, request_id.as_deref());
+            // An outcome without a summary (an earlier version) is not known to be lossy.
+            let clean = outcome.drain.as_ref().is_none_or(DrainSummary::is_clean);
+            let lossy = match outcome.drain.as_ref().filter(|_| !clean) {
+                Some(drain) => format!("; the drain was not clean: {}", describe(drain)),
+                None => String::new(),
+            };
             (
                 "stopped_planned",
-                EXIT_OK,
+                if clean || !args.require_clean {
+                    EXIT_OK
+                } else {
+                    EXIT_NOT_CLEAN
+                },
                 if own && outcome.spilled {
                     format!(
                         "process {} stopped as planned (exit code {exit_code}); its record store \
@@ -196,7 +211,7 @@ pub fn run(args: StopArgs) -> u8 {
                          its application's own request, not on this stop request",
                         args.pid,
                     )
-                },
+                } + &lossy,
                 json!({
                     "exit_code": exit_code,
                     "verdict": outcome.verdict,
@@ -204,6 +219,8 @@ pub fn run(args: StopArgs) -> u8 {
                     "accepted_request_id": outcome.request_id,
                     "own_request": own,
                     "spilled": outcome.spilled,
+                    "clean": clean,
+                    "drain": outcome.drain,
                 }),
             )
         }
@@ -218,7 +235,11 @@ pub fn run(args: StopArgs) -> u8 {
                     None => "it left no outcome: killed or crashed?".to_owned(),
                 }
             ),
-            json!({ "exit_code": exit_code, "verdict": outcome.as_ref().map(|o| o.verdict) }),
+            json!({
+                "exit_code": exit_code,
+                "verdict": outcome.as_ref().map(|o| o.verdict),
+                "drain": outcome.as_ref().and_then(|o| o.drain.clone()),
+            }),
         ),
         WaitOutcome::StillDraining { outcome } => (
             "still_draining",
@@ -311,7 +332,12 @@ pub fn run(args: StopArgs) -> u8 {
                 args.pid,
                 exit_code.map_or("?".to_owned(), |c| c.to_string())
             ),
-            json!({ "exit_code": exit_code, "verdict": outcome.verdict, "cause": outcome.cause }),
+            json!({
+                "exit_code": exit_code,
+                "verdict": outcome.verdict,
+                "cause": outcome.cause,
+                "drain": outcome.drain,
+            }),
         ),
         WaitOutcome::Held { outcome } => (
             "held",
@@ -336,6 +362,27 @@ pub fn run(args: StopArgs) -> u8 {
     extra["watching"] = json!(requested.watching);
     report(&args, kind, code, text, extra);
     code
+}
+
+/// What made a drain not clean, in words.
+fn describe(drain: &DrainSummary) -> String {
+    let mut parts = Vec::new();
+    if !drain.unanswered.is_empty() {
+        parts.push(format!(
+            "no answer from {} (their in-memory work is unknown)",
+            drain.unanswered.join(", ")
+        ));
+    }
+    if drain.forced {
+        parts.push("forced".to_owned());
+    }
+    if !drain.notes.is_empty() {
+        parts.push(drain.notes.join("; "));
+    }
+    if parts.is_empty() {
+        parts.push("a participant answered after its deadline".to_owned());
+    }
+    parts.join("; ")
 }
 
 /// The warning for a target that has not announced watching the directory.

@@ -227,6 +227,11 @@ impl DrainRun {
         }
     }
 
+    /// The participants (by index) of the running phase that have not answered yet.
+    pub(crate) fn waiting(&self) -> &[usize] {
+        self.current.as_ref().map_or(&[], |c| &c.waiting)
+    }
+
     /// Whether the phase timer armed under `generation` still belongs to the running phase.
     pub(crate) fn is_current(&self, generation: u64) -> bool {
         self.current.is_some() && self.generation == generation

@@ -182,6 +182,7 @@ impl RunnerActor {
             finished_at: Some(now),
             exit_code: Some(code),
             spilled: false,
+            drain: None,
         };
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");

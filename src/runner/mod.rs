@@ -221,6 +221,7 @@ impl RunnerActor {
             finished_at: None,
             exit_code: None,
             spilled: false,
+            drain: None,
         });
         self.drain = Some(DrainRun::new(
             cause,
@@ -282,7 +283,18 @@ impl RunnerActor {
                 if act.lifecycle.state() == RunnerState::Draining
                     && act.drain.as_ref().is_some_and(|r| r.is_current(generation))
                 {
-                    tracing::warn!(?phase, "drain phase deadline passed; moving on");
+                    let unanswered: Vec<&str> = act.drain.as_ref().map_or(Vec::new(), |run| {
+                        run.waiting()
+                            .iter()
+                            .filter_map(|&i| act.participants.get(i).map(|p| p.name.as_str()))
+                            .collect()
+                    });
+                    tracing::warn!(
+                        ?phase,
+                        ?unanswered,
+                        "drain phase deadline passed without an answer from these participants \
+                         (the work they hold in memory is unknown); moving on"
+                    );
                     act.next_phase(true, ctx);
                 }
             },
@@ -521,6 +533,7 @@ impl RunnerActor {
             finished_at: Some(record.finished_at),
             exit_code: Some(code),
             spilled,
+            drain: Some(crate::outcome::DrainSummary::of(&record)),
         });
         if self.config.owns_process_exit {
             if let Some(system) = System::try_current() {
@@ -583,6 +596,7 @@ impl Handler<HeldStop> for RunnerActor {
             finished_at: None,
             exit_code: None,
             spilled: false,
+            drain: None,
         });
     }
 }
