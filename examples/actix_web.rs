@@ -9,33 +9,68 @@
 //! `planned_stop::web::serve` owns the server's signals (actix-web's own would stop the `System`
 //! with 0 before the runner decides), makes the server the ingress drain participant — readiness
 //! says 503 for the grace, then the listener closes and in-flight requests finish — and resolves
-//! to the exit code `main` returns: 0 after a planned stop, 1 otherwise. The `jobs` actor is a
-//! work-phase participant handing back typed items, which the next start reads back.
+//! to the exit code: 0 after a planned stop, 1 otherwise (the runner owns the process's end, so
+//! that code stands whatever `main` returns). The `jobs` actor keeps its work in a `WorkSet`: a
+//! job resumed from the previous life is acknowledged when it *completes*, and on a drain every
+//! job still running is handed back the way its origin needs — so a crash mid-job loses nothing.
 
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
-use planned_stop::{Drain, DrainReport, Layout, PlannedStopService};
+use planned_stop::{Drain, DrainPhase, DrainReport, Layout, PlannedStopService, WorkSet};
 use serde::{Deserialize, Serialize};
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// Work the application resumes at its next start.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Job {
     id: u32,
 }
 
-/// A queue of jobs; on a stop it hands back what it has not done.
-struct Jobs(Vec<Job>);
+/// The jobs: each takes 20 s; on a stop, what is still running is handed back.
+struct Jobs(WorkSet<Job>);
 
 impl Actor for Jobs {
     type Context = Context<Self>;
+}
+
+/// A job to run: new, or resumed from the previous life.
+#[derive(Message)]
+#[rtype(result = "()")]
+enum Run {
+    New(Job),
+    Resumed(planned_stop::Leased),
+}
+
+impl Handler<Run> for Jobs {
+    type Result = ();
+
+    fn handle(&mut self, run: Run, ctx: &mut Context<Self>) {
+        let id = match run {
+            Run::New(job) => self.0.add(job),
+            Run::Resumed(leased) => match self.0.add_resumed(leased) {
+                Ok(id) => id,
+                Err(e) => return tracing::error!(error = %e, "cannot resume an item"),
+            },
+        };
+        tracing::info!(job = ?self.0.get(id), resumed = self.0.is_resumed(id), "job started");
+        ctx.run_later(Duration::from_secs(20), move |jobs, ctx| {
+            // Done: a resumed job is acknowledged now, never offered again.
+            let completing = jobs.0.complete(id);
+            ctx.spawn(actix::fut::wrap_future(async move {
+                if let Err(e) = completing.await {
+                    tracing::warn!(error = %e, "job done, but not acknowledged");
+                }
+            }));
+        });
+    }
 }
 
 impl Handler<Drain> for Jobs {
     type Result = DrainReport;
 
     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport {
-        DrainReport::unfinished(std::mem::take(&mut self.0))
+        self.0.drain()
     }
 }
 
@@ -45,22 +80,34 @@ async fn hello() -> &'static str {
 }
 
 #[actix_web::main]
-async fn main() -> std::io::Result<std::process::ExitCode> {
+async fn main() -> std::io::Result<ExitCode> {
+    // The warnings the docs call loud go somewhere: install a subscriber.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
     let base = std::env::temp_dir().join("planned-stop-actix-web");
     // planned-stop: the runner, the watcher and the previous life's resume list.
-    let jobs = Jobs(vec![Job { id: 1 }, Job { id: 2 }]).start();
-    let stop = PlannedStopService::builder(Layout::Slots(base.join("run")))
+    let stop = match PlannedStopService::builder(Layout::Slots(base.join("run")))
         .state_dir(base.join("state"))
         .drain_deadline(Duration::from_secs(25))
-        .participant("jobs", jobs.recipient())
         .start()
-        .map_err(std::io::Error::other)?;
+    {
+        Ok(stop) => stop,
+        Err(e) => {
+            eprintln!("cannot start: {e}"); // Display: it says what to do
+            return Ok(ExitCode::from(2));
+        }
+    };
+    // The participant needs the handle: registered now, before `ready` (a stop waits for it).
+    let jobs = Jobs(WorkSet::new(&stop)).start();
+    stop.add_participant(DrainPhase::Work, "jobs", jobs.clone().recipient());
     for leased in stop.resume().await.map_err(std::io::Error::other)? {
-        println!("resuming {:?}", leased.item.item_as::<Job>());
-        // ... once the job is queued again for good:
-        stop.acknowledge(&leased)
-            .await
-            .map_err(std::io::Error::other)?;
+        jobs.do_send(Run::Resumed(leased));
+    }
+    for id in 1..=2 {
+        jobs.do_send(Run::New(Job { id }));
     }
     let ready = stop.clone();
     let server = HttpServer::new(move || {

@@ -31,6 +31,8 @@ impl Handler<Drain> for Jobs {
 }
 
 fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
+    // Warnings the docs call loud need a subscriber to be seen.
+    tracing_subscriber::fmt().init();
     let base = std::env::temp_dir().join("planned-stop-wire-up");
     let system = System::new();
     let service = system.block_on(async {

@@ -87,6 +87,7 @@ mod verdict;
 mod watcher;
 #[cfg(feature = "actix-web")]
 pub mod web;
+mod work;
 
 pub use clock::{Clock, SystemClock};
 pub use identity::{IdentityError, ProcessIdentity};
@@ -107,6 +108,7 @@ pub use runner::{
 pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
 pub use store::{Layout, MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
 pub use verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};
+pub use work::{JobId, Unreadable, WorkSet};
 
 /// The crate's own pieces, for its tests, benchmarks and fuzz targets only.
 ///

@@ -489,6 +489,10 @@ impl ServiceBuilder {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %ErrorChain(&e), "cannot sweep the marker directory"),
         }
+        let state_dir = match &self.records {
+            Records::Dir(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
+            _ => None,
+        };
         let records: Option<Arc<dyn RecordStore>> = match self.records {
             Records::None => None,
             Records::Dir(dir) => Some(Arc::new(
@@ -552,6 +556,17 @@ impl ServiceBuilder {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the presence file; stoppers \
                 will warn that this process has not announced watching the directory");
         }
+        let marker_dir = std::path::absolute(store.dir()).unwrap_or_else(|_| store.dir().into());
+        tracing::info!(
+            pid = own.pid,
+            start = own.start,
+            marker_dir = %marker_dir.display(),
+            state_dir = state_dir.as_ref().map(|d| d.display().to_string()),
+            records = records.is_some(),
+            owns_process_exit = owns_exit,
+            "planned-stop service started; a planned stop is `planned-stop stop --pid PID --dir \
+             MARKER_DIR`"
+        );
         let owner = Owner::this_process(&own);
         let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
         if let Some(records) = &records {
@@ -692,7 +707,9 @@ impl ServiceHandle {
     ///     service.stopped().await // 0 after a planned stop, 1 after an unexpected one
     /// }
     /// ```
-    pub fn stopped(&self) -> impl std::future::Future<Output = std::process::ExitCode> + 'static {
+    pub fn stopped(
+        &self,
+    ) -> impl std::future::Future<Output = std::process::ExitCode> + 'static + use<> {
         let mut status = self.status.clone();
         let unexpected = self.unexpected_code;
         async move {
@@ -817,7 +834,7 @@ impl ServiceHandle {
     /// ```
     pub fn resume(
         &self,
-    ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static {
+    ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static + use<> {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let lease_for = self.lease_for;
@@ -838,7 +855,7 @@ impl ServiceHandle {
     pub fn acknowledge(
         &self,
         item: &Leased,
-    ) -> impl std::future::Future<Output = Result<(), RecordError>> + 'static {
+    ) -> impl std::future::Future<Output = Result<(), RecordError>> + 'static + use<> {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let id = item.item.id.clone();
@@ -862,7 +879,7 @@ impl ServiceHandle {
     pub fn release(
         &self,
         item: &Leased,
-    ) -> impl std::future::Future<Output = Result<bool, RecordError>> + 'static {
+    ) -> impl std::future::Future<Output = Result<bool, RecordError>> + 'static + use<> {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let id = item.item.id.clone();

@@ -102,13 +102,22 @@ fn state_name(state: RunnerState) -> &'static str {
     }
 }
 
-/// Runs `server` under the planned-stop runner of `service` (see the module docs); await what it
-/// returns. Call it inside the actix `System` (in `main`'s async body).
+/// An `HttpServer` that [`serve`] can run: implemented for every `HttpServer` actix-web can run.
+/// A function of the application that wraps `serve` names this one bound instead of copying
+/// actix-web's ten (some of whose traits `actix_web::dev` does not re-export):
 ///
-/// The server must already be bound (`bind`, `listen`); an unbound one, or a call outside an
-/// actix `System`, is an error when awaited, never a panic. The server's own signal handling is
-/// turned off, and it becomes the ingress drain participant.
-pub fn serve<F, I, S, B>(server: HttpServer<F, I, S, B>, service: &ServiceHandle) -> Serve
+/// ```no_run
+/// fn run(server: impl planned_stop::web::Servable, stop: &planned_stop::ServiceHandle) -> planned_stop::web::Serve {
+///     planned_stop::web::serve(server, stop).grace(std::time::Duration::from_secs(5))
+/// }
+/// ```
+pub trait Servable {
+    /// The server, started with its own signal handling off (an error when it is not bound or
+    /// there is no actix `System`). Called by [`serve`].
+    fn start_under_runner(self) -> io::Result<Server>;
+}
+
+impl<F, I, S, B> Servable for HttpServer<F, I, S, B>
 where
     F: Fn() -> I + Send + Clone + 'static,
     I: IntoServiceFactory<S, Request>,
@@ -120,25 +129,36 @@ where
     S::Service: 'static,
     B: MessageBody + 'static,
 {
-    let server = if server.addrs().is_empty() {
-        Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the HttpServer has no bound address: call bind() or listen() before \
-             planned_stop::web::serve",
-        ))
-    } else if System::try_current().is_none() {
-        Err(io::Error::other(
-            "planned_stop::web::serve must be called inside a running actix System \
-             (in main's async body)",
-        ))
-    } else {
-        Ok(server
-            .disable_signals()
-            .shutdown_timeout(SERVER_SHUTDOWN_TIMEOUT_SECS)
-            .run())
-    };
+    fn start_under_runner(self) -> io::Result<Server> {
+        if self.addrs().is_empty() {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the HttpServer has no bound address: call bind() or listen() before \
+                 planned_stop::web::serve",
+            ))
+        } else if System::try_current().is_none() {
+            Err(io::Error::other(
+                "planned_stop::web::serve must be called inside a running actix System \
+                 (in main's async body)",
+            ))
+        } else {
+            Ok(self
+                .disable_signals()
+                .shutdown_timeout(SERVER_SHUTDOWN_TIMEOUT_SECS)
+                .run())
+        }
+    }
+}
+
+/// Runs `server` under the planned-stop runner of `service` (see the module docs); await what it
+/// returns. Call it inside the actix `System` (in `main`'s async body).
+///
+/// The server must already be bound (`bind`, `listen`); an unbound one, or a call outside an
+/// actix `System`, is an error when awaited, never a panic. The server's own signal handling is
+/// turned off, and it becomes the ingress drain participant.
+pub fn serve(server: impl Servable, service: &ServiceHandle) -> Serve {
     Serve {
-        server,
+        server: server.start_under_runner(),
         service: service.clone(),
         grace: Duration::ZERO,
     }

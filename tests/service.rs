@@ -480,6 +480,27 @@ fn the_phase_deadline_warning_names_the_silent_participant() {
     assert_eq!(f.record().unanswered, ["silent-jobs"]);
 }
 
+/// Issue 23.8: the service says at start, once, where it watches and records (absolute paths),
+/// so an operator can find the directories a stopper needs from the log alone.
+#[test]
+fn the_start_is_logged_once_with_the_absolute_directories() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let f = Fixture::new();
+    paused_system().block_on(async {
+        let h = f.start(vec![]);
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        code_of(h.stopped().await)
+    });
+    let started = "planned-stop service started";
+    assert_eq!(logs.count(tracing::Level::INFO, started), 1);
+    let markers = f.markers().display().to_string();
+    let state = f.state().display().to_string();
+    assert_eq!(logs.count(tracing::Level::INFO, &markers), 1, "marker dir");
+    assert_eq!(logs.count(tracing::Level::INFO, &state), 1, "state dir");
+}
+
 /// An actor that stops as soon as it starts: a participant whose mailbox is closed.
 struct Gone;
 
@@ -1188,4 +1209,169 @@ fn a_failed_renewal_is_retried_soon() {
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 23.7: work acknowledged when it completes, handed back whatever its origin (WorkSet).
+
+/// A participant built on `WorkSet`: each job runs `JOB_MS`, then completes (a resumed one is
+/// acknowledged then); a drain hands back whatever is still running.
+struct WorkActor {
+    work: planned_stop::WorkSet<String>,
+    job: Duration,
+}
+
+impl Actor for WorkActor {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+enum Take {
+    New(String),
+    Resumed(planned_stop::Leased),
+}
+
+impl Handler<Take> for WorkActor {
+    type Result = ();
+    fn handle(&mut self, take: Take, ctx: &mut Context<Self>) {
+        let id = match take {
+            Take::New(name) => self.work.add(name),
+            Take::Resumed(leased) => self.work.add_resumed(leased).unwrap(),
+        };
+        let name = self.work.get(id).unwrap().clone();
+        println!("started {name} resumed={}", self.work.is_resumed(id));
+        ctx.run_later(self.job, move |act, ctx| {
+            let completing = act.work.complete(id);
+            ctx.spawn(actix::fut::wrap_future(async move {
+                completing.await.unwrap();
+                println!("acked {name}");
+            }));
+        });
+    }
+}
+
+impl Handler<planned_stop::Drain> for WorkActor {
+    type Result = planned_stop::DrainReport;
+    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
+        self.work.drain()
+    }
+}
+
+/// One life of an application whose jobs live in a `WorkSet`.
+#[test]
+#[ignore = "run as a child process by the test below"]
+fn helper_work_life() {
+    if common::helper_role().as_deref() != Some("work-life") {
+        return;
+    }
+    common::give_up_after_helper_lifetime();
+    let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
+    let job = Duration::from_millis(std::env::var("JOB_MS").unwrap().parse().unwrap());
+    let new = std::env::var("NEW_JOB").ok().filter(|n| !n.is_empty());
+    // main returns whatever; the runner's code is the process's (it owns the end).
+    let _code = actix::System::new().block_on(async move {
+        let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+            .state_dir(dir.join("state"))
+            .start()
+            .unwrap();
+        let work = WorkActor {
+            work: planned_stop::WorkSet::new(&service),
+            job,
+        }
+        .start();
+        service.add_participant(
+            planned_stop::DrainPhase::Work,
+            "work",
+            work.clone().recipient(),
+        );
+        for leased in service.resume().await.unwrap() {
+            work.send(Take::Resumed(leased)).await.unwrap();
+        }
+        if let Some(name) = new {
+            work.send(Take::New(name)).await.unwrap();
+        }
+        service.ready();
+        println!("ready");
+        service.stopped().await
+    });
+}
+
+/// A resumed job is acknowledged when it completes, not when it is taken on: a SIGKILL mid-job
+/// gets it offered again, a planned stop mid-job hands it back under its id (resumed exactly
+/// once), and once it completes it is never offered again. New work is handed back as a new item.
+#[test]
+fn work_is_acknowledged_on_completion_and_handed_back_whatever_its_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let life = |job_ms: u64, new: &str| {
+        let mut child = common::helper_command("helper_work_life", "work-life")
+            .env("PLANNED_STOP_TEST_DIR", dir.path())
+            .env("JOB_MS", job_ms.to_string())
+            .env("NEW_JOB", new)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap());
+        (common::Helper::new(child), lines)
+    };
+    // Reads lines up to `ready`, and returns what the life started.
+    fn started(lines: &mut impl std::io::BufRead) -> Vec<String> {
+        let mut started = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                lines.read_line(&mut line).unwrap() > 0,
+                "ended before ready"
+            );
+            if let Some(at) = line.find("started ") {
+                started.push(line[at + "started ".len()..].trim().to_owned());
+            }
+            if line.contains("ready") {
+                return started;
+            }
+        }
+    }
+    let planned_stop = |child: &common::Helper| {
+        let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
+        stopper::request(&store, child.id(), &stopper::StopOptions::new()).unwrap();
+    };
+
+    // New work, cut by a planned stop: handed back as a new item.
+    let (mut one, mut lines) = life(60_000, "job-a");
+    assert_eq!(started(&mut lines), ["job-a resumed=false"]);
+    planned_stop(&one);
+    assert_eq!(one.wait().unwrap().code(), Some(0));
+
+    // Resumed, then killed mid-job: not acknowledged, so offered again.
+    let (mut two, mut lines) = life(60_000, "");
+    assert_eq!(started(&mut lines), ["job-a resumed=true"]);
+    two.kill().unwrap();
+    two.wait().unwrap();
+
+    // Resumed again, then a planned stop mid-job: handed back under its id.
+    let (mut three, mut lines) = life(60_000, "");
+    assert_eq!(started(&mut lines), ["job-a resumed=true"]);
+    planned_stop(&three);
+    assert_eq!(three.wait().unwrap().code(), Some(0));
+    let record = StopRecord::read(&dir.path().join("state"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.unfinished.len(), 1, "exactly once: {record:?}");
+    assert!(record.unfinished[0].resumed);
+
+    // Resumed exactly once more, completed: acknowledged, then nothing is left.
+    let (mut four, mut lines) = life(50, "");
+    assert_eq!(started(&mut lines), ["job-a resumed=true"]);
+    let mut line = String::new();
+    while !line.contains("acked job-a") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut lines, &mut line).unwrap() > 0);
+    }
+    planned_stop(&four);
+    assert_eq!(four.wait().unwrap().code(), Some(0));
+    let (mut five, mut lines) = life(50, "");
+    assert!(started(&mut lines).is_empty(), "acknowledged: never again");
+    planned_stop(&five);
+    assert_eq!(five.wait().unwrap().code(), Some(0));
 }

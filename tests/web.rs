@@ -687,7 +687,15 @@ fn helper_web_app() {
                 let http = server(&stop);
                 announce(http.addrs()[0].port());
                 stop.ready();
-                planned_stop::web::serve(http, &stop).grace(grace).await?;
+                // Wrapped in the application's own function: one bound to name.
+                fn run_app(
+                    server: impl planned_stop::web::Servable,
+                    stop: &planned_stop::ServiceHandle,
+                    grace: Duration,
+                ) -> planned_stop::web::Serve {
+                    planned_stop::web::serve(server, stop).grace(grace)
+                }
+                run_app(http, &stop, grace).await?;
                 Ok(())
             });
             result.unwrap();

@@ -470,10 +470,16 @@ fn status(args: StatusArgs) -> u8 {
             found.spilled.len()
         ));
         for s in &found.items {
-            emit(format!("  {}", records::describe_item(s)));
+            emit(format!(
+                "  {}",
+                records::describe_item(s, chrono::Utc::now())
+            ));
         }
         for s in &found.spilled {
-            emit(format!("  {} [spilled]", records::describe_item(s)));
+            emit(format!(
+                "  {} [spilled]",
+                records::describe_item(s, chrono::Utc::now())
+            ));
         }
     }
     records::report_errors(&found)

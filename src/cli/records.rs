@@ -242,12 +242,12 @@ fn print_list(place: &str, found: &Found, as_json: bool) -> u8 {
             emit("  no unfinished items");
         }
         for s in &found.items {
-            emit(format!("  {}", describe_item(s)));
+            emit(format!("  {}", describe_item(s, chrono::Utc::now())));
         }
         for s in &found.spilled {
             emit(format!(
                 "  {} [spilled on this host: pushed at the next start here]",
-                describe_item(s)
+                describe_item(s, chrono::Utc::now())
             ));
         }
     }
@@ -287,8 +287,8 @@ pub fn report_errors(found: &Found) -> u8 {
     }
 }
 
-/// One item as a line of text.
-pub fn describe_item(s: &ItemState) -> String {
+/// One item as a line of text, as of `now` (a lease that lapsed says so).
+pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> String {
     let what = format!(
         "{} ({}: {}), left by pid {} at {}, attempt {}",
         s.item.id,
@@ -308,9 +308,37 @@ pub fn describe_item(s: &ItemState) -> String {
             "{what}: leased by {} (gone: offered again at the next lease)",
             l.owner
         ),
+        (Some(l), _) if l.expires_at <= now => format!(
+            "{what}: leased by {} (another host; the lease lapsed at {}: offered again at the \
+             next lease)",
+            l.owner, l.expires_at
+        ),
         (Some(l), _) => format!(
             "{what}: leased by {} (another host; renewed while it runs, offered again after {})",
             l.owner, l.expires_at
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeDelta, Utc};
+    use planned_stop::{Lease, ResumeItem};
+
+    /// Issue 23.9: a lease held on another host that lapsed is not "offered again after" a time
+    /// already past.
+    #[test]
+    fn a_lapsed_lease_on_another_host_says_it_lapsed() {
+        let now = Utc::now();
+        let owner = Owner::new("another-host.example", 4242, 1);
+        let item = ResumeItem::new("id-1", "jobs", json!("job"), owner.clone(), now, 1);
+        let lease = |expires| Some(Lease::new(owner.clone(), now, expires));
+        let later = now + TimeDelta::seconds(60);
+        let live = describe_item(&ItemState::new(item.clone(), lease(later)), now);
+        assert!(live.contains("offered again after"), "{live}");
+        let lapsed = describe_item(&ItemState::new(item, lease(now)), later);
+        assert!(lapsed.contains("lapsed at"), "{lapsed}");
+        assert!(!lapsed.contains("offered again after"), "{lapsed}");
     }
 }

@@ -56,6 +56,14 @@ pub fn give_up_after_helper_lifetime() {
 /// A helper child process that is killed when dropped, so a failing test leaves nothing running.
 pub struct Helper(pub Child, Option<tempfile::TempDir>);
 
+impl Helper {
+    /// A helper started by hand (from [`helper_command`] with more set up).
+    #[allow(dead_code)]
+    pub fn new(child: Child) -> Helper {
+        Helper(child, None)
+    }
+}
+
 impl std::ops::Deref for Helper {
     type Target = Child;
     fn deref(&self) -> &Child {

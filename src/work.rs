@@ -1,0 +1,174 @@
+//! [`WorkSet`]: the jobs a drain participant holds, each with where it came from.
+//!
+//! Why this exists: an item resumed from an earlier stop must be acknowledged when its *work
+//! completes* — acknowledged when it is merely queued in memory, a crash before the job finishes
+//! loses it — and at a drain it must be handed back under its own id
+//! ([`DrainReport::handed_back`]) while new work is handed back as a new item
+//! ([`DrainReport::unfinished`]). Doing that by hand means tracking each job's origin and reaching
+//! the [`ServiceHandle`] from inside the participant. A `WorkSet` does both, so there is one way
+//! to write a participant that loses nothing:
+//!
+//! - [`WorkSet::add`] new work, [`WorkSet::add_resumed`] each item [`ServiceHandle::resume`]
+//!   leased;
+//! - [`WorkSet::complete`] a job when its work is done (a resumed one is acknowledged then, and
+//!   only then);
+//! - answer a [`crate::Drain`] with [`WorkSet::drain`]: every job still held is handed back the
+//!   way its origin needs.
+//!
+//! A process killed mid-job neither acknowledged nor handed back its resumed items: their lease
+//! ends with it, and they are offered again. New work it had not handed back is lost with it —
+//! only a stop can record it.
+//!
+//! The set needs the service's handle, which exists only once the service started: create the
+//! participant after `start()` and register it with [`ServiceHandle::add_participant`] before
+//! [`ServiceHandle::ready`] (a planned stop is held until then, so it cannot miss the drain).
+
+use crate::record::{Leased, RecordError};
+use crate::runner::DrainReport;
+use crate::service::ServiceHandle;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::future::Future;
+
+/// One job of a [`WorkSet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(u64);
+
+/// A resumed item that does not read back as the set's type: still leased to this process, and
+/// not in the set. Release it ([`ServiceHandle::release`]) for another version of the
+/// application, or acknowledge it to drop it for good; left alone it is offered again once this
+/// process is gone.
+#[derive(Debug, thiserror::Error)]
+#[error("resumed item {} does not read back as this participant's work: {source}", .leased.item.id)]
+pub struct Unreadable {
+    /// The item, still leased to this process.
+    pub leased: Box<Leased>,
+    /// Why it does not parse.
+    #[source]
+    pub source: serde_json::Error,
+}
+
+/// The jobs of a participant, new and resumed; see the module docs.
+///
+/// ```
+/// # use planned_stop::{Layout, PlannedStopService, StopRequest, WorkSet};
+/// # let dir = tempfile::tempdir().unwrap();
+/// actix::System::new().block_on(async {
+///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///         .state_dir(dir.path().join("state"))
+///         .owns_process_exit(false)
+///         .handle_signals(false)
+///         .start()
+///         .unwrap();
+///     let mut work: WorkSet<String> = WorkSet::new(&service);
+///     for leased in service.resume().await.unwrap() {
+///         work.add_resumed(leased).unwrap();
+///     }
+///     let done = work.add("job-1".to_owned());
+///     let _left = work.add("job-2".to_owned());
+///     work.complete(done).await.unwrap(); // new work: nothing to acknowledge
+///     let report = work.drain(); // what a Drain handler answers
+///     assert_eq!(report.unfinished, ["job-2"]);
+/// });
+/// ```
+#[derive(Debug)]
+pub struct WorkSet<T> {
+    service: ServiceHandle,
+    next: u64,
+    jobs: BTreeMap<JobId, Job<T>>,
+}
+
+#[derive(Debug)]
+struct Job<T> {
+    work: T,
+    /// `Some` for a resumed item: acknowledged on completion, handed back under its id.
+    leased: Option<Leased>,
+}
+
+impl<T: Serialize + DeserializeOwned> WorkSet<T> {
+    /// An empty set for a participant of `service`.
+    pub fn new(service: &ServiceHandle) -> Self {
+        WorkSet {
+            service: service.clone(),
+            next: 0,
+            jobs: BTreeMap::new(),
+        }
+    }
+
+    fn insert(&mut self, work: T, leased: Option<Leased>) -> JobId {
+        let id = JobId(self.next);
+        self.next += 1;
+        self.jobs.insert(id, Job { work, leased });
+        id
+    }
+
+    /// New work, taken on in this life: handed back as a new item at a drain.
+    pub fn add(&mut self, work: T) -> JobId {
+        self.insert(work, None)
+    }
+
+    /// An item [`ServiceHandle::resume`] leased to this process, read back as `T`: acknowledged
+    /// when [`Self::complete`]d, handed back under its own id at a drain.
+    pub fn add_resumed(&mut self, leased: Leased) -> Result<JobId, Unreadable> {
+        match leased.item.item_as::<T>() {
+            Ok(work) => Ok(self.insert(work, Some(leased))),
+            Err(source) => Err(Unreadable {
+                leased: Box::new(leased),
+                source,
+            }),
+        }
+    }
+
+    /// The work of job `id`, while the set holds it.
+    pub fn get(&self, id: JobId) -> Option<&T> {
+        self.jobs.get(&id).map(|job| &job.work)
+    }
+
+    /// Whether job `id` was resumed from an earlier stop.
+    pub fn is_resumed(&self, id: JobId) -> bool {
+        self.jobs.get(&id).is_some_and(|job| job.leased.is_some())
+    }
+
+    /// How many jobs the set holds.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Whether the set holds no job.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Job `id`'s work is done: it leaves the set, and a resumed item is acknowledged (never
+    /// offered again). An error means the acknowledgement did not happen (the record store was
+    /// unreachable, or an operator released or dropped the item meanwhile): the item may be
+    /// offered again, so work must be safe to repeat. A job no longer in the set is `Ok`.
+    pub fn complete(
+        &mut self,
+        id: JobId,
+    ) -> impl Future<Output = Result<(), RecordError>> + 'static + use<T> {
+        let leased = self.jobs.remove(&id).and_then(|job| job.leased);
+        let acknowledged = leased.map(|leased| self.service.acknowledge(&leased));
+        async move {
+            match acknowledged {
+                Some(acknowledging) => acknowledging.await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// The answer to a [`crate::Drain`]: every job still held, new ones as unfinished items and
+    /// resumed ones handed back under their ids. The set is empty afterwards.
+    pub fn drain(&mut self) -> DrainReport {
+        let mut new = Vec::new();
+        let mut resumed = Vec::new();
+        for job in std::mem::take(&mut self.jobs).into_values() {
+            match job.leased {
+                Some(leased) => resumed.push(leased),
+                None => new.push(job.work),
+            }
+        }
+        DrainReport::unfinished(new).handed_back(resumed)
+    }
+}
