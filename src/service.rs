@@ -541,7 +541,8 @@ impl ServiceBuilder {
             self.poll_interval,
             self.clock,
         )
-        .with_held_notice(runner.clone().recipient());
+        .with_held_notice(runner.clone().recipient())
+        .ends_process_on_panic(owns_exit);
         if self.events {
             match SlotEvents::watch(&store.slot_path(own.pid)) {
                 Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),

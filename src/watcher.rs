@@ -205,6 +205,8 @@ pub struct MarkerWatcherActor {
     errors: ProbeErrors,
     wakeups: Option<Wakeups>,
     events: Option<SlotEvents>,
+    /// Whether a panic ends the process (the service's `owns_process_exit`).
+    ends_process: bool,
 }
 
 impl MarkerWatcherActor {
@@ -228,7 +230,16 @@ impl MarkerWatcherActor {
             errors: ProbeErrors::default(),
             wakeups: None,
             events: None,
+            ends_process: true,
         }
+    }
+
+    /// Whether a panic of the watcher ends the process (default `true`); `false` when the
+    /// application owns the process's end (`ServiceBuilder::owns_process_exit(false)`): the
+    /// panic is then logged and marker stops are ignored from then on.
+    pub fn ends_process_on_panic(mut self, ends: bool) -> Self {
+        self.ends_process = ends;
+        self
     }
 
     /// Tells `notice` when a planned stop is held because the runner is still starting, so
@@ -377,13 +388,21 @@ impl Actor for MarkerWatcherActor {
 /// supervisor restarts it.
 impl Drop for MarkerWatcherActor {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            tracing::error!(
-                code = WATCHER_PANIC_EXIT_CODE,
-                "the planned-stop marker watcher panicked; exiting so that stops are not ignored"
-            );
-            std::process::exit(WATCHER_PANIC_EXIT_CODE);
+        if !std::thread::panicking() {
+            return;
         }
+        if !self.ends_process {
+            tracing::error!(
+                "the planned-stop marker watcher panicked; marker stops are ignored from now on \
+                 (the application owns the process's end: end it, or stop through signals)"
+            );
+            return;
+        }
+        tracing::error!(
+            code = WATCHER_PANIC_EXIT_CODE,
+            "the planned-stop marker watcher panicked; exiting so that stops are not ignored"
+        );
+        crate::runner::process_end::end_forced(WATCHER_PANIC_EXIT_CODE, None)
     }
 }
 

@@ -747,6 +747,23 @@ fn a_panic_in_the_watcher_or_the_runner_ends_the_process_non_zero_and_logged() {
     }
 }
 
+/// With `owns_process_exit(false)` the library neither ends the process nor installs a panic
+/// hook: a watcher that panics is logged, and the application decides (here: it exits 0 itself).
+#[test]
+fn a_watcher_panic_does_not_end_a_process_the_runner_does_not_own() {
+    let out = common::run_helper("helper_panicking_service", "watcher-panics-not-owned");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("marker stops are ignored"), "{stderr}");
+    assert!(!stderr.contains("exiting so that stops"), "{stderr}");
+    assert!(
+        !stderr
+            .lines()
+            .any(|l| l.contains("ERROR") && l.contains("panic=")),
+        "no panic hook of the library's: {stderr}"
+    );
+}
+
 #[test]
 #[ignore = "run as a child process by the test above"]
 fn helper_panicking_service() {
@@ -758,10 +775,12 @@ fn helper_panicking_service() {
     actix::System::new().block_on(async {
         // The watcher probes every 10 ms, or (to let the runner panic first) once an hour.
         let poll = match role.as_str() {
-            "watcher-panics" => Duration::from_millis(10),
+            "watcher-panics" | "watcher-panics-not-owned" => Duration::from_millis(10),
             _ => Duration::from_secs(3600),
         };
+        let owned = role != "watcher-panics-not-owned";
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(owned)
             .poll_interval(poll)
             .handle_signals(false)
             .events(false)
@@ -773,6 +792,11 @@ fn helper_panicking_service() {
         if role == "runner-panics" {
             // The runner reads the clock when it accepts the stop.
             h.request_stop(StopRequest::Planned);
+        }
+        if !owned {
+            // The watcher panics within a few polls; the application goes on, then ends.
+            actix::clock::sleep(Duration::from_millis(500)).await;
+            std::process::exit(0);
         }
         h.stopped().await
     });
