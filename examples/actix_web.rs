@@ -112,6 +112,7 @@ async fn main() -> std::io::Result<ExitCode> {
     let ready = stop.clone();
     let server = HttpServer::new(move || {
         App::new()
+            .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
             .service(planned_stop::web::readiness("/ready", &ready))
             .service(hello)
     })

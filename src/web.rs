@@ -13,6 +13,9 @@
 //!   answers 503 (so a load balancer or Kubernetes endpoints stop routing to it), then closes the
 //!   listener and lets in-flight requests finish within the phase's deadline; requests still
 //!   running at the deadline are cut and reported in the stop record's notes;
+//! - with [`CloseWhenStopping`] in the `App`, answers every request from the moment the stop is
+//!   accepted with `Connection: close`, so pooled keep-alive connections of load balancers and
+//!   proxies are retired cleanly during the grace;
 //! - returns a future that `main` awaits: it resolves once the runner has stopped, to the exit
 //!   code of its verdict, so a planned stop ends the process with 0 and anything else does not.
 //!
@@ -34,6 +37,7 @@
 //!     let ready = stop.clone();
 //!     let server = HttpServer::new(move || {
 //!         App::new()
+//!             .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
 //!             .service(planned_stop::web::readiness("/ready", &ready))
 //!             .service(hello)
 //!     })
@@ -53,7 +57,10 @@ use actix::prelude::*;
 use actix_http::Request;
 use actix_service::IntoServiceFactory;
 use actix_web::body::MessageBody;
-use actix_web::dev::{AppConfig, Response, Server, ServerHandle, Service, ServiceFactory};
+use actix_web::dev::{
+    AppConfig, Response, Server, ServerHandle, Service, ServiceFactory, ServiceRequest,
+    ServiceResponse, Transform,
+};
 use actix_web::{HttpResponse, HttpServer, Resource};
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -99,6 +106,91 @@ fn state_name(state: RunnerState) -> &'static str {
         RunnerState::Running => "ready",
         RunnerState::Draining => "draining",
         RunnerState::Stopped => "stopped",
+    }
+}
+
+/// Middleware for the application's `App`: from the moment a stop is accepted, every response
+/// says `Connection: close`, and actix-web closes its connection once the response is written.
+/// A load balancer's or proxy's pooled keep-alive connection is then retired cleanly during the
+/// readiness grace — after an answered request, never with a request in flight — instead of being
+/// cut when the listener closes (each such cut is a lost request: a 502 at the balancer).
+///
+/// ```no_run
+/// # use actix_web::{App, HttpServer};
+/// # fn f(stop: planned_stop::ServiceHandle) {
+/// let server = HttpServer::new(move || {
+///     App::new()
+///         .wrap(planned_stop::web::CloseWhenStopping::new(&stop))
+///         .service(planned_stop::web::readiness("/ready", &stop))
+/// });
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct CloseWhenStopping {
+    status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
+}
+
+impl CloseWhenStopping {
+    /// The middleware for the runner of `service`.
+    pub fn new(service: &ServiceHandle) -> Self {
+        CloseWhenStopping {
+            status: service.subscribe(),
+        }
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for CloseWhenStopping
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: 'static,
+{
+    type Response = ServiceResponse<B>;
+    type Error = actix_web::Error;
+    type Transform = CloseWhenStoppingService<S>;
+    type InitError = ();
+    type Future = std::future::Ready<Result<Self::Transform, ()>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        std::future::ready(Ok(CloseWhenStoppingService {
+            service,
+            status: self.status.clone(),
+        }))
+    }
+}
+
+/// The service [`CloseWhenStopping`] wraps around the application's.
+#[derive(Debug)]
+pub struct CloseWhenStoppingService<S> {
+    service: S,
+    status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
+}
+
+impl<S, B> Service<ServiceRequest> for CloseWhenStoppingService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: 'static,
+{
+    type Response = ServiceResponse<B>;
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<ServiceResponse<B>, actix_web::Error>>>>;
+
+    actix_web::dev::forward_ready!(service);
+
+    fn call(&self, request: ServiceRequest) -> Self::Future {
+        let status = self.status.clone();
+        let answer = self.service.call(request);
+        Box::pin(async move {
+            let mut response = answer.await?;
+            // Decided when the response leaves, not when the request came: a request that was
+            // in flight when the stop was accepted closes its connection too.
+            if status.borrow().state >= RunnerState::Draining {
+                response
+                    .response_mut()
+                    .head_mut()
+                    .set_connection_type(actix_web::http::ConnectionType::Close);
+            }
+            Ok(response)
+        })
     }
 }
 

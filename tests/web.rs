@@ -489,6 +489,79 @@ fn a_planned_stop_finishes_in_flight_requests_and_refuses_new_connections() {
     assert_eq!(resumed, ["job-1"]);
 }
 
+/// One HTTP/1.1 exchange on a kept-alive connection: the status, whether the response said
+/// `Connection: close`, and the body.
+fn exchange(stream: &mut BufReader<TcpStream>, path: &str) -> (u16, bool, String) {
+    write!(
+        stream.get_mut(),
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
+    .unwrap();
+    let mut status = String::new();
+    stream.read_line(&mut status).unwrap();
+    let code = status.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (mut close, mut length) = (false, 0usize);
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).unwrap();
+        let line = line.trim_end().to_ascii_lowercase();
+        if line.is_empty() {
+            break;
+        }
+        if let Some(value) = line.strip_prefix("content-length:") {
+            length = value.trim().parse().unwrap();
+        }
+        close |= line == "connection: close";
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).unwrap();
+    (code, close, String::from_utf8(body).unwrap())
+}
+
+/// Issue 24.1: a load balancer's pooled keep-alive connection that sends a request during the
+/// readiness grace gets its answer with `Connection: close`, and the server closes the connection
+/// after it — cleanly, with nothing in flight — instead of cutting it with the listener later.
+#[test]
+fn a_pooled_connection_is_told_to_close_during_the_grace() {
+    for round in 0..5 {
+        let mut app = App::start(
+            AppLayout::ActixWebMain,
+            &AppOptions {
+                grace_ms: 3_000,
+                ..options()
+            },
+        );
+        let mut pooled = BufReader::new(TcpStream::connect(("127.0.0.1", app.port)).unwrap());
+        pooled
+            .get_ref()
+            .set_read_timeout(Some(EVENT_TIMEOUT))
+            .unwrap();
+        let (code, close, _) = exchange(&mut pooled, "/");
+        assert_eq!(
+            (code, close),
+            (200, false),
+            "round {round}: kept alive while running"
+        );
+        app.planned_stop();
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        while http_get(app.port, "/ready").map(|(c, _)| c) != Some(503) {
+            assert!(Instant::now() < deadline, "round {round}: never draining");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (code, close, body) = exchange(&mut pooled, "/");
+        assert_eq!(code, 200, "round {round}: answered during the grace");
+        assert_eq!(body, "hello");
+        assert!(close, "round {round}: the answer says Connection: close");
+        let mut rest = Vec::new();
+        let read = pooled.read_to_end(&mut rest).unwrap();
+        assert_eq!(
+            read, 0,
+            "round {round}: closed by the server after the answer"
+        );
+        assert_eq!(app.exit_code(), Some(0), "round {round}");
+    }
+}
+
 /// A request still running at the ingress deadline is cut, and the record says so.
 #[test]
 fn a_request_cut_by_the_ingress_deadline_is_in_the_notes_and_not_in_time() {
@@ -603,6 +676,7 @@ fn helper_web_app() {
         let ready = stop.clone();
         HttpServer::new(move || {
             App::new()
+                .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
                 .service(planned_stop::web::readiness("/ready", &ready))
                 .service(slow_endpoint)
                 .service(hello_endpoint)
