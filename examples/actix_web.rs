@@ -13,6 +13,7 @@
 //! that code stands whatever `main` returns). The `jobs` actor keeps its work in a `WorkSet`: a
 //! job resumed from the previous life is acknowledged when it *completes*, and on a drain every
 //! job still running is handed back the way its origin needs — so a crash mid-job loses nothing.
+//! `/ws` is a WebSocket echo whose sessions receive a Close frame with 1001 (Going Away) at a stop.
 
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
@@ -79,6 +80,36 @@ async fn hello() -> &'static str {
     "hello; stop me with `planned-stop stop`\n"
 }
 
+/// A WebSocket echo on actix-web's own WebSocket support: at a stop the session receives a Close
+/// frame with 1001 (Going Away), and the stop record counts how the sessions ended.
+async fn echo(
+    req: actix_web::HttpRequest,
+    body: actix_web::web::Payload,
+    sockets: actix_web::web::Data<planned_stop::web::LongLived>,
+) -> actix_web::Result<actix_web::HttpResponse> {
+    let (response, mut session, mut messages) = actix_ws::handle(&req, body)?;
+    let mut connection = sockets.open();
+    actix_web::rt::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = connection.going_away() => {
+                    return planned_stop::web::close_going_away(session, connection).await;
+                }
+                message = messages.recv() => match message {
+                    Some(Ok(actix_ws::Message::Text(text))) => {
+                        if session.text(text).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(actix_ws::Message::Close(_))) | Some(Err(_)) | None => return,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    Ok(response)
+}
+
 #[actix_web::main]
 async fn main() -> std::io::Result<ExitCode> {
     // The warnings the docs call loud go somewhere: install a subscriber.
@@ -109,12 +140,17 @@ async fn main() -> std::io::Result<ExitCode> {
     for id in 1..=2 {
         jobs.do_send(Run::New(Job { id }));
     }
+    // WebSocket sessions: told to go away (1001) when a stop is accepted.
+    let sockets = planned_stop::web::LongLived::new("websocket");
+    sockets.join(&stop);
     let ready = stop.clone();
     let server = HttpServer::new(move || {
         App::new()
             .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
+            .app_data(actix_web::web::Data::new(sockets.clone()))
             .service(planned_stop::web::readiness("/ready", &ready))
             .service(hello)
+            .route("/ws", actix_web::web::get().to(echo))
     })
     .bind(("127.0.0.1", 8080))?;
     stop.ready();

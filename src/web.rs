@@ -350,3 +350,205 @@ impl Handler<Drain> for Ingress {
         })
     }
 }
+
+/// Long-lived connections — WebSocket sessions, Server-Sent Events streams — as one drain
+/// participant of the ingress phase.
+///
+/// Why: a long-lived connection never finishes by itself, so a drain that only waits for
+/// in-flight requests cuts it at the deadline with no word to the client. Registered here, each
+/// connection learns the moment a stop is accepted ([`LongLivedConnection::going_away`]), says
+/// goodbye — a WebSocket Close frame with 1001 (Going Away) through [`close_going_away`], or the
+/// end of an SSE stream — and the drain waits for them, within the phase's deadline. The stop
+/// record's notes say how many were open and how they ended.
+///
+/// ```no_run
+/// use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+/// use planned_stop::web::{LongLived, close_going_away};
+///
+/// async fn ws(req: HttpRequest, body: web::Payload, sockets: web::Data<LongLived>) -> actix_web::Result<HttpResponse> {
+///     let (response, session, mut messages) = actix_ws::handle(&req, body)?;
+///     let mut connection = sockets.open();
+///     actix_web::rt::spawn(async move {
+///         tokio::select! {
+///             _ = connection.going_away() => close_going_away(session, connection).await,
+///             _ = async { while let Some(Ok(_)) = messages.recv().await {} } => {}
+///         }
+///     });
+///     Ok(response)
+/// }
+/// # fn f(stop: planned_stop::ServiceHandle) {
+/// let sockets = LongLived::new("websocket");
+/// sockets.join(&stop);
+/// let server = HttpServer::new(move || {
+///     App::new().app_data(web::Data::new(sockets.clone())).route("/ws", web::get().to(ws))
+/// });
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LongLived {
+    shared: std::sync::Arc<LongLivedShared>,
+}
+
+#[derive(Debug)]
+struct LongLivedShared {
+    kind: String,
+    going_away: tokio::sync::watch::Sender<bool>,
+    counts: tokio::sync::watch::Sender<LongLivedCounts>,
+}
+
+/// How many connections are open and how those of a stop ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LongLivedCounts {
+    open: usize,
+    open_at_stop: usize,
+    closed_for_stop: usize,
+    ended_otherwise: usize,
+}
+
+impl LongLived {
+    /// A registry of long-lived connections of one `kind` (`"websocket"`, `"sse"`): the name
+    /// of its drain participant and of its notes in the stop record.
+    pub fn new(kind: impl Into<String>) -> Self {
+        LongLived {
+            shared: std::sync::Arc::new(LongLivedShared {
+                kind: kind.into(),
+                going_away: tokio::sync::watch::channel(false).0,
+                counts: tokio::sync::watch::channel(LongLivedCounts::default()).0,
+            }),
+        }
+    }
+
+    /// Registers the connections as a drain participant of `service`'s ingress phase. Call it
+    /// before [`ServiceHandle::ready`], inside the actix `System`.
+    pub fn join(&self, service: &ServiceHandle) {
+        let participant = LongLivedDrain {
+            shared: self.shared.clone(),
+        }
+        .start();
+        service.add_participant(
+            DrainPhase::Ingress,
+            self.shared.kind.clone(),
+            participant.recipient(),
+        );
+    }
+
+    /// A connection opens: keep the returned value for its life. One opened after the stop was
+    /// accepted is told to go away at once.
+    pub fn open(&self) -> LongLivedConnection {
+        self.shared.counts.send_modify(|c| c.open += 1);
+        LongLivedConnection {
+            shared: self.shared.clone(),
+            going_away: self.shared.going_away.subscribe(),
+            ended: false,
+        }
+    }
+
+    /// How many connections are open now.
+    pub fn open_now(&self) -> usize {
+        self.shared.counts.borrow().open
+    }
+}
+
+/// One long-lived connection of a [`LongLived`]; dropping it counts the connection as closed.
+#[derive(Debug)]
+pub struct LongLivedConnection {
+    shared: std::sync::Arc<LongLivedShared>,
+    going_away: tokio::sync::watch::Receiver<bool>,
+    ended: bool,
+}
+
+impl LongLivedConnection {
+    /// Resolves once a stop is accepted: then close the connection (WebSocket:
+    /// [`close_going_away`]; SSE: end the stream) and call [`Self::closed_for_stop`].
+    pub async fn going_away(&mut self) {
+        // An error means the registry is gone: there will be no stop to wait for.
+        if self.going_away.wait_for(|away| *away).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Whether a stop has been accepted.
+    pub fn is_going_away(&self) -> bool {
+        *self.going_away.borrow()
+    }
+
+    /// The connection was closed because of the stop (Going Away sent, stream ended).
+    pub fn closed_for_stop(mut self) {
+        self.end(true);
+    }
+
+    fn end(&mut self, for_stop: bool) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        self.shared.counts.send_modify(|c| {
+            c.open = c.open.saturating_sub(1);
+            if for_stop {
+                c.closed_for_stop += 1;
+            } else if *self.going_away.borrow() {
+                c.ended_otherwise += 1;
+            }
+        });
+    }
+}
+
+impl Drop for LongLivedConnection {
+    fn drop(&mut self) {
+        self.end(false);
+    }
+}
+
+/// The WebSocket close code a planned stop sends: 1001, Going Away (RFC 6455, 7.4.1).
+pub const GOING_AWAY: u16 = 1001;
+
+/// Closes a WebSocket session because the server is stopping: a Close frame with code 1001
+/// (Going Away) and a reason, so the client reconnects — to another instance — rather than
+/// seeing the connection cut. Counts the connection as closed for the stop.
+pub async fn close_going_away(session: actix_ws::Session, connection: LongLivedConnection) {
+    let reason = actix_ws::CloseReason {
+        code: actix_ws::CloseCode::Away,
+        description: Some("the server is stopping (planned stop); reconnect".into()),
+    };
+    if let Err(e) = session.close(Some(reason)).await {
+        tracing::debug!(error = %e, "the WebSocket session was already closed");
+    }
+    connection.closed_for_stop();
+}
+
+/// The drain participant of a [`LongLived`].
+struct LongLivedDrain {
+    shared: std::sync::Arc<LongLivedShared>,
+}
+
+impl Actor for LongLivedDrain {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for LongLivedDrain {
+    type Result = ResponseFuture<DrainReport>;
+
+    fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            shared.counts.send_modify(|c| c.open_at_stop = c.open);
+            shared.going_away.send_replace(true);
+            let mut counts = shared.counts.subscribe();
+            let all_closed = counts.wait_for(|c| c.open == 0);
+            let closed = actix::clock::timeout(drain.within, all_closed).await;
+            let c = *shared.counts.borrow();
+            let note = format!(
+                "{}: {} open at the stop; {} closed with Going Away, {} ended otherwise, {} still \
+                 open at the deadline",
+                shared.kind, c.open_at_stop, c.closed_for_stop, c.ended_otherwise, c.open
+            );
+            let report = DrainReport::done().with_note(note);
+            match closed {
+                Ok(Ok(_)) => report,
+                _ => report.cut_short(format!(
+                    "{} {} connections were cut at the ingress deadline",
+                    c.open, shared.kind
+                )),
+            }
+        })
+    }
+}

@@ -562,6 +562,52 @@ fn a_pooled_connection_is_told_to_close_during_the_grace() {
     }
 }
 
+/// Issue 24.3: a WebSocket session open at a planned stop receives a Close frame with 1001
+/// (Going Away) and a reason, and the stop record says how many were open and how they ended.
+#[test]
+fn websocket_sessions_are_told_to_go_away_with_1001() {
+    for round in 0..5 {
+        let mut app = App::start(AppLayout::ActixWebMain, &options());
+        let mut ws = BufReader::new(TcpStream::connect(("127.0.0.1", app.port)).unwrap());
+        ws.get_ref().set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+        write!(
+            ws.get_mut(),
+            "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .unwrap();
+        let mut line = String::new();
+        ws.read_line(&mut line).unwrap();
+        assert!(line.contains(" 101 "), "round {round}: {line}");
+        while line != "\r\n" {
+            line.clear();
+            ws.read_line(&mut line).unwrap();
+        }
+        app.planned_stop();
+        // A server frame: FIN + opcode 8 (close), unmasked, a short payload: code, then reason.
+        let mut head = [0u8; 2];
+        ws.read_exact(&mut head).unwrap();
+        assert_eq!(head[0], 0x88, "round {round}: a Close frame");
+        let mut payload = vec![0u8; usize::from(head[1] & 0x7f)];
+        ws.read_exact(&mut payload).unwrap();
+        let code = u16::from_be_bytes([payload[0], payload[1]]);
+        assert_eq!(code, planned_stop::web::GOING_AWAY, "round {round}");
+        assert_eq!(code, 1001);
+        let reason = String::from_utf8_lossy(&payload[2..]);
+        assert!(reason.contains("stopping"), "round {round}: {reason}");
+        assert_eq!(app.exit_code(), Some(0), "round {round}");
+        let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+        assert!(
+            record.notes.iter().any(|n| n.participant == "websocket"
+                && n.note.contains(
+                    "1 open at the stop; 1 closed with Going Away, 0 ended otherwise, 0 still open"
+                )),
+            "round {round}: {record:#?}"
+        );
+        assert!(record.drained_in_time, "round {round}");
+    }
+}
+
 /// A request still running at the ingress deadline is cut, and the record says so.
 #[test]
 fn a_request_cut_by_the_ingress_deadline_is_in_the_notes_and_not_in_time() {
@@ -624,6 +670,25 @@ async fn slow_endpoint() -> &'static str {
     "slow done"
 }
 
+/// A WebSocket endpoint on actix-web's own WebSocket support (actix-ws): told to go away at a stop.
+async fn ws_endpoint(
+    req: actix_web::HttpRequest,
+    body: actix_web::web::Payload,
+    sockets: actix_web::web::Data<planned_stop::web::LongLived>,
+) -> actix_web::Result<actix_web::HttpResponse> {
+    let (response, session, mut messages) = actix_ws::handle(&req, body)?;
+    let mut connection = sockets.open();
+    actix_web::rt::spawn(async move {
+        tokio::select! {
+            _ = connection.going_away() => {
+                planned_stop::web::close_going_away(session, connection).await
+            }
+            _ = async { while let Some(Ok(_)) = messages.recv().await {} } => {}
+        }
+    });
+    Ok(response)
+}
+
 /// Stops the actix `System` from a handler, as an application might to shut itself down.
 #[actix_web::get("/quit")]
 async fn quit_endpoint() -> &'static str {
@@ -674,8 +739,12 @@ fn helper_web_app() {
     };
     let server = |stop: &planned_stop::ServiceHandle| {
         let ready = stop.clone();
+        let sockets = planned_stop::web::LongLived::new("websocket");
+        sockets.join(stop);
         HttpServer::new(move || {
             App::new()
+                .app_data(actix_web::web::Data::new(sockets.clone()))
+                .route("/ws", actix_web::web::get().to(ws_endpoint))
                 .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
                 .service(planned_stop::web::readiness("/ready", &ready))
                 .service(slow_endpoint)
