@@ -537,7 +537,7 @@ impl Handler<Drain> for LongLivedDrain {
             let closed = actix::clock::timeout(drain.within, all_closed).await;
             let c = *shared.counts.borrow();
             let note = format!(
-                "{}: {} open at the stop; {} closed with Going Away, {} ended otherwise, {} still \
+                "{}: {} open at the stop; {} told to go away and closed, {} ended otherwise, {} still \
                  open at the deadline",
                 shared.kind, c.open_at_stop, c.closed_for_stop, c.ended_otherwise, c.open
             );

@@ -600,11 +600,52 @@ fn websocket_sessions_are_told_to_go_away_with_1001() {
         assert!(
             record.notes.iter().any(|n| n.participant == "websocket"
                 && n.note.contains(
-                    "1 open at the stop; 1 closed with Going Away, 0 ended otherwise, 0 still open"
+                    "1 open at the stop; 1 told to go away and closed, 0 ended otherwise, 0 still open"
                 )),
             "round {round}: {record:#?}"
         );
         assert!(record.drained_in_time, "round {round}");
+    }
+}
+
+/// Issue 24.3: a Server-Sent Events stream open at a planned stop gets its last event and ends
+/// cleanly (the terminating chunk), and the stop record counts it.
+#[test]
+fn sse_streams_end_cleanly_at_a_stop() {
+    for round in 0..5 {
+        let mut app = App::start(AppLayout::ActixWebMain, &options());
+        let mut sse = BufReader::new(TcpStream::connect(("127.0.0.1", app.port)).unwrap());
+        sse.get_ref().set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+        write!(
+            sse.get_mut(),
+            "GET /sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        .unwrap();
+        let mut seen = String::new();
+        while !seen.contains("data: hello") {
+            assert!(
+                sse.read_line(&mut seen).unwrap() > 0,
+                "round {round}: {seen}"
+            );
+        }
+        app.planned_stop();
+        // The rest of the stream: the last event, then the terminating zero-length chunk.
+        let mut rest = String::new();
+        while !rest.ends_with("\r\n0\r\n\r\n") {
+            assert!(
+                sse.read_line(&mut rest).unwrap() > 0,
+                "round {round}: cut: {rest:?}"
+            );
+        }
+        assert!(rest.contains("event: bye"), "round {round}: {rest:?}");
+        assert_eq!(app.exit_code(), Some(0), "round {round}");
+        let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+        assert!(
+            record.notes.iter().any(|n| n.participant == "sse"
+                && n.note
+                    .contains("1 open at the stop; 1 told to go away and closed")),
+            "round {round}: {record:#?}"
+        );
     }
 }
 
@@ -689,6 +730,68 @@ async fn ws_endpoint(
     Ok(response)
 }
 
+/// The SSE streams' registry (a type of its own, apart from the WebSocket one in `app_data`).
+#[derive(Clone)]
+struct SseStreams(planned_stop::web::LongLived);
+
+/// A Server-Sent Events stream: one event at once, then, at a stop, a last event and its end.
+struct Sse {
+    hello: bool,
+    waiting: Option<
+        std::pin::Pin<
+            Box<dyn std::future::Future<Output = planned_stop::web::LongLivedConnection>>,
+        >,
+    >,
+}
+
+impl actix_web::body::MessageBody for Sse {
+    type Error = std::convert::Infallible;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        actix_web::body::BodySize::Stream
+    }
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<actix_web::web::Bytes, Self::Error>>> {
+        use std::task::Poll;
+        if !self.hello {
+            self.hello = true;
+            return Poll::Ready(Some(Ok(actix_web::web::Bytes::from_static(
+                b"data: hello\n\n",
+            ))));
+        }
+        let Some(waiting) = self.waiting.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match waiting.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(connection) => {
+                self.waiting = None;
+                connection.closed_for_stop();
+                Poll::Ready(Some(Ok(actix_web::web::Bytes::from_static(
+                    b"event: bye\ndata: the server is stopping\n\n",
+                ))))
+            }
+        }
+    }
+}
+
+async fn sse_endpoint(streams: actix_web::web::Data<SseStreams>) -> actix_web::HttpResponse {
+    let mut connection = streams.0.open();
+    let waiting = Box::pin(async move {
+        connection.going_away().await;
+        connection
+    });
+    actix_web::HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .body(Sse {
+            hello: false,
+            waiting: Some(waiting),
+        })
+}
+
 /// Stops the actix `System` from a handler, as an application might to shut itself down.
 #[actix_web::get("/quit")]
 async fn quit_endpoint() -> &'static str {
@@ -741,10 +844,14 @@ fn helper_web_app() {
         let ready = stop.clone();
         let sockets = planned_stop::web::LongLived::new("websocket");
         sockets.join(stop);
+        let streams = SseStreams(planned_stop::web::LongLived::new("sse"));
+        streams.0.join(stop);
         HttpServer::new(move || {
             App::new()
                 .app_data(actix_web::web::Data::new(sockets.clone()))
                 .route("/ws", actix_web::web::get().to(ws_endpoint))
+                .app_data(actix_web::web::Data::new(streams.clone()))
+                .route("/sse", actix_web::web::get().to(sse_endpoint))
                 .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
                 .service(planned_stop::web::readiness("/ready", &ready))
                 .service(slow_endpoint)
