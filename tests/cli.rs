@@ -868,3 +868,40 @@ fn a_service_announces_that_it_watches_its_directory_and_a_stopper_warns_at_once
         "{text}"
     );
 }
+
+/// Issue 25.2: Kubernetes creates an `emptyDir` with mode 0777 (1777 when backed by memory), and a
+/// service pointed at it refused to start (exit 2): every Pod crash-looped. The recipe points the
+/// service and the stopper at subdirectories of the volume; `serve` creates them 0700 inside a
+/// 0777 and a 1777 parent, and a planned stop through them works.
+#[cfg(unix)]
+#[test]
+fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in [0o777, 0o1777] {
+        let volume = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(volume.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let markers = volume.path().join("markers");
+        let state = volume.path().join("state");
+        let mut service = Serve::start(&[
+            "--dir",
+            s(&markers),
+            "--state",
+            s(&state),
+            "--poll-ms",
+            "20",
+        ]);
+        for dir in [&markers, &state] {
+            let made = std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(made, 0o700, "{mode:o}: {} is private", dir.display());
+        }
+        let out = stop_json(&markers, &service.pid_arg(), &["--wait", "20"]);
+        let report = json_of(&out);
+        assert_eq!(report["outcome"], "stopped_planned", "{mode:o}: {report}");
+        assert_eq!(service.exit_code(), Some(0), "{mode:o}");
+        // The volume itself is still refused, naming what to do.
+        let out = run(&["serve", "--dir", s(volume.path()), "--jobs", "0"]);
+        assert_eq!(out.status.code(), Some(2), "{mode:o}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("subdirectory"), "{mode:o}: {said}");
+    }
+}

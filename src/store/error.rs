@@ -34,7 +34,9 @@ pub enum StoreError {
     /// The directory is writable by group or others.
     #[error(
         "marker directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
-         write there can stop the service; run `chmod 700 {path}` or opt in to a shared directory"
+         write there can stop the service; run `chmod 700 {path}`, or use a subdirectory the \
+         service creates private (such as {path}/markers: what a shared volume, a Kubernetes \
+         emptyDir, needs), or opt in with --allow-shared-dir (ServiceBuilder::allow_shared_dir)"
     )]
     SharedDirectory {
         /// The directory.
