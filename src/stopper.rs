@@ -62,6 +62,10 @@ pub struct StopOptions {
     pub expect_start: Option<u64>,
     /// Send SIGTERM after writing the marker (Unix only).
     pub signal: bool,
+    /// Send that SIGTERM even to a process that has not announced watching the directory (one
+    /// that reads markers without announcing, such as the earlier system's). Without it such a
+    /// request is refused before anything is written: a mistyped pid must not kill a bystander.
+    pub signal_unwatched: bool,
     /// Stop and stay down, or restart (see [`crate::StopAction`]).
     pub action: crate::StopAction,
 }
@@ -75,6 +79,7 @@ impl StopOptions {
             trigger_watcher: true,
             expect_start: None,
             signal: false,
+            signal_unwatched: false,
             action: crate::StopAction::Stop,
         }
     }
@@ -113,6 +118,13 @@ impl StopOptions {
     /// Send SIGTERM after writing the marker (Unix only).
     pub fn with_signal(mut self, signal: bool) -> StopOptions {
         self.signal = signal;
+        self
+    }
+
+    /// Send the SIGTERM of [`Self::with_signal`] even to a process that has not announced
+    /// watching the directory (see [`StopOptions::signal_unwatched`]).
+    pub fn with_signal_unwatched(mut self, insist: bool) -> StopOptions {
+        self.signal_unwatched = insist;
         self
     }
 }
@@ -189,6 +201,19 @@ pub enum StopperError {
     /// The marker could not be written.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A SIGTERM was asked for, toward a process that has not announced watching the directory:
+    /// refused before anything was written (a mistyped pid would kill a bystander).
+    #[error(
+        "process {pid} has not announced that it watches {dir}: refusing to send it SIGTERM (a \
+         mistyped --pid would kill an unrelated process); check --pid and --dir, or insist with \
+         --signal-anyway for a target that reads markers without announcing"
+    )]
+    NotWatching {
+        /// The pid asked for.
+        pid: u32,
+        /// The marker directory.
+        dir: std::path::PathBuf,
+    },
     /// SIGTERM could not be sent (the marker was written).
     #[error("the marker was written, but SIGTERM to process {pid} failed")]
     Signal {
@@ -223,6 +248,12 @@ pub fn request(
             pid,
             expected,
             actual: target.start,
+        });
+    }
+    if options.signal && !options.signal_unwatched && !store.is_watched_by(&target) {
+        return Err(StopperError::NotWatching {
+            pid,
+            dir: store.dir().to_path_buf(),
         });
     }
     let now = Utc::now();

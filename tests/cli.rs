@@ -565,7 +565,14 @@ fn every_verb_works_with_a_directory_whose_path_is_not_utf8() {
     assert_eq!(status["slots"].as_array().unwrap().len(), 1);
     verb(&["clear", "--pid", &pid]);
     // With --signal the marker is written first, then the signal is sent.
-    let signalled = json_of(&verb(&["stop", "--pid", &pid, "--signal", "--json"]));
+    let signalled = json_of(&verb(&[
+        "stop",
+        "--pid",
+        &pid,
+        "--signal",
+        "--signal-anyway",
+        "--json",
+    ]));
     assert_eq!(signalled["signalled"], true);
     assert!(
         target.wait().unwrap().code().is_some(),
@@ -904,4 +911,42 @@ fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(said.contains("subdirectory"), "{mode:o}: {said}");
     }
+}
+
+/// Issue 25.8: `stop --signal` toward a process that never announced watching the directory (a
+/// mistyped pid) sent SIGTERM and killed a bystander. It is refused now, before anything is
+/// written; `--signal-anyway` insists.
+#[cfg(unix)]
+#[test]
+fn stop_signal_refuses_a_process_that_does_not_watch() {
+    let d = dirs();
+    std::fs::create_dir_all(&d.run).unwrap();
+    let mut bystander = other_live_process();
+    let pid = bystander.id().to_string();
+    let out = stop(&d, &pid, &["--signal"]);
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "refused_not_watching", "{report}");
+    assert_eq!(out.status.code(), Some(6), "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("--signal-anyway")
+    );
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the bystander lives"
+    );
+    let store = MarkerStore::open(Layout::Slots(d.run.clone())).unwrap();
+    assert!(!store.slot_path(bystander.id()).exists(), "nothing written");
+    // A service that watches is signalled as before.
+    let mut service = serve(&d, &[]);
+    let out = stop(&d, &service.pid_arg(), &["--signal", "--wait", "20"]);
+    assert_eq!(json_of(&out)["outcome"], "stopped_planned");
+    assert_eq!(service.exit_code(), Some(0));
+    // And --signal-anyway insists.
+    let out = stop(&d, &pid, &["--signal", "--signal-anyway"]);
+    assert_eq!(json_of(&out)["signalled"], true);
+    // It is a service watching another directory: the SIGTERM ends it, unexpectedly.
+    assert_eq!(bystander.wait().unwrap().code(), Some(1), "got the SIGTERM");
 }

@@ -30,9 +30,14 @@ pub struct StopArgs {
     /// Wait up to SECS for the target to exit, and report how it went (0: do not wait).
     #[arg(long, value_name = "SECS")]
     pub wait: Option<f64>,
-    /// Send SIGTERM after writing the marker (Unix).
+    /// Send SIGTERM after writing the marker (Unix). Refused toward a process that has not
+    /// announced watching the directory, unless --signal-anyway.
     #[arg(long)]
     pub signal: bool,
+    /// With --signal: send it even to a process that has not announced watching the directory
+    /// (one that reads markers without announcing).
+    #[arg(long, requires = "signal")]
+    pub signal_anyway: bool,
     /// Write a marker the target's watcher leaves alone: it only makes the SIGTERM that follows
     /// planned (systemd ExecStop).
     #[arg(long)]
@@ -94,6 +99,7 @@ pub fn run(args: StopArgs) -> u8 {
     let mut options = StopOptions::new()
         .with_trigger_watcher(!args.no_trigger)
         .with_signal(args.signal)
+        .with_signal_unwatched(args.signal_anyway)
         .with_action(if args.restart {
             StopAction::Restart
         } else {
@@ -402,6 +408,7 @@ fn report_error(args: &StopArgs, error: StopperError) -> u8 {
     let (kind, code) = match &error {
         StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),
         StopperError::WrongIdentity { .. } => ("refused", EXIT_REFUSED),
+        StopperError::NotWatching { .. } => ("refused_not_watching", EXIT_REFUSED),
         StopperError::Signal { .. } => ("signal_failed", EXIT_USAGE),
         _ => ("error", EXIT_USAGE),
     };
