@@ -219,8 +219,18 @@ fn stop_wait_json_reports_still_draining_already_gone_refused_and_not_accepted()
     service.signal(libc::SIGINT); // a second Ctrl-C equivalent: force
     assert_eq!(service.exit_code(), Some(0));
 
-    // Already gone.
+    // Stopped already (as planned, forced): a repeated stop says so, 0.
     let out = stop(&d, &service.pid_arg(), &["--wait", "1"]);
+    assert_eq!(
+        (json_of(&out)["outcome"].as_str(), out.status.code()),
+        (Some("already_stopped"), Some(0))
+    );
+    // Already gone, with no outcome here: 5.
+    let mut gone = other_live_process();
+    let gone_pid = gone.id().to_string();
+    gone.kill().unwrap();
+    gone.wait().unwrap();
+    let out = stop(&d, &gone_pid, &["--wait", "1"]);
     assert_eq!(
         (json_of(&out)["outcome"].as_str(), out.status.code()),
         (Some("already_gone"), Some(5))
@@ -949,4 +959,30 @@ fn stop_signal_refuses_a_process_that_does_not_watch() {
     assert_eq!(json_of(&out)["signalled"], true);
     // It is a service watching another directory: the SIGTERM ends it, unexpectedly.
     assert_eq!(bystander.wait().unwrap().code(), Some(1), "got the SIGTERM");
+}
+
+/// Issue 25.13: stopping a process that already stopped as planned answers that, 0 (as
+/// `systemctl stop` does for a stopped unit), instead of 5 "already gone?"; `--pid 0` is a usage
+/// error.
+#[cfg(unix)]
+#[test]
+fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let pid = service.pid_arg();
+    let first = stop(&d, &pid, &["--wait", "20"]);
+    assert_eq!(json_of(&first)["outcome"], "stopped_planned");
+    assert_eq!(service.exit_code(), Some(0));
+    let again = stop(&d, &pid, &["--wait", "20"]);
+    let report = json_of(&again);
+    assert_eq!(report["outcome"], "already_stopped", "{report}");
+    assert_eq!(again.status.code(), Some(0), "{report}");
+    assert_eq!(report["exit_code"], 0);
+    // Another fingerprint than the stopped process's: not that process, so just gone.
+    let other = (service.identity.start + 1).to_string();
+    let out = stop(&d, &pid, &["--start", &other]);
+    assert_eq!(json_of(&out)["outcome"], "already_gone");
+    assert_eq!(out.status.code(), Some(5));
+    let zero = stop(&d, "0", &[]);
+    assert_eq!(zero.status.code(), Some(2), "--pid 0 is a usage error");
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 #[derive(Debug, Args)]
 pub struct StopArgs {
     /// The process to stop.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: u32,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -110,6 +110,15 @@ pub fn run(args: StopArgs) -> u8 {
     options.expect_start = args.start;
     let requested = match stopper::request(&store, args.pid, &options) {
         Ok(r) => r,
+        Err(e @ StopperError::NotRunning { .. }) => {
+            return match already_stopped(&args, &store) {
+                Some((kind, code, text, extra)) => {
+                    report(&args, kind, code, text, extra);
+                    code
+                }
+                None => report_error(&args, e),
+            };
+        }
         Err(e) => return report_error(&args, e),
     };
     let request_id = requested.marker.request_id.clone();
@@ -402,6 +411,56 @@ fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
         dir = store.dir().display(),
         presence = store.presence_path(args.pid).display(),
     )
+}
+
+/// A target that is gone but left a final outcome here (and, with `--start`, has that
+/// fingerprint): a repeated stop answers what happened, as `systemctl stop` does for a stopped
+/// unit — 0 when it stopped as planned.
+fn already_stopped(
+    args: &StopArgs,
+    store: &MarkerStore,
+) -> Option<(&'static str, u8, String, serde_json::Value)> {
+    let outcome = store.read_outcome(args.pid).filter(|o| {
+        o.pid == args.pid
+            && o.phase.is_final()
+            && !o.owner_alive()
+            && args.start.is_none_or(|start| start == o.start)
+    })?;
+    let extra = json!({
+        "exit_code": outcome.exit_code,
+        "verdict": outcome.verdict,
+        "phase": outcome.phase,
+        "finished_at": outcome.finished_at,
+        "accepted_request_id": outcome.request_id,
+    });
+    let planned = outcome.phase == planned_stop::Phase::Stopped
+        && outcome.verdict == planned_stop::StopVerdict::Planned;
+    Some(if planned {
+        (
+            "already_stopped",
+            EXIT_OK,
+            format!(
+                "process {} had already stopped as planned (exit code {}); nothing to do",
+                args.pid,
+                outcome.exit_code.unwrap_or_default()
+            ),
+            extra,
+        )
+    } else {
+        (
+            "already_gone",
+            EXIT_GONE,
+            format!(
+                "process {} is gone; its last outcome here says it ended {:?} with exit code {}",
+                args.pid,
+                outcome.phase,
+                outcome
+                    .exit_code
+                    .map_or("?".to_owned(), |code| code.to_string())
+            ),
+            extra,
+        )
+    })
 }
 
 fn report_error(args: &StopArgs, error: StopperError) -> u8 {
