@@ -986,3 +986,41 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
     let zero = stop(&d, "0", &[]);
     assert_eq!(zero.status.code(), Some(2), "--pid 0 is a usage error");
 }
+
+/// Issue 25.15: `stop --dir D` without `--pid` stops the one process that announced watching D
+/// (as `pg_ctl` finds its server from the data directory); with none or several it is an error,
+/// a JSON object with `--json` (issue 25.9), naming the pids.
+#[cfg(unix)]
+#[test]
+fn stop_without_pid_finds_the_one_watcher_of_the_directory() {
+    let d = dirs();
+    std::fs::create_dir_all(&d.run).unwrap();
+    let none = run(&["stop", "--dir", s(&d.run), "--json", "--request-id", "r-1"]);
+    let report = json_of(&none);
+    assert_eq!(
+        (report["outcome"].as_str(), none.status.code()),
+        (Some("error"), Some(2)),
+        "{report}"
+    );
+    assert_eq!(report["request_id"], "r-1", "{report}");
+    assert!(report["message"].as_str().unwrap().contains("give --pid"));
+
+    let mut service = serve(&d, &[]);
+    let out = run(&["stop", "--dir", s(&d.run), "--wait", "20", "--json"]);
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "stopped_planned", "{report}");
+    assert_eq!(report["pid"], service.pid());
+    assert_eq!(service.exit_code(), Some(0));
+
+    let mut first = serve(&d, &[]);
+    let mut second = serve(&d, &[]);
+    let out = run(&["stop", "--dir", s(&d.run), "--json"]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    let message = report["message"].as_str().unwrap();
+    assert!(
+        message.contains(&first.pid_arg()) && message.contains(&second.pid_arg()),
+        "{message}"
+    );
+    assert!(first.running() && second.running(), "nothing was stopped");
+}

@@ -15,9 +15,10 @@ use std::time::Duration;
 /// Arguments of `stop`.
 #[derive(Debug, Args)]
 pub struct StopArgs {
-    /// The process to stop.
+    /// The process to stop. Without it, the one process that has announced watching the
+    /// directory (its start fingerprint is checked as with --start); none or several is an error.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub pid: u32,
+    pub pid: Option<u32>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub layout: LayoutArgs,
@@ -71,7 +72,57 @@ pub struct StopArgs {
 }
 
 /// Runs `stop`; returns the exit code.
+impl StopArgs {
+    /// The target's pid (resolved from the directory's watcher when --pid was not given).
+    fn pid(&self) -> u32 {
+        self.pid.unwrap_or_default()
+    }
+}
+
+/// The one live process that announced watching `store`'s directory, for a stop without --pid.
+fn the_watcher(store: &MarkerStore) -> Result<(u32, u64), String> {
+    let live: Vec<_> = store
+        .presences()
+        .into_iter()
+        .filter(|p| p.owner_alive())
+        .collect();
+    match live.as_slice() {
+        [one] => Ok((one.pid, one.start)),
+        [] => Err(format!(
+            "no running process has announced watching {}: give --pid (is --dir right?)",
+            store.dir().display()
+        )),
+        several => Err(format!(
+            "{} processes watch {} (pids {}): give --pid",
+            several.len(),
+            store.dir().display(),
+            several
+                .iter()
+                .map(|p| p.pid.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// A usage or set-up error: one JSON object with --json (`"outcome": "error"`), else stderr.
+fn fail_stop(args: &StopArgs, message: String) -> u8 {
+    if args.json {
+        report(
+            args,
+            "error",
+            EXIT_USAGE,
+            message,
+            json!({ "request_id": args.request_id }),
+        );
+        EXIT_USAGE
+    } else {
+        fail(message)
+    }
+}
+
 pub fn run(args: StopArgs) -> u8 {
+    let mut args = args;
     let store = match args.layout.layout().and_then(|layout| {
         let store = MarkerStore::builder(layout)
             .allow_shared_dir(args.allow_shared_dir)
@@ -88,13 +139,22 @@ pub fn run(args: StopArgs) -> u8 {
         Ok(store)
     }) {
         Ok(store) => store,
-        Err(e) => return fail(e),
+        Err(e) => return fail_stop(&args, e),
     };
+    if args.pid.is_none() {
+        match the_watcher(&store) {
+            Ok((pid, start)) => {
+                args.pid = Some(pid);
+                args.start = args.start.or(Some(start));
+            }
+            Err(e) => return fail_stop(&args, e),
+        }
+    }
     // `--wait 0` waits for nothing: the same answer as without `--wait` (it used to report
     // "not accepted" at once, for a target that then stopped as planned).
     let wait = match args.wait.map(Duration::try_from_secs_f64).transpose() {
         Ok(w) => w.filter(|w| !w.is_zero()),
-        Err(_) => return fail("--wait takes a number of seconds"),
+        Err(_) => return fail_stop(&args, "--wait takes a number of seconds".into()),
     };
     let mut options = StopOptions::new()
         .with_trigger_watcher(!args.no_trigger)
@@ -108,7 +168,7 @@ pub fn run(args: StopArgs) -> u8 {
     options.reason = args.reason.clone();
     options.request_id = args.request_id.clone();
     options.expect_start = args.start;
-    let requested = match stopper::request(&store, args.pid, &options) {
+    let requested = match stopper::request(&store, args.pid(), &options) {
         Ok(r) => r,
         Err(e @ StopperError::NotRunning { .. }) => {
             return match already_stopped(&args, &store) {
@@ -132,7 +192,7 @@ pub fn run(args: StopArgs) -> u8 {
             EXIT_OK,
             format!(
                 "stop requested for process {} ({}){}",
-                args.pid,
+                args.pid(),
                 requested.slot.display(),
                 if requested.signalled {
                     "; SIGTERM sent"
@@ -164,20 +224,20 @@ pub fn run(args: StopArgs) -> u8 {
                 bar.set_message(match progress {
                     Progress::Waiting => format!(
                         "waiting for process {} to accept ({:.1} s)",
-                        args.pid,
+                        args.pid(),
                         elapsed.as_secs_f64()
                     ),
                     Progress::Draining => format!(
                         "process {} is draining ({:.1} s)",
-                        args.pid,
+                        args.pid(),
                         elapsed.as_secs_f64()
                     ),
                     Progress::Held => format!(
                         "process {} holds the stop until it is ready ({:.1} s)",
-                        args.pid,
+                        args.pid(),
                         elapsed.as_secs_f64()
                     ),
-                    other => format!("process {}: {other:?}", args.pid),
+                    other => format!("process {}: {other:?}", args.pid()),
                 });
             }
         },
@@ -207,24 +267,24 @@ pub fn run(args: StopArgs) -> u8 {
                         "process {} stopped as planned (exit code {exit_code}); its record store \
                          was unreachable, so its unfinished work is kept on its host until its \
                          next start there pushes it",
-                        args.pid
+                        args.pid()
                     )
                 } else if own {
                     format!(
                         "process {} stopped as planned (exit code {exit_code})",
-                        args.pid
+                        args.pid()
                     )
                 } else if let Some(other) = outcome.request_id.as_deref() {
                     format!(
                         "process {} stopped as planned (exit code {exit_code}) on another stop \
                          request, {other}, not this one",
-                        args.pid,
+                        args.pid(),
                     )
                 } else {
                     format!(
                         "process {} stopped as planned (exit code {exit_code}) on a signal or \
                          its application's own request, not on this stop request",
-                        args.pid,
+                        args.pid(),
                     )
                 } + &lossy,
                 json!({
@@ -244,7 +304,7 @@ pub fn run(args: StopArgs) -> u8 {
             EXIT_UNEXPECTED,
             format!(
                 "process {} stopped, but not as planned ({})",
-                args.pid,
+                args.pid(),
                 match exit_code {
                     Some(c) => format!("exit code {c}"),
                     None => "it left no outcome: killed or crashed?".to_owned(),
@@ -261,7 +321,9 @@ pub fn run(args: StopArgs) -> u8 {
             EXIT_STILL_DRAINING,
             format!(
                 "process {} accepted the stop at {} and was still draining (deadline {})",
-                args.pid, outcome.accepted_at, outcome.drain_deadline
+                args.pid(),
+                outcome.accepted_at,
+                outcome.drain_deadline
             ),
             json!({ "accepted_at": outcome.accepted_at, "drain_deadline": outcome.drain_deadline }),
         ),
@@ -272,7 +334,7 @@ pub fn run(args: StopArgs) -> u8 {
                 "process {} finished its stop ({}, exit code {}) but is still alive: its runner \
                  does not own the process's end (owns_process_exit(false)) and its main has not \
                  returned, or it is stuck on the way out",
-                args.pid,
+                args.pid(),
                 serde_json::to_value(outcome.phase)
                     .unwrap_or_default()
                     .as_str()
@@ -290,7 +352,7 @@ pub fn run(args: StopArgs) -> u8 {
                 format!(
                     "process {} is still running and has not accepted the stop; it never announced \
                  that it watches {}: is it a planned-stop service watching this directory?",
-                    args.pid,
+                    args.pid(),
                     store.dir().display()
                 ),
                 json!({}),
@@ -303,7 +365,7 @@ pub fn run(args: StopArgs) -> u8 {
                 format!(
                     "process {} is still running: it watches {}, and a --no-trigger marker waits \
                      for a signal that follows it",
-                    args.pid,
+                    args.pid(),
                     store.dir().display()
                 )
             } else {
@@ -311,7 +373,7 @@ pub fn run(args: StopArgs) -> u8 {
                     "process {} is still running and has not accepted the stop, though it watches \
                      {}: is its event loop blocked? (`planned-stop inspect` shows what it decides \
                      about the marker)",
-                    args.pid,
+                    args.pid(),
                     store.dir().display()
                 )
             },
@@ -323,7 +385,7 @@ pub fn run(args: StopArgs) -> u8 {
             format!(
                 "process {} is gone and left no outcome: it is not a planned-stop service watching \
                  {}, or it was killed before it accepted the stop",
-                args.pid,
+                args.pid(),
                 store.dir().display()
             ),
             json!({}),
@@ -334,7 +396,8 @@ pub fn run(args: StopArgs) -> u8 {
             format!(
                 "process {} accepted the stop at {} and was killed before it finished; no stop \
                  record was written",
-                args.pid, outcome.accepted_at
+                args.pid(),
+                outcome.accepted_at
             ),
             json!({ "accepted_at": outcome.accepted_at, "verdict": outcome.verdict }),
         ),
@@ -344,7 +407,7 @@ pub fn run(args: StopArgs) -> u8 {
             format!(
                 "process {} stopped (exit code {}), but could not record its unfinished work: \
                  the items are in its log (stderr, an ERROR line with `items`); resubmit them",
-                args.pid,
+                args.pid(),
                 exit_code.map_or("?".to_owned(), |c| c.to_string())
             ),
             json!({
@@ -360,7 +423,8 @@ pub fn run(args: StopArgs) -> u8 {
             format!(
                 "process {} saw the stop at {} but holds it: it has not declared itself ready \
                  (it drains once ready)",
-                args.pid, outcome.accepted_at
+                args.pid(),
+                outcome.accepted_at
             ),
             json!({ "held_since": outcome.accepted_at }),
         ),
@@ -368,7 +432,7 @@ pub fn run(args: StopArgs) -> u8 {
         other => (
             "unknown",
             EXIT_UNEXPECTED,
-            format!("process {}: {other:?}", args.pid),
+            format!("process {}: {other:?}", args.pid()),
             json!({}),
         ),
     };
@@ -407,9 +471,9 @@ fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
          if --dir is wrong or it is not a planned-stop service, nothing reads this marker, which \
          expires unread. A service still starting, or one of the earlier system (hermes), reads \
          it without announcing",
-        pid = args.pid,
+        pid = args.pid(),
         dir = store.dir().display(),
-        presence = store.presence_path(args.pid).display(),
+        presence = store.presence_path(args.pid()).display(),
     )
 }
 
@@ -420,8 +484,8 @@ fn already_stopped(
     args: &StopArgs,
     store: &MarkerStore,
 ) -> Option<(&'static str, u8, String, serde_json::Value)> {
-    let outcome = store.read_outcome(args.pid).filter(|o| {
-        o.pid == args.pid
+    let outcome = store.read_outcome(args.pid()).filter(|o| {
+        o.pid == args.pid()
             && o.phase.is_final()
             && !o.owner_alive()
             && args.start.is_none_or(|start| start == o.start)
@@ -441,7 +505,7 @@ fn already_stopped(
             EXIT_OK,
             format!(
                 "process {} had already stopped as planned (exit code {}); nothing to do",
-                args.pid,
+                args.pid(),
                 outcome.exit_code.unwrap_or_default()
             ),
             extra,
@@ -452,7 +516,7 @@ fn already_stopped(
             EXIT_GONE,
             format!(
                 "process {} is gone; its last outcome here says it ended {:?} with exit code {}",
-                args.pid,
+                args.pid(),
                 outcome.phase,
                 outcome
                     .exit_code
@@ -472,7 +536,13 @@ fn report_error(args: &StopArgs, error: StopperError) -> u8 {
         _ => ("error", EXIT_USAGE),
     };
     if args.json {
-        report(args, kind, code, chain(&error), json!({}));
+        report(
+            args,
+            kind,
+            code,
+            chain(&error),
+            json!({ "request_id": args.request_id }),
+        );
     } else {
         eprintln!("planned-stop: {}", chain(&error));
     }
