@@ -215,7 +215,7 @@ pub enum StopperError {
         dir: std::path::PathBuf,
     },
     /// SIGTERM could not be sent (the marker was written).
-    #[error("the marker was written, but SIGTERM to process {pid} failed")]
+    #[error("the signal to process {pid} failed (a marker, if asked for, was written)")]
     Signal {
         /// The target.
         pid: u32,
@@ -285,22 +285,36 @@ pub fn request(
     })
 }
 
+/// Ends `target` with SIGKILL (Unix), if the process at its pid is still that process: the
+/// escalation a supervisor applies when a stop overruns (systemd at `TimeoutStopSec`). Returns
+/// whether it was sent. No drain, no record: for a target that did not stop in time.
+pub fn kill(target: &ProcessIdentity) -> Result<bool, StopperError> {
+    os::send(target, os::KILL)
+}
+
 #[cfg(unix)]
 mod os {
     use super::StopperError;
     use crate::identity::ProcessIdentity;
 
+    pub(super) const KILL: i32 = libc::SIGKILL;
+
     /// Sends SIGTERM (`kill(2)`) to `target` if the process at its pid is still that process.
     /// Returns whether it was sent. (The check and the kill are two steps; the window between
     /// them is microseconds.)
     pub(super) fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
+        send(target, libc::SIGTERM)
+    }
+
+    /// Sends `signal` to `target` if the process at its pid is still that process.
+    pub(super) fn send(target: &ProcessIdentity, signal: i32) -> Result<bool, StopperError> {
         if ProcessIdentity::of(target.pid) != Some(*target) {
             return Ok(false);
         }
         let pid = libc::pid_t::try_from(target.pid)
             .map_err(|_| StopperError::NotRunning { pid: target.pid })?;
         // SAFETY: kill(2) has no memory preconditions; the pid was checked to be our target.
-        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+        if unsafe { libc::kill(pid, signal) } == 0 {
             Ok(true)
         } else {
             Err(StopperError::Signal {
@@ -315,6 +329,19 @@ mod os {
 mod os {
     use super::StopperError;
     use crate::identity::ProcessIdentity;
+
+    pub(super) const KILL: i32 = 9;
+
+    /// No signals here: `--kill` is refused rather than pretended.
+    pub(super) fn send(target: &ProcessIdentity, _: i32) -> Result<bool, StopperError> {
+        Err(StopperError::Signal {
+            pid: target.pid,
+            source: std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "killing the target is supported on Unix only",
+            ),
+        })
+    }
 
     /// Windows has no SIGTERM; the marker is the only channel.
     pub(super) fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {

@@ -1024,3 +1024,69 @@ fn stop_without_pid_finds_the_one_watcher_of_the_directory() {
     );
     assert!(first.running() && second.running(), "nothing was stopped");
 }
+
+/// Issue 25.14: after `stop --wait` ran out, `--wait-only` follows the stop already requested
+/// (writing nothing, so the report is not "on another stop request"), and `--kill` ends a target
+/// still running at the deadline with SIGKILL, reported as such (14).
+#[cfg(unix)]
+#[test]
+fn wait_only_follows_a_stop_under_way_and_kill_ends_one_that_overruns() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "30000"],
+    );
+    let pid = service.pid_arg();
+    let first = json_of(&stop(&d, &pid, &["--wait", "0.3"]));
+    assert_eq!(first["outcome"], "still_draining", "{first}");
+    let asked = first["request_id"].clone();
+    let store = MarkerStore::open(Layout::Slots(d.run.clone())).unwrap();
+    let followed = stop(&d, &pid, &["--wait-only", "--wait", "0.3"]);
+    let report = json_of(&followed);
+    assert_eq!(
+        (report["outcome"].as_str(), followed.status.code()),
+        (Some("still_draining"), Some(3)),
+        "{report}"
+    );
+    assert_eq!(
+        report["request_id"],
+        serde_json::Value::Null,
+        "nothing written: {report}"
+    );
+    assert!(!store.slot_path(service.pid()).exists(), "no new marker");
+    assert_eq!(
+        store
+            .read_outcome(service.pid())
+            .unwrap()
+            .request_id
+            .as_deref(),
+        asked.as_str()
+    );
+    let killed = stop(&d, &pid, &["--wait-only", "--wait", "0.3", "--kill"]);
+    let report = json_of(&killed);
+    assert_eq!(
+        (report["outcome"].as_str(), killed.status.code()),
+        (Some("killed_at_deadline"), Some(14)),
+        "{report}"
+    );
+    assert_eq!(report["was"], "still_draining");
+    assert_eq!(report["gone"], true);
+    assert_eq!(service.exit_code(), None, "killed by a signal");
+
+    // A stop that finishes within --wait-only's deadline is reported as the stop it follows.
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "60000", "--drain-ms", "300"],
+    );
+    let pid = service.pid_arg();
+    assert_eq!(json_of(&stop(&d, &pid, &[]))["outcome"], "marker_written");
+    let out = stop(&d, &pid, &["--wait-only", "--wait", "20"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("stopped_planned"), Some(0)),
+        "{report}"
+    );
+    assert_eq!(report["own_request"], true, "{report}");
+    assert_eq!(service.exit_code(), Some(0));
+}

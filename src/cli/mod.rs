@@ -63,6 +63,8 @@ pub const EXIT_NO_SUCH_ITEM: u8 = 11;
 pub const EXIT_STOPPED_STILL_ALIVE: u8 = 12;
 /// `stop --wait --require-clean`: the target stopped as planned, but its drain was not clean.
 pub const EXIT_NOT_CLEAN: u8 = 13;
+/// `stop --wait --kill`: the target was still running at the deadline and was killed.
+pub const EXIT_KILLED_AT_DEADLINE: u8 = 14;
 
 /// Planned stops for actix services: stop one specific process, on purpose, exactly once.
 #[derive(Debug, Parser)]

@@ -1,9 +1,10 @@
 //! `planned-stop stop`: write the marker for one process, optionally signal it, wait and report.
 
 use super::{
-    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN,
-    EXIT_OK, EXIT_RECORD_LOST, EXIT_REFUSED, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE,
-    EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs, chain, emit, fail, path_json,
+    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_AT_DEADLINE, EXIT_KILLED_WHILE_DRAINING,
+    EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN, EXIT_OK, EXIT_RECORD_LOST, EXIT_REFUSED,
+    EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED, EXIT_USAGE, LayoutArgs, chain,
+    emit, fail, path_json,
 };
 use clap::Args;
 use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
@@ -66,6 +67,15 @@ pub struct StopArgs {
     /// a deploy script can stop on a lossy drain.
     #[arg(long)]
     pub require_clean: bool,
+    /// With --wait: write nothing, only follow a stop already requested (after an earlier
+    /// `stop --wait` ran out), and report as --wait does.
+    #[arg(long, requires = "wait")]
+    pub wait_only: bool,
+    /// With --wait (Unix): a target still running at the deadline is ended with SIGKILL, the
+    /// signal systemd sends when TimeoutStopSec runs out, and reported as `killed_at_deadline`
+    /// (exit 14). Its stop record, if the drain had not written it, is lost.
+    #[arg(long, requires = "wait")]
+    pub kill: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -103,6 +113,15 @@ fn the_watcher(store: &MarkerStore) -> Result<(u32, u64), String> {
                 .join(", ")
         )),
     }
+}
+
+/// Whom a stop follows: the target, and the request written for it (none with --wait-only).
+struct Target {
+    target: planned_stop::ProcessIdentity,
+    request_id: Option<String>,
+    slot: Option<std::path::PathBuf>,
+    signalled: bool,
+    watching: bool,
 }
 
 /// A usage or set-up error: one JSON object with --json (`"outcome": "error"`), else stderr.
@@ -168,7 +187,33 @@ pub fn run(args: StopArgs) -> u8 {
     options.reason = args.reason.clone();
     options.request_id = args.request_id.clone();
     options.expect_start = args.start;
-    let requested = match stopper::request(&store, args.pid(), &options) {
+    let requested = if args.wait_only {
+        // Follow what is under way: the target as it is now, nothing written.
+        match planned_stop::ProcessIdentity::of(args.pid()) {
+            Some(target) if args.start.is_none_or(|start| start == target.start) => Ok(Target {
+                watching: store.is_watched_by(&target),
+                target,
+                request_id: None,
+                slot: None,
+                signalled: false,
+            }),
+            Some(target) => Err(StopperError::WrongIdentity {
+                pid: args.pid(),
+                expected: args.start.unwrap_or_default(),
+                actual: target.start,
+            }),
+            None => Err(StopperError::NotRunning { pid: args.pid() }),
+        }
+    } else {
+        stopper::request(&store, args.pid(), &options).map(|r| Target {
+            target: r.target,
+            request_id: r.marker.request_id,
+            slot: Some(r.slot),
+            signalled: r.signalled,
+            watching: r.watching,
+        })
+    };
+    let requested = match requested {
         Ok(r) => r,
         Err(e @ StopperError::NotRunning { .. }) => {
             return match already_stopped(&args, &store) {
@@ -181,7 +226,7 @@ pub fn run(args: StopArgs) -> u8 {
         }
         Err(e) => return report_error(&args, e),
     };
-    let request_id = requested.marker.request_id.clone();
+    let request_id = requested.request_id.clone();
     if !requested.watching && !args.json {
         eprintln!("planned-stop: warning: {}", not_watching(&args, &store));
     }
@@ -193,14 +238,23 @@ pub fn run(args: StopArgs) -> u8 {
             format!(
                 "stop requested for process {} ({}){}",
                 args.pid(),
-                requested.slot.display(),
+                requested
+                    .slot
+                    .as_deref()
+                    .map(|s| s.display().to_string())
+                    .unwrap_or_default(),
                 if requested.signalled {
                     "; SIGTERM sent"
                 } else {
                     ""
                 }
             ),
-            json!({ "request_id": request_id, "slot": path_json(&requested.slot), "signalled": requested.signalled, "watching": requested.watching }),
+            json!({
+                "request_id": request_id,
+                "slot": requested.slot.as_deref().map(path_json),
+                "signalled": requested.signalled,
+                "watching": requested.watching,
+            }),
         );
         return EXIT_OK;
     };
@@ -248,7 +302,9 @@ pub fn run(args: StopArgs) -> u8 {
     let (kind, code, text, extra) = match &outcome {
         WaitOutcome::StoppedPlanned { exit_code, outcome } => {
             // Racing stoppers: the target accepted one request; say whose.
-            let own = planned_stop::stopper::is_own_request(outcome, request_id.as_deref());
+            // Following a stop under way (--wait-only), whichever request it was is ours.
+            let own = args.wait_only
+                || planned_stop::stopper::is_own_request(outcome, request_id.as_deref());
             // An outcome without a summary (an earlier version) is not known to be lossy.
             let clean = outcome.drain.as_ref().is_none_or(DrainSummary::is_clean);
             let lossy = match outcome.drain.as_ref().filter(|_| !clean) {
@@ -439,8 +495,55 @@ pub fn run(args: StopArgs) -> u8 {
     let mut extra = extra;
     extra["request_id"] = json!(request_id);
     extra["watching"] = json!(requested.watching);
+    let still_running = matches!(
+        outcome,
+        WaitOutcome::StillDraining { .. } | WaitOutcome::NotAccepted | WaitOutcome::Held { .. }
+    );
+    if args.kill && still_running {
+        return kill_at_deadline(&args, &store, &requested.target, kind, extra);
+    }
     report(&args, kind, code, text, extra);
     code
+}
+
+/// `--kill`: the target is still running at the deadline; end it with SIGKILL, as systemd does
+/// when TimeoutStopSec runs out, and say so.
+fn kill_at_deadline(
+    args: &StopArgs,
+    store: &MarkerStore,
+    target: &planned_stop::ProcessIdentity,
+    was: &str,
+    mut extra: serde_json::Value,
+) -> u8 {
+    match stopper::kill(target) {
+        Ok(true) => {}
+        Ok(false) => {
+            // Gone between the deadline and the kill: what it left says the rest.
+            let after = stopper::wait(store, target, Duration::ZERO, |_, _| {});
+            extra["after"] = json!(format!("{after:?}"));
+        }
+        Err(e) => return report_error(args, e),
+    }
+    let gone = stopper::wait(store, target, Duration::from_secs(5), |_, _| {});
+    let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
+    extra["was"] = json!(was);
+    extra["phase"] = json!(outcome.as_ref().map(|o| o.phase));
+    extra["gone"] = json!(!matches!(
+        gone,
+        WaitOutcome::StillDraining { .. } | WaitOutcome::NotAccepted | WaitOutcome::Held { .. }
+    ));
+    report(
+        args,
+        "killed_at_deadline",
+        EXIT_KILLED_AT_DEADLINE,
+        format!(
+            "process {} was still running at the deadline ({was}); ended with SIGKILL (--kill): \
+             its drain was cut, and work it had not recorded is lost",
+            args.pid()
+        ),
+        extra,
+    );
+    EXIT_KILLED_AT_DEADLINE
 }
 
 /// What made a drain not clean, in words.
