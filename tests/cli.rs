@@ -1090,3 +1090,45 @@ fn wait_only_follows_a_stop_under_way_and_kill_ends_one_that_overruns() {
     assert_eq!(report["own_request"], true, "{report}");
     assert_eq!(service.exit_code(), Some(0));
 }
+
+/// Issue 25.15: `status --pid N` answers like `pg_ctl status` / `systemctl is-active` — 0 while it
+/// runs, 3 once it is not — with whether it watches and its last outcome; `--version` names the
+/// features the binary was built with.
+#[cfg(unix)]
+#[test]
+fn status_pid_answers_running_or_not_with_the_last_outcome() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let pid = service.pid_arg();
+    let running = run(&["status", "--dir", s(&d.run), "--pid", &pid, "--json"]);
+    let report = json_of(&running);
+    assert_eq!(running.status.code(), Some(0), "{report}");
+    assert_eq!(
+        (report["running"].as_bool(), report["watching"].as_bool()),
+        (Some(true), Some(true)),
+        "{report}"
+    );
+    assert_eq!(
+        json_of(&stop(&d, &pid, &["--wait", "20"]))["outcome"],
+        "stopped_planned"
+    );
+    assert_eq!(service.exit_code(), Some(0));
+    let gone = run(&["status", "--dir", s(&d.run), "--pid", &pid, "--json"]);
+    let report = json_of(&gone);
+    assert_eq!(gone.status.code(), Some(3), "{report}");
+    assert_eq!(report["running"], false);
+    assert_eq!(report["outcome"]["phase"], "stopped", "{report}");
+    let text = run(&["status", "--dir", s(&d.run), "--pid", &pid]);
+    let said = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        said.contains("not running") && said.contains("stopped, planned, exit code 0"),
+        "{said}"
+    );
+
+    let version = run(&["--version"]);
+    let said = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        said.contains(env!("CARGO_PKG_VERSION")) && said.contains("features:"),
+        "{said}"
+    );
+}

@@ -66,9 +66,33 @@ pub const EXIT_NOT_CLEAN: u8 = 13;
 /// `stop --wait --kill`: the target was still running at the deadline and was killed.
 pub const EXIT_KILLED_AT_DEADLINE: u8 = 14;
 
+/// The version and the features this binary was built with (`--version`).
+fn version_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let features: Vec<&str> = [
+            ("systemd", cfg!(feature = "systemd")),
+            ("actix-web", cfg!(feature = "actix-web")),
+            ("postgres", cfg!(feature = "postgres")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        format!(
+            "{} (features: {})",
+            env!("CARGO_PKG_VERSION"),
+            if features.is_empty() {
+                "none".to_owned()
+            } else {
+                features.join(", ")
+            }
+        )
+    })
+}
+
 /// Planned stops for actix services: stop one specific process, on purpose, exactly once.
 #[derive(Debug, Parser)]
-#[command(name = "planned-stop", version, about, long_about = None)]
+#[command(name = "planned-stop", version = version_text(), about, long_about = None)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -158,10 +182,17 @@ pub struct StatusArgs {
     /// The service name that scopes the items in the database.
     #[arg(long, default_value = "planned-stop")]
     pub service: String,
+    /// Only this process: whether it runs (exit 0) or not (exit 3), whether it watches the
+    /// directory, and its last outcome there — as `pg_ctl status` and `systemctl is-active`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Option<u32>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
+
+/// Exit code of `status --pid`: the process is not running.
+pub const EXIT_NOT_RUNNING: u8 = 3;
 
 /// Arguments of `clear`.
 #[derive(Debug, Args)]
@@ -378,11 +409,63 @@ fn inspect(args: InspectArgs) -> u8 {
     }
 }
 
+/// `status --pid N`: one process, with running / not running as the exit code.
+fn status_of_process(store: &MarkerStore, pid: u32, as_json: bool) -> u8 {
+    let identity = planned_stop::ProcessIdentity::of(pid);
+    let watching = identity.is_some_and(|id| store.is_watched_by(&id));
+    // Its own outcome: written by the process now at that pid, or the last one left there.
+    let outcome = store
+        .read_outcome(pid)
+        .filter(|o| identity.is_none_or(|id| o.is_from(&id)));
+    let code = if identity.is_some() {
+        EXIT_OK
+    } else {
+        EXIT_NOT_RUNNING
+    };
+    if as_json {
+        emit(json!({
+            "pid": pid,
+            "running": identity.is_some(),
+            "start": identity.map(|id| id.start),
+            "watching": watching,
+            "outcome": outcome.as_ref().map(outcome_json),
+            "code": code,
+        }));
+        return code;
+    }
+    let state = match (identity, watching) {
+        (Some(_), true) => "running, watching this directory".to_owned(),
+        (Some(_), false) => "running, but not announced as watching this directory".to_owned(),
+        (None, _) => "not running".to_owned(),
+    };
+    emit(format!("process {pid}: {state}"));
+    if let Some(o) = &outcome {
+        emit(format!(
+            "  last outcome here: {}, {}{}",
+            serde_json::to_value(o.phase)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            serde_json::to_value(o.verdict)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            o.exit_code
+                .map(|c| format!(", exit code {c}"))
+                .unwrap_or_default()
+        ));
+    }
+    code
+}
+
 fn status(args: StatusArgs) -> u8 {
     let store = match args.layout.layout().and_then(existing_store) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
+    if let Some(pid) = args.pid {
+        return status_of_process(&store, pid, args.json);
+    }
     let entries = match store.entries(Utc::now()) {
         Ok(e) => e,
         Err(e) => return fail(chain(&e)),
