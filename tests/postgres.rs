@@ -244,6 +244,59 @@ mod fleet {
 
     /// 3 replicas (each its own state directory, one database) stopped as planned with work left;
     /// 2 new replicas start at once: every item is resumed exactly once, by one of them. 20 rounds.
+    /// Issue 25.12: `records list` for a service name the database never saw (a typo) said "no
+    /// unfinished items", as for an empty queue. It now says the name is unknown and which ones
+    /// the database knows (`service_known: false` with `--json`).
+    #[test]
+    fn records_list_tells_an_unknown_service_from_an_empty_one() {
+        let Some(url) = database() else { return };
+        let service = unique_service("known");
+        let base = tempfile::tempdir().unwrap();
+        let mut replica = serve(
+            base.path(),
+            &url,
+            &service,
+            "one",
+            &["--jobs", "1", "--job-ms", "600000", "--drain-ms", "50"],
+            &[],
+        );
+        stop_wait(base.path(), replica.pid());
+        assert_eq!(replica.exit_code(), Some(0));
+        let typo = format!("{service}-typo");
+        let list = |name: &str, json: bool| {
+            let mut args = vec![
+                "records",
+                "list",
+                "--records",
+                url.as_str(),
+                "--service",
+                name,
+            ];
+            if json {
+                args.push("--json");
+            }
+            run(&args)
+        };
+        let out = list(&typo, true);
+        let report = json_of(&out);
+        assert_eq!(report["service_known"], false, "{report}");
+        assert!(
+            report["services"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == service.as_str()),
+            "{report}"
+        );
+        let text = String::from_utf8_lossy(&list(&typo, false).stdout).into_owned();
+        assert!(text.contains("mistyped --service"), "{text}");
+        assert!(!text.contains("no unfinished items"), "{text}");
+        // The real name: its item, and no such remark.
+        let report = json_of(&list(&service, true));
+        assert_eq!(report["items"].as_array().unwrap().len(), 1, "{report}");
+        assert_eq!(report.get("service_known"), None, "{report}");
+    }
+
     #[test]
     fn a_fleets_unfinished_work_is_resumed_exactly_once_by_the_next_replicas() {
         let Some(url) = database() else { return };

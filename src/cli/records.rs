@@ -110,7 +110,15 @@ pub fn run(args: RecordsArgs) -> u8 {
                 Ok(found) => found,
                 Err(e) => return fail(e),
             };
-            print_list(&state.describe(), &found, json)
+            // Nothing listed for a name the database never saw, while it knows others: say so
+            // rather than "no unfinished items" (a service that has not stopped yet looks the
+            // same to the database, so this is not an error).
+            let unknown = if found.items.is_empty() {
+                unknown_service(&runtime, &state)
+            } else {
+                None
+            };
+            print_list(&state.describe(), &found, json, unknown)
         }
         RecordsAction::Release { state, id } => {
             let store = match open(&state, Access::Change) {
@@ -139,6 +147,21 @@ pub fn run(args: RecordsArgs) -> u8 {
             }
         }
     }
+}
+
+/// With `--records`, a `--service` this database has never recorded anything for, while it has
+/// for others: a mistyped name, not an empty queue.
+#[cfg(feature = "postgres")]
+fn unknown_service(runtime: &tokio::runtime::Runtime, state: &StateArgs) -> Option<Vec<String>> {
+    let url = state.records.as_deref()?;
+    let store = planned_stop::PgRecordStore::from_url(url, &state.service).ok()?;
+    let known = runtime.block_on(store.services()).ok()?;
+    (!known.is_empty() && !known.contains(&state.service)).then_some(known)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn unknown_service(_: &tokio::runtime::Runtime, _: &StateArgs) -> Option<Vec<String>> {
+    None
 }
 
 /// What an operator sees of a record store: its items, the spilled ones apart, the last stop,
@@ -229,16 +252,29 @@ fn holder_alive(state: &ItemState) -> Option<bool> {
     }
 }
 
-fn print_list(place: &str, found: &Found, as_json: bool) -> u8 {
+/// Prints the list; `unknown` holds the services the database knows when the one asked for is
+/// not among them.
+fn print_list(place: &str, found: &Found, as_json: bool, unknown: Option<Vec<String>>) -> u8 {
     if as_json {
-        emit(json!({
+        let mut out = json!({
             "store": place,
             "items": items_json(found),
             "errors": found.errors,
-        }));
+        });
+        if let Some(known) = &unknown {
+            out["service_known"] = json!(false);
+            out["services"] = json!(known);
+        }
+        emit(out);
     } else {
         emit(place.to_owned());
-        if found.items.is_empty() && found.spilled.is_empty() && found.errors.is_empty() {
+        if let Some(known) = &unknown {
+            emit(format!(
+                "  nothing was ever recorded for this service in this database (it knows {}): \
+                 a mistyped --service, or a service that has not stopped yet",
+                known.join(", ")
+            ));
+        } else if found.items.is_empty() && found.spilled.is_empty() && found.errors.is_empty() {
             emit("  no unfinished items");
         }
         for s in &found.items {

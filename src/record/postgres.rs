@@ -461,6 +461,30 @@ impl PgRecordStore {
         &self.service
     }
 
+    /// Every service name this database has recorded anything for (an item, an
+    /// acknowledgement, a stop), sorted: so a tool can tell a service with nothing waiting from a
+    /// mistyped name.
+    pub async fn services(&self) -> Result<Vec<String>, RecordError> {
+        self.run(|client| {
+            Box::pin(async move {
+                let rows = client
+                    .query(
+                        "SELECT service FROM planned_stop_items UNION SELECT service FROM \
+                         planned_stop_acks UNION SELECT service FROM planned_stop_stops \
+                         ORDER BY 1",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| backend("list the services", e))?;
+                Ok(rows
+                    .iter()
+                    .filter_map(|row| row.try_get::<_, String>(0).ok())
+                    .collect())
+            })
+        })
+        .await
+    }
+
     /// Connects now (and creates or upgrades the schema), to fail early at start-up.
     pub async fn connect(&self) -> Result<(), RecordError> {
         self.run(|_| Box::pin(async { Ok(()) })).await
