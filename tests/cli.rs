@@ -515,18 +515,56 @@ fn inspect_reports_the_owners_verdict_and_leaves_the_slot() {
     }
 }
 
+/// Issue 25.9: one answer for a missing directory. `inspect` said "absent" (0) and `clear`
+/// "nothing to remove" (0) where `stop` and `status` said 2: every verb now says the directory
+/// does not exist (2), and none creates it.
 #[test]
-fn inspect_of_a_missing_directory_creates_nothing() {
+fn every_verb_answers_2_for_a_missing_directory_and_creates_nothing() {
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("absent");
-    let out = planned_stop()
-        .args(["inspect", "--pid", "1", "--dir"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("absent"));
-    assert!(!dir.exists());
+    let d = dir.to_str().unwrap();
+    for args in [
+        vec!["inspect", "--pid", "1", "--dir", d],
+        vec!["clear", "--pid", "1", "--dir", d],
+        vec!["status", "--dir", d],
+        vec!["stop", "--pid", "1", "--dir", d],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("does not exist"),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!dir.exists(), "{args:?} created it");
+    }
+}
+
+/// Issue 25.11: `inspect` said "will stop as planned" for a `--no-trigger` marker, which stops
+/// nothing by itself: it classifies the next SIGTERM.
+#[test]
+fn inspect_says_what_a_no_trigger_marker_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = std::process::id().to_string();
+    let d = dir.path().to_str().unwrap();
+    assert_eq!(
+        run(&["stop", "--pid", &me, "--dir", d, "--no-trigger"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let out = run(&["inspect", "--pid", &me, "--dir", d]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("the next SIGTERM"), "{said}");
+    assert!(!said.contains("will stop as planned"), "{said}");
+    run(&["clear", "--pid", &me, "--dir", d]);
+    assert_eq!(
+        run(&["stop", "--pid", &me, "--dir", d]).status.code(),
+        Some(0)
+    );
+    let said =
+        String::from_utf8_lossy(&run(&["inspect", "--pid", &me, "--dir", d]).stdout).into_owned();
+    assert!(said.contains("if it watches this directory"), "{said}");
 }
 
 #[test]

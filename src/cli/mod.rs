@@ -379,11 +379,20 @@ fn target_slot(args: &SlotArgs) -> Result<(Layout, Option<u32>), String> {
 /// A store over what exists, for the operator's verbs: creates nothing, and accepts any directory
 /// mode (refusing a shared directory protects the service, not an operator looking at it).
 fn existing_store(layout: Layout) -> Result<MarkerStore, String> {
-    MarkerStore::builder(layout)
+    let store = MarkerStore::builder(layout)
         .create_dir(false)
         .allow_shared_dir(true)
         .open()
-        .map_err(|e| chain(&e))
+        .map_err(|e| chain(&e))?;
+    // One answer for a missing directory, whatever the verb: no service can be watching it, so
+    // a typo must not read as "nothing there" (0).
+    if !store.dir().is_dir() {
+        return Err(format!(
+            "marker directory {} does not exist: is --dir (or --marker, or the file's path) right?",
+            absolute(store.dir()).display()
+        ));
+    }
+    Ok(store)
 }
 
 fn inspect(args: InspectArgs) -> u8 {
@@ -630,8 +639,18 @@ pub fn describe(verdict: &Result<Verdict, Undecided>) -> String {
         Ok(Verdict::Malformed(why)) => format!("malformed: {why}"),
         Ok(Verdict::Stale(why)) => format!("stale: {why}"),
         Ok(Verdict::Foreign(m)) => format!("foreign: a stop request for process {}", m.target_pid),
+        // A --no-trigger marker stops nothing by itself: it only classifies the next SIGTERM.
+        Ok(Verdict::ForSelf(m)) if !m.trigger_watcher => format!(
+            "for_self: a --no-trigger marker: the next SIGTERM to process {} counts as planned \
+             (its watcher leaves the marker alone){}",
+            m.target_pid,
+            m.reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        ),
         Ok(Verdict::ForSelf(m)) => format!(
-            "for_self: process {} will stop as planned{}",
+            "for_self: process {} will stop as planned if it watches this directory{}",
             m.target_pid,
             m.reason
                 .as_ref()
