@@ -958,6 +958,23 @@ fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
         assert_eq!(out.status.code(), Some(2), "{mode:o}");
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(said.contains("subdirectory"), "{mode:o}: {said}");
+        // As a state directory it is refused in a state directory's words (issue 25.10).
+        let out = run(&[
+            "serve",
+            "--dir",
+            s(&markers),
+            "--state",
+            s(volume.path()),
+            "--jobs",
+            "0",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{mode:o}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains("state directory") && said.contains("--allow-shared-state"),
+            "{mode:o}: {said}"
+        );
+        assert!(!said.contains("marker directory"), "{mode:o}: {said}");
     }
 }
 
@@ -1169,4 +1186,64 @@ fn status_pid_answers_running_or_not_with_the_last_outcome() {
         said.contains(env!("CARGO_PKG_VERSION")) && said.contains("features:"),
         "{said}"
     );
+}
+
+/// Issue 25.10: text output speaks the JSON vocabulary (`stopped, planned`, not `Stopped,
+/// Planned`), times to the millisecond, `inspect FILE` with an absolute path, and `status --json`
+/// says `items: null` when no state directory was given.
+#[cfg(unix)]
+#[test]
+fn text_output_speaks_the_json_vocabulary() {
+    let d = dirs();
+    let mut service = serve(&d, &[]);
+    let pid = service.pid_arg();
+    assert_eq!(
+        json_of(&stop(&d, &pid, &["--wait", "20"]))["outcome"],
+        "stopped_planned"
+    );
+    assert_eq!(service.exit_code(), Some(0));
+    let text = String::from_utf8_lossy(
+        &run(&["status", "--dir", s(&d.run), "--state", s(&d.state)]).stdout,
+    )
+    .into_owned();
+    assert!(text.contains("stopped, planned, exit code 0"), "{text}");
+    assert!(text.contains("stopped, planned (marker)"), "{text}");
+    for internal in ["Stopped", "Planned", "Marker"] {
+        assert!(!text.contains(internal), "{internal} in {text}");
+    }
+    let status = json_of(&run(&["status", "--dir", s(&d.run), "--json"]));
+    assert_eq!(status["items"], serde_json::Value::Null, "{status}");
+    // inspect FILE, given relative to the working directory, answers with the absolute path.
+    let store = MarkerStore::open(Layout::Slots(d.run.clone())).unwrap();
+    let me = std::process::id();
+    assert_eq!(
+        run(&["stop", "--pid", &me.to_string(), "--dir", s(&d.run)])
+            .status
+            .code(),
+        Some(0)
+    );
+    let slot = store.slot_path(me);
+    let out = planned_stop()
+        .current_dir(&d.run)
+        .args(["inspect"])
+        .arg(slot.file_name().unwrap())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.starts_with(s(&slot)), "{said}");
+    assert!(
+        said.contains("will stop as planned if it watches"),
+        "{said}"
+    );
+    let listed = String::from_utf8_lossy(&run(&["records", "list", "--state", s(&d.state)]).stdout)
+        .into_owned();
+    let stamp = regex_free_nanos(&listed);
+    assert!(!stamp, "nine digits of nanoseconds in {listed}");
+}
+
+/// Whether `text` holds a time with nine fractional digits (`12:00:00.123456789`).
+fn regex_free_nanos(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_digit() && c != '.')
+        .filter_map(|word| word.split_once('.'))
+        .any(|(_, fraction)| fraction.len() == 9)
 }

@@ -386,10 +386,15 @@ fn existing_store(layout: Layout) -> Result<MarkerStore, String> {
         .map_err(|e| chain(&e))?;
     // One answer for a missing directory, whatever the verb: no service can be watching it, so
     // a typo must not read as "nothing there" (0).
-    if !store.dir().is_dir() {
+    // A bare file name (`inspect planned-stop-42.json`) lives in the working directory.
+    let dir = match store.dir() {
+        d if d.as_os_str().is_empty() => Path::new("."),
+        d => d,
+    };
+    if !dir.is_dir() {
         return Err(format!(
             "marker directory {} does not exist: is --dir (or --marker, or the file's path) right?",
-            absolute(store.dir()).display()
+            absolute(dir).display()
         ));
     }
     Ok(store)
@@ -409,7 +414,11 @@ fn inspect(args: InspectArgs) -> u8 {
     if args.json {
         emit(verdict_json(&path, &verdict));
     } else {
-        emit(format!("{}: {}", path.display(), describe(&verdict)));
+        emit(format!(
+            "{}: {}",
+            absolute(&path).display(),
+            describe(&verdict)
+        ));
     }
     if verdict.is_ok() {
         EXIT_OK
@@ -451,14 +460,8 @@ fn status_of_process(store: &MarkerStore, pid: u32, as_json: bool) -> u8 {
     if let Some(o) = &outcome {
         emit(format!(
             "  last outcome here: {}, {}{}",
-            serde_json::to_value(o.phase)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-            serde_json::to_value(o.verdict)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
+            word(&o.phase),
+            word(&o.verdict),
             o.exit_code
                 .map(|c| format!(", exit code {c}"))
                 .unwrap_or_default()
@@ -501,7 +504,9 @@ fn status(args: StatusArgs) -> u8 {
                 "owner_alive": p.owner_alive(),
             })).collect::<Vec<_>>(),
             "stop_record": found.last_stop,
-            "items": records::items_json(&found),
+            // No store was asked for: nothing is known about items (not "none").
+            "items": (args.state.is_some() || args.records.is_some())
+                .then(|| records::items_json(&found)),
             "store_errors": found.errors,
         }));
         return records::report_errors(&found);
@@ -521,7 +526,7 @@ fn status(args: StatusArgs) -> u8 {
         emit(format!(
             "  watching: pid {} since {}{}",
             p.pid,
-            p.since,
+            when(p.since),
             if p.owner_alive() {
                 ""
             } else {
@@ -531,10 +536,10 @@ fn status(args: StatusArgs) -> u8 {
     }
     for o in &outcomes {
         emit(format!(
-            "  outcome of pid {}: {:?}, {:?}{}{}",
+            "  outcome of pid {}: {}, {}{}{}",
             o.pid,
-            o.phase,
-            o.verdict,
+            word(&o.phase),
+            word(&o.verdict),
             o.exit_code
                 .map(|c| format!(", exit code {c}"))
                 .unwrap_or_default(),
@@ -549,10 +554,10 @@ fn status(args: StatusArgs) -> u8 {
     }
     if let Some(r) = &found.last_stop {
         emit(format!(
-            "stop record: pid {} stopped {:?} ({:?}), {} unfinished item(s) to resume",
+            "stop record: pid {} stopped, {} ({}), {} unfinished item(s) to resume",
             r.pid,
-            r.verdict,
-            r.cause,
+            word(&r.verdict),
+            cause_words(&r.cause),
             r.unfinished.len()
         ));
     }
@@ -620,6 +625,32 @@ fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
+}
+
+/// A value in the words `--json` uses for it (`stopped`, `planned`, `record_lost`).
+pub fn word(value: &impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "?".to_owned(),
+    }
+}
+
+/// A stop's cause in words: `marker`, `request`, `signal terminate`.
+pub fn cause_words(cause: &planned_stop::StopCause) -> String {
+    match serde_json::to_value(cause) {
+        Ok(value) => [value["kind"].as_str(), value["signal"].as_str()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(_) => "?".to_owned(),
+    }
+}
+
+/// A moment as text: RFC 3339 in UTC, to the millisecond (not nine digits of nanoseconds).
+pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// An outcome file as `status --json` shows it: its fields plus `owner_alive`.

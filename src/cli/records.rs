@@ -331,7 +331,7 @@ pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> Strin
         s.item.participant,
         s.item.item,
         s.item.stopped_by.pid,
-        s.item.stopped_at,
+        super::when(s.item.stopped_at),
         s.item.attempts
     );
     if let Some(why) = &s.quarantined {
@@ -347,11 +347,13 @@ pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> Strin
         (Some(l), _) if l.expires_at <= now => format!(
             "{what}: leased by {} (another host; the lease lapsed at {}: offered again at the \
              next lease)",
-            l.owner, l.expires_at
+            l.owner,
+            super::when(l.expires_at)
         ),
         (Some(l), _) => format!(
             "{what}: leased by {} (another host; renewed while it runs, offered again after {})",
-            l.owner, l.expires_at
+            l.owner,
+            super::when(l.expires_at)
         ),
     }
 }

@@ -618,9 +618,9 @@ fn already_stopped(
             "already_gone",
             EXIT_GONE,
             format!(
-                "process {} is gone; its last outcome here says it ended {:?} with exit code {}",
+                "process {} is gone; its last outcome here says it ended {} with exit code {}",
                 args.pid(),
-                outcome.phase,
+                super::word(&outcome.phase),
                 outcome
                     .exit_code
                     .map_or("?".to_owned(), |code| code.to_string())

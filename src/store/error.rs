@@ -44,6 +44,19 @@ pub enum StoreError {
         /// Its permission bits.
         mode: u32,
     },
+    /// The state directory (or one of its item directories) is writable by group or others.
+    #[error(
+        "state directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
+         write there can plant work for the service to resume; run `chmod 700 {path}`, or use a \
+         subdirectory the service creates private (such as {path}/state), or opt in with \
+         --allow-shared-state (ServiceBuilder::allow_shared_state)"
+    )]
+    SharedStateDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// A directory whose files the service acts on belongs to another user (not this process's,
     /// not root): that user could replace what it holds.
     #[error(

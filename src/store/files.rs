@@ -320,7 +320,13 @@ pub(crate) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
 /// directory): also refused when it belongs to another user than this process's or root, who
 /// could rename or replace whatever it holds even though they cannot read it.
 pub(crate) fn prepare_own_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
-    prepare_dir(dir, allow_shared)?;
+    // The same rule as for the marker directory, said in the state directory's words and flag.
+    prepare_dir(dir, allow_shared).map_err(|e| match e {
+        StoreError::SharedDirectory { path, mode } => {
+            StoreError::SharedStateDirectory { path, mode }
+        }
+        other => other,
+    })?;
     check_own_dir(dir)
 }
 
