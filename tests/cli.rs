@@ -1247,3 +1247,44 @@ fn regex_free_nanos(text: &str) -> bool {
         .filter_map(|word| word.split_once('.'))
         .any(|(_, fraction)| fraction.len() == 9)
 }
+
+/// Issue 25.9: `inspect` as a user who cannot read the directory said "undecided … will retry"
+/// (7) though nothing would retry and no slot may exist; it now says it cannot read the
+/// directory and whom to run as (2). Needs root to run as `nobody`; elsewhere SKIPPED.
+#[cfg(unix)]
+#[test]
+fn inspect_of_a_directory_this_user_cannot_read_says_whom_to_run_as() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to run as nobody");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = base.path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for verb in [
+        &["inspect", "--pid", "1"][..],
+        &["status"][..],
+        &["clear", "--pid", "1"][..],
+    ] {
+        let out = planned_stop()
+            .args(verb)
+            .arg("--dir")
+            .arg(&dir)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{verb:?}: {said}");
+        assert!(
+            said.contains("cannot read") && said.contains("uid 0"),
+            "{verb:?}: {said}"
+        );
+        assert!(!said.contains("will retry"), "{verb:?}: {said}");
+    }
+}

@@ -397,6 +397,17 @@ fn existing_store(layout: Layout) -> Result<MarkerStore, String> {
             absolute(dir).display()
         ));
     }
+    // A directory this user cannot read is not "undecided, will retry": nothing here will
+    // retry, and no answer about it is possible. Say whom to run as.
+    if let Err(e) = std::fs::read_dir(dir)
+        && e.kind() == std::io::ErrorKind::PermissionDenied
+    {
+        return Err(format!(
+            "cannot read marker directory {} as this user ({e}): run as {}",
+            absolute(dir).display(),
+            owner_of(dir)
+        ));
+    }
     Ok(store)
 }
 
@@ -646,6 +657,21 @@ pub fn cause_words(cause: &planned_stop::StopCause) -> String {
             .join(" "),
         Err(_) => "?".to_owned(),
     }
+}
+
+/// Who owns `path`, for a message that says whom to run as.
+#[cfg(unix)]
+fn owner_of(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(meta) => format!("its owner (uid {}) or root", meta.uid()),
+        Err(_) => "its owner or root".to_owned(),
+    }
+}
+
+#[cfg(not(unix))]
+fn owner_of(_: &Path) -> String {
+    "a user who can read it".to_owned()
 }
 
 /// A moment as text: RFC 3339 in UTC, to the millisecond (not nine digits of nanoseconds).
