@@ -1242,6 +1242,7 @@ fn text_output_speaks_the_json_vocabulary() {
 }
 
 /// Whether `text` holds a time with nine fractional digits (`12:00:00.123456789`).
+#[cfg(unix)]
 fn regex_free_nanos(text: &str) -> bool {
     text.split(|c: char| !c.is_ascii_digit() && c != '.')
         .filter_map(|word| word.split_once('.'))
