@@ -1239,6 +1239,11 @@ fn text_output_speaks_the_json_vocabulary() {
         .into_owned();
     let stamp = regex_free_nanos(&listed);
     assert!(!stamp, "nine digits of nanoseconds in {listed}");
+    // records list --json carries the store as fields, not only as prose.
+    let listing = json_of(&run(&["records", "list", "--state", s(&d.state), "--json"]));
+    assert_eq!(listing["store_kind"], "state_directory", "{listing}");
+    assert_eq!(listing["state_dir"], s(&d.state), "{listing}");
+    assert_eq!(listing["service"], serde_json::Value::Null, "{listing}");
 }
 
 /// Whether `text` holds a time with nine fractional digits (`12:00:00.123456789`).

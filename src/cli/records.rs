@@ -118,7 +118,7 @@ pub fn run(args: RecordsArgs) -> u8 {
             } else {
                 None
             };
-            print_list(&state.describe(), &found, json, unknown)
+            print_list(&state, &found, json, unknown)
         }
         RecordsAction::Release { state, id } => {
             let store = match open(&state, Access::Change) {
@@ -254,10 +254,15 @@ fn holder_alive(state: &ItemState) -> Option<bool> {
 
 /// Prints the list; `unknown` holds the services the database knows when the one asked for is
 /// not among them.
-fn print_list(place: &str, found: &Found, as_json: bool, unknown: Option<Vec<String>>) -> u8 {
+fn print_list(state: &StateArgs, found: &Found, as_json: bool, unknown: Option<Vec<String>>) -> u8 {
+    let place = state.describe();
     if as_json {
         let mut out = json!({
             "store": place,
+            // The same as fields, for scripts: which kind of store, which service, which directory.
+            "store_kind": if state.records.is_some() { "postgres" } else { "state_directory" },
+            "service": state.records.as_ref().map(|_| state.service.as_str()),
+            "state_dir": state.state.as_deref().map(|d| super::path_json(&absolute(d))),
             "items": items_json(found),
             "errors": found.errors,
         });
@@ -267,7 +272,7 @@ fn print_list(place: &str, found: &Found, as_json: bool, unknown: Option<Vec<Str
         }
         emit(out);
     } else {
-        emit(place.to_owned());
+        emit(place);
         if let Some(known) = &unknown {
             emit(format!(
                 "  nothing was ever recorded for this service in this database (it knows {}): \
