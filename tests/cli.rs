@@ -1040,6 +1040,8 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
     assert_eq!(out.status.code(), Some(5));
     let zero = stop(&d, "0", &[]);
     assert_eq!(zero.status.code(), Some(2), "--pid 0 is a usage error");
+    // With --json even a malformed command line is one JSON object (issue 25.9).
+    assert_eq!(json_of(&zero)["outcome"], "error");
 }
 
 /// Issue 25.15: `stop --dir D` without `--pid` stops the one process that announced watching D

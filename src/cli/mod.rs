@@ -204,7 +204,21 @@ pub struct ClearArgs {
 
 /// Parses the process arguments and runs the verb.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // `--help` and `--version` are answers, not errors; a malformed command line with
+        // `--json` is still one JSON object, as every other answer of a `--json` run.
+        Err(e) if e.use_stderr() && std::env::args_os().any(|a| a == "--json") => {
+            emit(json!({
+                "outcome": "error",
+                "code": EXIT_USAGE,
+                "message": e.kind().to_string(),
+                "detail": e.to_string().trim_end(),
+            }));
+            return ExitCode::from(EXIT_USAGE);
+        }
+        Err(e) => e.exit(),
+    };
     let code = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Stop(args) => stop::run(args),
