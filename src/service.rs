@@ -562,7 +562,11 @@ impl ServiceBuilder {
             pid = own.pid,
             start = own.start,
             marker_dir = %marker_dir.display(),
-            state_dir = state_dir.as_ref().map(|d| d.display().to_string()),
+            // Display, not Debug: a Windows path must read as itself, not with doubled
+            // backslashes.
+            state_dir = %state_dir
+                .as_ref()
+                .map_or_else(|| "none".to_owned(), |d| d.display().to_string()),
             records = records.is_some(),
             owns_process_exit = owns_exit,
             "planned-stop service started; a planned stop is `planned-stop stop --pid PID --dir \
