@@ -242,22 +242,23 @@ mod fleet {
             .collect()
     }
 
-    /// 3 replicas (each its own state directory, one database) stopped as planned with work left;
-    /// 2 new replicas start at once: every item is resumed exactly once, by one of them. 20 rounds.
     /// Issue 25.12: `records list` for a service name the database never saw (a typo) said "no
-    /// unfinished items", as for an empty queue. It now says the name is unknown and which ones
-    /// the database knows (`service_known: false` with `--json`).
+    /// unfinished items", 0, as for an empty queue. Every start now registers its service: a
+    /// service that started and left nothing is "no unfinished items", 0; a name that never
+    /// started is exit 15 with the names the database knows (`service_known: false` with
+    /// `--json`), and so is `records release`/`drop` of an id under that name.
     #[test]
     fn records_list_tells_an_unknown_service_from_an_empty_one() {
         let Some(url) = database() else { return };
         let service = unique_service("known");
         let base = tempfile::tempdir().unwrap();
+        // Started, and stopped with nothing left: known, and empty.
         let mut replica = serve(
             base.path(),
             &url,
             &service,
             "one",
-            &["--jobs", "1", "--job-ms", "600000", "--drain-ms", "50"],
+            &["--jobs", "0", "--drain-ms", "50"],
             &[],
         );
         stop_wait(base.path(), replica.pid());
@@ -277,7 +278,15 @@ mod fleet {
             }
             run(&args)
         };
+        let out = list(&service, false);
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.contains("no unfinished items"), "{text}");
+        let report = json_of(&list(&service, true));
+        assert_eq!(report.get("service_known"), None, "{report}");
+
         let out = list(&typo, true);
+        assert_eq!(out.status.code(), Some(15), "{out:?}");
         let report = json_of(&out);
         assert_eq!(report["service_known"], false, "{report}");
         assert!(
@@ -288,15 +297,40 @@ mod fleet {
                 .any(|s| s == service.as_str()),
             "{report}"
         );
-        let text = String::from_utf8_lossy(&list(&typo, false).stdout).into_owned();
+        let out = list(&typo, false);
+        assert_eq!(out.status.code(), Some(15));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(text.contains("mistyped --service"), "{text}");
         assert!(!text.contains("no unfinished items"), "{text}");
-        // The real name: its item, and no such remark.
-        let report = json_of(&list(&service, true));
-        assert_eq!(report["items"].as_array().unwrap().len(), 1, "{report}");
-        assert_eq!(report.get("service_known"), None, "{report}");
+        for verb in ["release", "drop"] {
+            let out = run(&[
+                "records",
+                verb,
+                "--records",
+                url.as_str(),
+                "--service",
+                &typo,
+                "item-000000",
+            ]);
+            assert_eq!(out.status.code(), Some(15), "{verb}: {out:?}");
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(err.contains("mistyped --service"), "{verb}: {err}");
+            // Under the known name, the same unknown id is only an unknown item.
+            let out = run(&[
+                "records",
+                verb,
+                "--records",
+                url.as_str(),
+                "--service",
+                &service,
+                "item-000000",
+            ]);
+            assert_eq!(out.status.code(), Some(11), "{verb}: {out:?}");
+        }
     }
 
+    /// 3 replicas (each its own state directory, one database) stopped as planned with work left;
+    /// 2 new replicas start at once: every item is resumed exactly once, by one of them. 20 rounds.
     #[test]
     fn a_fleets_unfinished_work_is_resumed_exactly_once_by_the_next_replicas() {
         let Some(url) = database() else { return };
@@ -923,4 +957,53 @@ fn what_a_timed_out_lease_took_is_released_again() {
         .block_on(store.lease(&Owner::new("replica", 11, 1), 10, Duration::from_secs(60)))
         .unwrap();
     assert_eq!(leased.len(), 2, "offered to the next caller");
+}
+
+/// Schema 3 adds the service registry: a database of schema 2 is upgraded by the first
+/// connection, and every service with a row in it (an item, an acknowledgement, a stop) is
+/// known from then on, though it has not started since.
+#[test]
+fn the_upgrade_to_schema_3_knows_the_services_of_schema_2() {
+    let Some(url) = database() else { return };
+    let rt = runtime();
+    let name = format!("upgrade_{}", unique_service("db").replace('-', "_"));
+    let admin = rt.block_on(raw(&url));
+    rt.block_on(admin.batch_execute(&format!("CREATE DATABASE {name}")))
+        .unwrap();
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.dbname(&name);
+    let (old, connection) = rt.block_on(config.connect(tokio_postgres::NoTls)).unwrap();
+    rt.spawn(connection);
+    // Schema 2 as that build created it, with one stop recorded by `before`.
+    rt.block_on(old.batch_execute(
+        "CREATE TABLE planned_stop_schema (version integer NOT NULL);
+         INSERT INTO planned_stop_schema VALUES (2);
+         CREATE TABLE planned_stop_items (service text NOT NULL, id text NOT NULL,
+            participant text NOT NULL, item jsonb NOT NULL, stopped_by_host text NOT NULL,
+            stopped_by_pid bigint NOT NULL, stopped_by_start bigint NOT NULL,
+            stopped_at timestamptz NOT NULL, attempts integer NOT NULL, lease_owner text,
+            lease_host text, lease_pid bigint, lease_start bigint, leased_at timestamptz,
+            lease_expires timestamptz, quarantined text, PRIMARY KEY (service, id));
+         CREATE TABLE planned_stop_acks (service text NOT NULL, id text NOT NULL,
+            acked_by text NOT NULL, acked_at timestamptz NOT NULL, PRIMARY KEY (service, id));
+         CREATE TABLE planned_stop_stops (service text PRIMARY KEY, record jsonb NOT NULL,
+            written_at timestamptz NOT NULL);
+         INSERT INTO planned_stop_stops VALUES ('before', '{}', now());",
+    ))
+    .unwrap();
+    drop(old);
+    let store = PgRecordStore::new(config.clone(), "after".to_owned());
+    let known = rt.block_on(store.services()).unwrap();
+    assert_eq!(known, vec!["before".to_owned()]);
+    drop(store);
+    let (upgraded, connection) = rt.block_on(config.connect(tokio_postgres::NoTls)).unwrap();
+    rt.spawn(connection);
+    let version: i32 = rt
+        .block_on(upgraded.query_one("SELECT version FROM planned_stop_schema", &[]))
+        .unwrap()
+        .get(0);
+    assert_eq!(version, planned_stop::SCHEMA_VERSION);
+    drop(upgraded);
+    rt.block_on(admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")))
+        .unwrap();
 }

@@ -65,6 +65,8 @@ pub const EXIT_STOPPED_STILL_ALIVE: u8 = 12;
 pub const EXIT_NOT_CLEAN: u8 = 13;
 /// `stop --wait --kill`: the target was still running at the deadline and was killed.
 pub const EXIT_KILLED_AT_DEADLINE: u8 = 14;
+/// `records` with `--records`: no service of that name ever started with this database.
+pub const EXIT_UNKNOWN_SERVICE: u8 = 15;
 
 /// The version and the features this binary was built with (`--version`).
 fn version_text() -> &'static str {

@@ -10,7 +10,8 @@
 //! `--records URL` (the `postgres` feature) the same actions work on the database.
 
 use super::{
-    Access, EXIT_NO_SUCH_ITEM, EXIT_OK, EXIT_USAGE, absolute, chain, emit, fail, record_store,
+    Access, EXIT_NO_SUCH_ITEM, EXIT_OK, EXIT_UNKNOWN_SERVICE, EXIT_USAGE, absolute, chain, emit,
+    fail, record_store,
 };
 use clap::{Args, Subcommand};
 use planned_stop::{ItemState, Liveness, Owner, RecordError, RecordStore};
@@ -110,9 +111,8 @@ pub fn run(args: RecordsArgs) -> u8 {
                 Ok(found) => found,
                 Err(e) => return fail(e),
             };
-            // Nothing listed for a name the database never saw, while it knows others: say so
-            // rather than "no unfinished items" (a service that has not stopped yet looks the
-            // same to the database, so this is not an error).
+            // Nothing listed for a name that never started with the database: a mistyped
+            // name, not an empty queue (every start registers its service).
             let unknown = if found.items.is_empty() {
                 unknown_service(&runtime, &state)
             } else {
@@ -128,7 +128,7 @@ pub fn run(args: RecordsArgs) -> u8 {
             match runtime.block_on(store.release(None, &id)) {
                 Ok(true) => emit(format!("{id}: released; the next start resumes it")),
                 Ok(false) => emit(format!("{id}: not leased; nothing to release")),
-                Err(e) => return item_error(&e),
+                Err(e) => return item_error(&runtime, &state, &e),
             }
             EXIT_OK
         }
@@ -142,21 +142,35 @@ pub fn run(args: RecordsArgs) -> u8 {
                     emit(format!("{id}: dropped; it will not be resumed"));
                     EXIT_OK
                 }
-                Ok(false) => item_error(&RecordError::UnknownItem { id }),
-                Err(e) => item_error(&e),
+                Ok(false) => item_error(&runtime, &state, &RecordError::UnknownItem { id }),
+                Err(e) => item_error(&runtime, &state, &e),
             }
         }
     }
 }
 
-/// With `--records`, a `--service` this database has never recorded anything for, while it has
-/// for others: a mistyped name, not an empty queue.
+/// With `--records`, a `--service` that never started with this database (every start
+/// registers its name): the names it knows, for the message. `None` when the name is known, or
+/// the database cannot say (then the list's own errors speak).
 #[cfg(feature = "postgres")]
 fn unknown_service(runtime: &tokio::runtime::Runtime, state: &StateArgs) -> Option<Vec<String>> {
     let url = state.records.as_deref()?;
     let store = planned_stop::PgRecordStore::from_url(url, &state.service).ok()?;
     let known = runtime.block_on(store.services()).ok()?;
-    (!known.is_empty() && !known.contains(&state.service)).then_some(known)
+    (!known.contains(&state.service)).then_some(known)
+}
+
+/// The sentence for an unknown service: the name, and the names the database knows.
+fn unknown_service_words(service: &str, known: &[String]) -> String {
+    let others = if known.is_empty() {
+        "no service has started with it yet".to_owned()
+    } else {
+        format!("it knows {}", known.join(", "))
+    };
+    format!(
+        "no service named {service:?} ever started with this database ({others}): a mistyped \
+         --service?"
+    )
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -229,8 +243,18 @@ pub fn look(runtime: &tokio::runtime::Runtime, state: &StateArgs) -> Result<Foun
     Ok(found)
 }
 
-/// An unknown item is its own exit code, so a script can tell it from a broken store.
-fn item_error(e: &RecordError) -> u8 {
+/// An unknown item is its own exit code, so a script can tell it from a broken store; an unknown
+/// item of a service that never started with the database is an unknown service.
+fn item_error(runtime: &tokio::runtime::Runtime, state: &StateArgs, e: &RecordError) -> u8 {
+    if let RecordError::UnknownItem { .. } = e
+        && let Some(known) = unknown_service(runtime, state)
+    {
+        eprintln!(
+            "planned-stop: {}",
+            unknown_service_words(&state.service, &known)
+        );
+        return EXIT_UNKNOWN_SERVICE;
+    }
     eprintln!("planned-stop: {}", chain(e));
     match e {
         RecordError::UnknownItem { .. } => EXIT_NO_SUCH_ITEM,
@@ -275,9 +299,8 @@ fn print_list(state: &StateArgs, found: &Found, as_json: bool, unknown: Option<V
         emit(place);
         if let Some(known) = &unknown {
             emit(format!(
-                "  nothing was ever recorded for this service in this database (it knows {}): \
-                 a mistyped --service, or a service that has not stopped yet",
-                known.join(", ")
+                "  {}",
+                unknown_service_words(&state.service, known)
             ));
         } else if found.items.is_empty() && found.spilled.is_empty() && found.errors.is_empty() {
             emit("  no unfinished items");
@@ -292,7 +315,10 @@ fn print_list(state: &StateArgs, found: &Found, as_json: bool, unknown: Option<V
             ));
         }
     }
-    report_errors(found)
+    match report_errors(found) {
+        EXIT_OK if unknown.is_some() => EXIT_UNKNOWN_SERVICE,
+        code => code,
+    }
 }
 
 /// The items as JSON: each with `holder_alive`, and `spilled: true` for the spilled ones.

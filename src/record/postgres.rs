@@ -33,7 +33,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Config, NoTls, Row};
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// How long any one database operation may take before it fails (and a stop spills).
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
@@ -262,7 +262,7 @@ const COLUMNS: &str = "id, participant, item, stopped_by_host, stopped_by_pid, s
     stopped_at, attempts, lease_owner, lease_host, lease_pid, lease_start, leased_at, lease_expires, \
     quarantined";
 
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     // 1: items with their lease, acknowledgements, the last stop per service.
     "CREATE TABLE planned_stop_items (
         service text NOT NULL,
@@ -297,6 +297,19 @@ const MIGRATIONS: [&str; 2] = [
      );",
     // 2: rows the crate cannot accept are quarantined (the reason), never offered again.
     "ALTER TABLE planned_stop_items ADD COLUMN quarantined text;",
+    // 3: the services that ever started with this database, so an operator's mistyped
+    // `--service` is told from a service with nothing waiting. Those known so far are the ones
+    // with a row anywhere.
+    "CREATE TABLE planned_stop_services (
+        service text PRIMARY KEY,
+        first_seen timestamptz NOT NULL,
+        last_seen timestamptz NOT NULL
+     );
+     INSERT INTO planned_stop_services (service, first_seen, last_seen)
+        SELECT service, now(), now() FROM (
+            SELECT service FROM planned_stop_items UNION SELECT service FROM planned_stop_acks
+            UNION SELECT service FROM planned_stop_stops
+        ) AS known;",
 ];
 
 /// Creates or upgrades the schema, once per database whatever the number of replicas starting.
@@ -461,19 +474,13 @@ impl PgRecordStore {
         &self.service
     }
 
-    /// Every service name this database has recorded anything for (an item, an
-    /// acknowledgement, a stop), sorted: so a tool can tell a service with nothing waiting from a
-    /// mistyped name.
+    /// Every service name that ever started with this database (a start leases, and registers
+    /// the name), sorted: so a tool can tell a service with nothing waiting from a mistyped name.
     pub async fn services(&self) -> Result<Vec<String>, RecordError> {
         self.run(|client| {
             Box::pin(async move {
                 let rows = client
-                    .query(
-                        "SELECT service FROM planned_stop_items UNION SELECT service FROM \
-                         planned_stop_acks UNION SELECT service FROM planned_stop_stops \
-                         ORDER BY 1",
-                        &[],
-                    )
+                    .query("SELECT service FROM planned_stop_services ORDER BY 1", &[])
                     .await
                     .map_err(|e| backend("list the services", e))?;
                 Ok(rows
@@ -708,9 +715,6 @@ impl PgRecordStore {
         lease_for: Duration,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<Leased>, RecordError> {
-        if max == 0 {
-            return Ok(Vec::new());
-        }
         let expires_at = lease_end(now, lease_for);
         let service = self.service.clone();
         let owner = owner.clone();
@@ -746,6 +750,14 @@ impl PgRecordStore {
                     .map(|(k, _)| k.clone())
                     .collect();
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                // A start leases: the name is registered, so `records list` knows it from now on.
+                tx.execute(
+                    "INSERT INTO planned_stop_services (service, first_seen, last_seen) \
+                     VALUES ($1, $2, $2) ON CONFLICT (service) DO UPDATE SET last_seen = $2",
+                    &[&service, &now],
+                )
+                .await
+                .map_err(|e| backend("register the service", e))?;
                 let mut examined: Vec<String> = Vec::new();
                 let mut leased = Vec::new();
                 let limit = i64::try_from(max).unwrap_or(i64::MAX);
