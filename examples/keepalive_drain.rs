@@ -303,7 +303,15 @@ fn round(
     stopping.store(true, Ordering::Relaxed);
     if variant == "plain" {
         // SAFETY: kill(2) on our own child, which is alive (not yet waited for).
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        #[cfg(unix)]
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM)
+        };
+        // actix-web's own graceful shutdown starts at SIGTERM: the comparison is Unix-only.
+        #[cfg(not(unix))]
+        return Err(std::io::Error::other(
+            "the actix-web side is stopped by SIGTERM: run this harness on Unix",
+        ));
     } else {
         let store = MarkerStore::open(Layout::Slots(base.path().join("run")))
             .map_err(std::io::Error::other)?;

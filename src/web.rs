@@ -115,6 +115,9 @@ fn state_name(state: RunnerState) -> &'static str {
 /// readiness grace — after an answered request, never with a request in flight — instead of being
 /// cut when the listener closes (each such cut is a lost request: a 502 at the balancer).
 ///
+/// HTTP/1.1 only: HTTP/2 has no `Connection: close`, and actix-web sends no GOAWAY when it stops,
+/// so an HTTP/2 connection stays open until the ingress deadline (docs/operations.md).
+///
 /// ```no_run
 /// # use actix_web::{App, HttpServer};
 /// # fn f(stop: planned_stop::ServiceHandle) {

@@ -95,6 +95,8 @@ impl AppLayout {
 /// What the helper application is asked to do, through its environment.
 struct AppOptions {
     grace_ms: u64,
+    /// Serve HTTP/2 with prior knowledge (h2c) next to HTTP/1.1.
+    h2c: bool,
     ingress_ms: Option<u64>,
     /// How long the work participant takes to answer.
     jobs_ms: u64,
@@ -113,7 +115,11 @@ struct App {
 impl App {
     fn start(layout: AppLayout, options: &AppOptions) -> App {
         let base = tempfile::tempdir().unwrap();
-        let mut child = common::helper_command("helper_web_app", layout.role())
+        let mut command = common::helper_command("helper_web_app", layout.role());
+        if options.h2c {
+            command.env("H2C", "1");
+        }
+        let mut child = command
             .env("BASE", base.path())
             .env("GRACE_MS", options.grace_ms.to_string())
             .env(
@@ -243,6 +249,7 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 fn options() -> AppOptions {
     AppOptions {
         grace_ms: 0,
+        h2c: false,
         ingress_ms: None,
         jobs_ms: 0,
         ready_ms: 0,
@@ -846,7 +853,7 @@ fn helper_web_app() {
         sockets.join(stop);
         let streams = SseStreams(planned_stop::web::LongLived::new("sse"));
         streams.0.join(stop);
-        HttpServer::new(move || {
+        let server = HttpServer::new(move || {
             App::new()
                 .app_data(actix_web::web::Data::new(sockets.clone()))
                 .route("/ws", actix_web::web::get().to(ws_endpoint))
@@ -858,9 +865,13 @@ fn helper_web_app() {
                 .service(hello_endpoint)
                 .service(quit_endpoint)
         })
-        .workers(1)
-        .bind(("127.0.0.1", 0))
-        .unwrap()
+        .workers(1);
+        // `H2C` set: HTTP/1.1 and HTTP/2 with prior knowledge on the one port.
+        if std::env::var_os("H2C").is_some() {
+            server.bind_auto_h2c(("127.0.0.1", 0)).unwrap()
+        } else {
+            server.bind(("127.0.0.1", 0)).unwrap()
+        }
     };
     let announce = |port: u16| {
         println!("listening {port}");
@@ -1025,4 +1036,97 @@ fn stop_wait_reports_a_stop_held_until_the_application_is_ready() {
             .contains("not declared itself ready")
     );
     assert_eq!(app.exit_code(), Some(0), "stopped as planned once ready");
+}
+
+/// One HTTP/2 GET over `client`: the status, or the h2 error.
+async fn h2_get(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    port: u16,
+) -> Result<u16, h2::Error> {
+    let request = http::Request::get(format!("http://127.0.0.1:{port}/"))
+        .body(())
+        .unwrap();
+    let (response, _) = client.clone().ready().await?.send_request(request, true)?;
+    let response = response.await?;
+    let status = response.status().as_u16();
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        chunk?;
+    }
+    Ok(status)
+}
+
+/// Issue 24.4: what a planned stop does to an HTTP/2 connection (h2c here; actix-http serves h2
+/// over TLS with the same dispatcher), as docs/operations.md says. Requests on an open connection
+/// are answered through the grace and after the listener closed, while new connections are
+/// refused; actix-http sends no GOAWAY, so the connection stays open until the ingress deadline
+/// and is then closed — the stop record notes the cut, the request after it fails without a
+/// GOAWAY. If actix-http learns to send GOAWAY, this test fails: update the docs with it.
+#[test]
+fn an_http2_connection_is_served_until_the_ingress_deadline_without_goaway() {
+    let grace = Duration::from_millis(1_000);
+    let ingress = Duration::from_millis(3_000);
+    let mut app = App::start(
+        AppLayout::ActixWebMain,
+        &AppOptions {
+            grace_ms: grace.as_millis() as u64,
+            h2c: true,
+            ingress_ms: Some(ingress.as_millis() as u64),
+            ..options()
+        },
+    );
+    let port = app.port;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let connection = tokio::spawn(connection);
+        assert_eq!(h2_get(&mut client, port).await.unwrap(), 200, "before");
+        app.planned_stop();
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        while http_get(port, "/ready").map(|(c, _)| c) != Some(503) {
+            assert!(Instant::now() < deadline, "never draining");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let accepted = Instant::now();
+        assert_eq!(
+            h2_get(&mut client, port).await.unwrap(),
+            200,
+            "in the grace"
+        );
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            assert!(Instant::now() < deadline, "the listener never closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            h2_get(&mut client, port).await.unwrap(),
+            200,
+            "the open connection is served after the listener closed"
+        );
+        connection.await.unwrap().ok();
+        assert!(
+            accepted.elapsed() >= ingress - grace,
+            "open until the ingress deadline: {:?}",
+            accepted.elapsed()
+        );
+        let after = h2_get(&mut client, port).await.unwrap_err();
+        assert!(
+            !after.is_go_away(),
+            "a GOAWAY came: update the docs ({after})"
+        );
+    });
+    assert_eq!(app.exit_code(), Some(0), "still a planned stop");
+    let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+    assert!(
+        record
+            .notes
+            .iter()
+            .any(|n| n.participant == "http" && n.note.contains("cut")),
+        "{record:#?}"
+    );
 }
