@@ -2,7 +2,7 @@
 //! because the server closed it, with planned-stop and with plain actix-web, side by side.
 //!
 //! ```sh
-//! cargo run --release --example keepalive_drain --features actix-web -- [ROUNDS] [CONNECTIONS]
+//! cargo run --release --example keepalive_drain --features actix-web -- [ROUNDS] [CONNECTIONS] [GRACE_MS]
 //! ```
 //!
 //! A client that behaves like a load balancer's connection pool: CONNECTIONS (default 16)
@@ -17,7 +17,8 @@
 //! server kind with each pool kind, loads it for 1.5 s, stops it and keeps loading until it has
 //! exited. The server kinds:
 //!
-//! - `planned-stop`: `planned_stop::web::serve` with a 1 s grace and `CloseWhenStopping`, stopped
+//! - `planned-stop`: `planned_stop::web::serve` with a grace (GRACE_MS, default 5 s: actix-web's
+//!   keep-alive timeout) and `CloseWhenStopping`, stopped
 //!   by a marker as `planned-stop stop` writes one;
 //! - `actix-web`: a plain `HttpServer` with its own signal handling, stopped by SIGTERM (its
 //!   graceful shutdown).
@@ -76,7 +77,12 @@ fn serve(variant: &str, base: &str) -> std::io::Result<std::process::ExitCode> {
         std::io::stdout().flush()?;
         stop.ready();
         planned_stop::web::serve(server, &stop)
-            .grace(Duration::from_secs(1))
+            .grace(Duration::from_millis(
+                std::env::var("KEEPALIVE_GRACE_MS")
+                    .ok()
+                    .and_then(|g| g.parse().ok())
+                    .unwrap_or(5000),
+            ))
             .await
     })
 }
@@ -253,9 +259,16 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// The planned-stop server's grace (the third argument, in ms; default 5,000).
+static GRACE_MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
 fn start(variant: &str, base: &std::path::Path) -> std::io::Result<(Child, u16)> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["serve", variant, base.to_str().unwrap_or(".")])
+        .env(
+            "KEEPALIVE_GRACE_MS",
+            GRACE_MS.get().unwrap_or(&5000).to_string(),
+        )
         .stdout(Stdio::piped())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
@@ -336,6 +349,8 @@ fn main() -> std::io::Result<()> {
     }
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
     let connections: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(16);
+    let grace_ms: u64 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(5000);
+    GRACE_MS.get_or_init(|| grace_ms);
     // Each server with each pool: one that writes on a pooled connection without looking, and
     // one that looks first whether the server closed it (hyper's and nginx's pools do).
     let variants = [
@@ -365,7 +380,9 @@ fn main() -> std::io::Result<()> {
             totals[v].2.push(stop_to_exit);
         }
     }
-    println!("{rounds} stops per variant, {connections} pooled keep-alive connections");
+    println!(
+        "{rounds} stops per variant, {connections} pooled keep-alive connections, planned-stop grace {grace_ms} ms"
+    );
     println!(
         "| variant | answered | lost after written (pooled connection) | reset on a new connection | closed while idle (seen before reuse) | `Connection: close` | refused connects | load before (req/s) | p50 / p99 before (ms) | p50 / p99 during (ms) | stop to exit p50 / max (s) |"
     );

@@ -271,6 +271,12 @@ impl Serve {
     /// How long the listener stays open after a stop is accepted while readiness already says
     /// `draining`, so load balancers stop routing new requests before connections are refused.
     /// Counted within the ingress phase's deadline. Default 0.
+    ///
+    /// Make it at least the server's keep-alive timeout (actix-web's default 5 s): when the
+    /// listener closes, actix-web closes the connections idle at that moment, and a pool that
+    /// writes to one without looking loses that request. With the grace that long, every pooled
+    /// connection has either carried a request during it (and been retired by
+    /// [`CloseWhenStopping`]) or been closed by the keep-alive timer, as at any other time.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
