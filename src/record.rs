@@ -268,11 +268,39 @@ pub enum RecordError {
         holder: Option<String>,
     },
     /// The database (or another remote store) could not be reached or refused the operation.
+    /// Build it with [`RecordError::backend`] or [`RecordError::backend_caused_by`].
     #[error("the record store failed: {message}")]
     Backend {
-        /// What went wrong, with what to do.
+        /// What went wrong, with what to do (the cause, if any, is the source).
         message: String,
+        /// The error the backend reported (the driver's, the I/O error), kept whole so a caller
+        /// can look into it; `None` when the store itself decided (a timeout, a schema it cannot
+        /// read).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
+}
+
+impl RecordError {
+    /// A backend failure the store decided itself: `message` says what went wrong and what to do.
+    pub fn backend(message: impl Into<String>) -> RecordError {
+        RecordError::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A backend failure with the error the backend reported as its source; `message` says what
+    /// was being done (the source's text is not repeated in it).
+    pub fn backend_caused_by(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> RecordError {
+        RecordError::Backend {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
 }
 
 impl StopRecord {

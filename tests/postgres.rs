@@ -1007,3 +1007,28 @@ fn the_upgrade_to_schema_3_knows_the_services_of_schema_2() {
     rt.block_on(admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")))
         .unwrap();
 }
+
+/// Issue 26.5: a backend failure keeps the driver's error as its source (not only its text), so
+/// a caller can look into it; the message says what was being done, the source what failed.
+#[test]
+fn a_backend_failure_keeps_the_drivers_error_as_its_source() {
+    // A loopback port nothing listens on: the connection is refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = PgRecordStore::from_url(&format!("postgres://nobody@127.0.0.1:{port}/x"), "s")
+        .unwrap()
+        .operation_timeout(Duration::from_secs(30));
+    let err = runtime().block_on(store.connect()).unwrap_err();
+    let planned_stop::RecordError::Backend { message, .. } = &err else {
+        panic!("not a backend error: {err:?}");
+    };
+    assert_eq!(message, "cannot connect to PostgreSQL");
+    let source = std::error::Error::source(&err).expect("the driver's error is kept");
+    assert!(
+        source.downcast_ref::<tokio_postgres::Error>().is_some(),
+        "{source:?}"
+    );
+}

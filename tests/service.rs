@@ -1063,9 +1063,9 @@ impl RecordStore for Faulty {
         renewals.push(tokio::time::Instant::now());
         if self.fault == Fault::FirstRenewalFails && renewals.len() == 1 {
             return Box::pin(async {
-                Err(planned_stop::RecordError::Backend {
-                    message: "unreachable for a moment".into(),
-                })
+                Err(planned_stop::RecordError::backend(
+                    "unreachable for a moment",
+                ))
             });
         }
         self.inner.renew(o, ids, d)

@@ -858,7 +858,7 @@ fn sweep_removes_old_outcome_files_of_processes_that_are_gone() {
         assert!(store.read_outcome(pid).is_some(), "a valid outcome file");
         path
     };
-    sweeps_files_of_gone_processes(&store, write_outcome, || store.outcomes().len());
+    sweeps_files_of_gone_processes(&store, write_outcome, || store.outcomes().unwrap().len());
 }
 
 #[test]
@@ -873,7 +873,7 @@ fn sweep_removes_old_presence_files_of_processes_that_are_gone() {
         assert!(store.read_presence(pid).is_some(), "a valid presence file");
         path
     };
-    sweeps_files_of_gone_processes(&store, write_presence, || store.presences().len());
+    sweeps_files_of_gone_processes(&store, write_presence, || store.presences().unwrap().len());
 }
 
 /// A per-process file (outcome or presence) goes once it is older than the TTL and its process is
@@ -1019,4 +1019,24 @@ fn a_directory_made_shared_while_open_is_refused_until_it_is_private_again() {
         store.probe(&me, Utc::now()).unwrap(),
         Verdict::ForSelf(_)
     ));
+}
+
+/// Issue 26.5: a directory that cannot be listed (here: removed after the store was opened) is an
+/// error from `outcomes()` and `presences()`, not an empty list that says "nothing there".
+#[test]
+fn outcomes_and_presences_report_a_directory_they_cannot_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let store = slots_store(&run);
+    assert!(store.outcomes().unwrap().is_empty());
+    assert!(store.presences().unwrap().is_empty());
+    fs::remove_dir_all(&run).unwrap();
+    assert!(
+        store.outcomes().is_err(),
+        "a missing directory is no empty one"
+    );
+    assert!(
+        store.presences().is_err(),
+        "a missing directory is no empty one"
+    );
 }

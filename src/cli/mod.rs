@@ -509,8 +509,10 @@ fn status(args: StatusArgs) -> u8 {
         Ok(e) => e,
         Err(e) => return fail(chain(&e)),
     };
-    let outcomes = store.outcomes();
-    let presences = store.presences();
+    let (outcomes, presences) = match store.outcomes().and_then(|o| Ok((o, store.presences()?))) {
+        Ok(both) => both,
+        Err(e) => return fail(chain(&e)),
+    };
     let found = match stop_records(&args) {
         Ok(found) => found,
         Err(e) => return fail(e),

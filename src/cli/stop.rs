@@ -93,6 +93,7 @@ impl StopArgs {
 fn the_watcher(store: &MarkerStore) -> Result<(u32, u64), String> {
     let live: Vec<_> = store
         .presences()
+        .map_err(|e| chain(&e))?
         .into_iter()
         .filter(|p| p.owner_alive())
         .collect();

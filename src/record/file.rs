@@ -660,9 +660,10 @@ impl FileRecordStore {
                     .spawn_blocking(move || store.locked(|| op(&store)))
                     .await
                     .unwrap_or_else(|e| {
-                        Err(RecordError::Backend {
-                            message: format!("the state directory's worker thread failed: {e}"),
-                        })
+                        Err(RecordError::backend_caused_by(
+                            "the state directory's worker thread failed",
+                            e,
+                        ))
                     }),
                 Err(_) => store.locked(|| op(&store)),
             }

@@ -84,10 +84,8 @@ impl std::fmt::Debug for PgRecordStore {
     }
 }
 
-fn backend(what: &str, e: impl std::fmt::Display) -> RecordError {
-    RecordError::Backend {
-        message: format!("{what}: {e}"),
-    }
+fn backend(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> RecordError {
+    RecordError::backend_caused_by(what, e)
 }
 
 /// A connection string with libpq's environment defaults filled in: `PGHOST`, `PGPORT`, `PGUSER`,
@@ -333,21 +331,17 @@ async fn migrate(client: &mut Client) -> Result<(), RecordError> {
         None => 0,
         Some(Ok(Some(version))) if version >= 0 => version,
         Some(found) => {
-            return Err(RecordError::Backend {
-                message: format!(
-                    "planned_stop_schema holds no schema version the crate can read ({found:?}); \
+            return Err(RecordError::backend(format!(
+                "planned_stop_schema holds no schema version the crate can read ({found:?}); \
                      fix or drop the table by hand"
-                ),
-            });
+            )));
         }
     };
     if version > SCHEMA_VERSION {
-        return Err(RecordError::Backend {
-            message: format!(
-                "the database's planned-stop schema is version {version}, newer than this build's \
+        return Err(RecordError::backend(format!(
+            "the database's planned-stop schema is version {version}, newer than this build's \
                  {SCHEMA_VERSION}; upgrade this service"
-            ),
-        });
+        )));
     }
     for (index, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         tx.batch_execute(step)
@@ -510,12 +504,9 @@ impl PgRecordStore {
         let work = async {
             let mut guard = self.client.lock().await;
             if guard.as_ref().is_none_or(Client::is_closed) {
-                let mut client = (self.connector)(self.config.clone()).await.map_err(|e| {
-                    backend(
-                        "cannot connect to PostgreSQL",
-                        crate::error_chain::ErrorChain(&e),
-                    )
-                })?;
+                let mut client = (self.connector)(self.config.clone())
+                    .await
+                    .map_err(|e| backend("cannot connect to PostgreSQL", e))?;
                 migrate(&mut client).await?;
                 let pid = client
                     .query_one("SELECT pg_backend_pid()", &[])
@@ -547,12 +538,10 @@ impl PgRecordStore {
                         backends.abandoned = backends.current.take();
                     }
                 }
-                Err(RecordError::Backend {
-                    message: format!(
-                        "PostgreSQL did not answer within {:?}; is the server up and reachable?",
-                        self.timeout
-                    ),
-                })
+                Err(RecordError::backend(format!(
+                    "PostgreSQL did not answer within {:?}; is the server up and reachable?",
+                    self.timeout
+                )))
             }
         }
     }
@@ -866,7 +855,9 @@ impl PgRecordStore {
                                     .try_get::<_, bool>(0)
                                     .unwrap_or(false);
                                 if !gone {
-                                    return Err(backend("the abandoned call", "still running"));
+                                    return Err(RecordError::backend(
+                                        "the abandoned call is still running in PostgreSQL",
+                                    ));
                                 }
                             }
                             client

@@ -430,12 +430,10 @@ impl RunnerActor {
                         match actix::clock::timeout(budget, store.persist(&stopper, &record)).await
                         {
                             Ok(result) => result,
-                            Err(_) => Err(RecordError::Backend {
-                                message: format!(
-                                    "the record store did not finish persisting within {budget:?} \
-                                     (the persist deadline); is it reachable?"
-                                ),
-                            }),
+                            Err(_) => Err(RecordError::backend(format!(
+                                "the record store did not finish persisting within {budget:?} \
+                                 (the persist deadline); is it reachable?"
+                            ))),
                         };
                     (record, result)
                 };

@@ -130,10 +130,15 @@ impl MarkerStore {
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// assert!(store.outcomes().is_empty());
+    /// assert!(store.outcomes()?.is_empty());
+    /// # Ok::<(), planned_stop::StoreError>(())
     /// ```
-    pub fn outcomes(&self) -> Vec<Outcome> {
-        read_each(self.outcome_files(), |pid| self.read_outcome(pid))
+    ///
+    /// # Errors
+    /// The directory cannot be listed (removed, or not readable by this user): an empty list
+    /// would say "no outcomes" where the truth is unknown.
+    pub fn outcomes(&self) -> Result<Vec<Outcome>, StoreError> {
+        read_each(self.outcome_files()?, |pid| self.read_outcome(pid))
     }
 
     /// Every readable presence file in the directory, by pid: the processes that announced they
@@ -143,10 +148,14 @@ impl MarkerStore {
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// assert!(store.presences().is_empty());
+    /// assert!(store.presences()?.is_empty());
+    /// # Ok::<(), planned_stop::StoreError>(())
     /// ```
-    pub fn presences(&self) -> Vec<Presence> {
-        read_each(self.presence_files(), |pid| self.read_presence(pid))
+    ///
+    /// # Errors
+    /// The directory cannot be listed, as for [`MarkerStore::outcomes`].
+    pub fn presences(&self) -> Result<Vec<Presence>, StoreError> {
+        read_each(self.presence_files()?, |pid| self.read_presence(pid))
     }
 
     /// Outcome files in the directory, with their pids.
@@ -172,14 +181,10 @@ impl MarkerStore {
 
 /// What `read` makes of each file, in pid order; files that are not what they should be are left out.
 fn read_each<T>(
-    files: Result<Vec<(u32, PathBuf)>, StoreError>,
+    files: Vec<(u32, PathBuf)>,
     read: impl Fn(u32) -> Option<T>,
-) -> Vec<T> {
-    let mut pids: Vec<u32> = files
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(pid, _)| pid)
-        .collect();
+) -> Result<Vec<T>, StoreError> {
+    let mut pids: Vec<u32> = files.into_iter().map(|(pid, _)| pid).collect();
     pids.sort_unstable();
-    pids.into_iter().filter_map(read).collect()
+    Ok(pids.into_iter().filter_map(read).collect())
 }
