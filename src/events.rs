@@ -1,8 +1,8 @@
 //! Filesystem notifications for the marker slot: event-driven delivery.
 //!
 //! Polling costs a probe per interval and a marker waits up to one interval to be seen. With
-//! notifications (inotify on Linux, FSEvents on macOS, `ReadDirectoryChangesW` on Windows, through
-//! the [`notify`] crate) the watcher probes as soon as the slot changes, typically within a
+//! notifications (inotify on Linux, through the `inotify` crate; FSEvents on macOS and
+//! `ReadDirectoryChangesW` on Windows, through the `notify` crate) the watcher probes as soon as the slot changes, typically within a
 //! millisecond. Notifications are an accelerator, never the only path: events can be missed (a
 //! queue overflow, a network file system, a directory replaced under the watch), so the watcher
 //! keeps polling as a safety net and a missed event costs at most one poll interval.
@@ -11,7 +11,7 @@
 //! sends a wake-up for every event that touches the slot's name, and for every overflow or error
 //! (after which the truth is unknown, so the watcher should look).
 //!
-//! On Linux it uses inotify directly, asking only for what can bring a marker — a file renamed
+//! On Linux it uses inotify itself rather than the generic watcher, asking only for what can bring a marker — a file renamed
 //! into the directory (`IN_MOVED_TO`, how every writer of this crate delivers one) or a file
 //! written in place and closed (`IN_CLOSE_WRITE`) — and compares the name before anything else
 //! runs. Many services share one directory, and every marker written for one of them is an event
@@ -45,7 +45,7 @@ impl SlotEvents {
     /// Watches the directory of `slot` for changes to `slot`. Fails where the OS has no
     /// notifications for that file system, or the directory cannot be watched; callers fall back to
     /// polling alone.
-    pub fn watch(slot: &Path) -> Result<(SlotEvents, Wakeups), notify::Error> {
+    pub fn watch(slot: &Path) -> std::io::Result<(SlotEvents, Wakeups)> {
         let dir = match slot.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => std::path::PathBuf::from("."),
@@ -55,11 +55,11 @@ impl SlotEvents {
         #[cfg(target_os = "linux")]
         {
             let name = name.unwrap_or_default();
-            let watch = linux::InotifySlot::watch(&dir, name, tx).map_err(notify::Error::io)?;
+            let watch = linux::InotifySlot::watch(&dir, name, tx)?;
             Ok((SlotEvents { _watcher: watch }, rx))
         }
         #[cfg(not(target_os = "linux"))]
-        Self::watch_generic(dir, name, tx, rx)
+        Self::watch_generic(dir, name, tx, rx).map_err(std::io::Error::other)
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -88,12 +88,14 @@ impl SlotEvents {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    //! inotify, directly: a thread blocked in `poll(2)` on the inotify descriptor and an eventfd
-    //! that ends it.
+    //! inotify through the `inotify` crate, with this crate's own mask and name filter: a thread
+    //! blocked in `poll(2)` (rustix) on the inotify descriptor and an eventfd that ends it.
 
-    use std::ffi::{CString, OsString};
+    use inotify::{EventMask, Inotify, WatchMask};
+    use rustix::event::{EventfdFlags, PollFd, PollFlags};
+    use std::ffi::OsString;
     use std::io;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::OwnedFd;
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::sync::Arc;
@@ -107,59 +109,53 @@ mod linux {
 
     impl Drop for InotifySlot {
         fn drop(&mut self) {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a valid u64 to an eventfd that is open (we hold it).
-            unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            // Adds 1 to the eventfd's counter, which wakes the thread. It cannot block (the
+            // counter is nowhere near its maximum); should it fail, the thread stays parked in
+            // `poll` until the process ends, holding only its descriptors.
+            let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
         }
     }
 
     /// What can bring a marker: a rename into the directory, a file written in place; and what
     /// means the watch itself is gone.
-    const MASK: u32 = libc::IN_MOVED_TO
-        | libc::IN_CLOSE_WRITE
-        | libc::IN_DELETE_SELF
-        | libc::IN_MOVE_SELF
-        | libc::IN_ONLYDIR;
+    const MASK: WatchMask = WatchMask::MOVED_TO
+        .union(WatchMask::CLOSE_WRITE)
+        .union(WatchMask::DELETE_SELF)
+        .union(WatchMask::MOVE_SELF)
+        .union(WatchMask::ONLYDIR);
 
     /// Whether an event with `mask` naming `event_name` must wake the watcher of slot `own`: one
     /// that names the slot, or any that means events were lost or the watch is gone (then the
     /// truth is unknown and the watcher should look).
-    pub(super) fn wakes(mask: u32, event_name: &[u8], own: &[u8]) -> bool {
-        let lost =
-            libc::IN_Q_OVERFLOW | libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
-        mask & lost != 0 || event_name == own
+    pub(super) fn wakes(mask: EventMask, event_name: &[u8], own: &[u8]) -> bool {
+        let lost = EventMask::Q_OVERFLOW
+            | EventMask::IGNORED
+            | EventMask::DELETE_SELF
+            | EventMask::MOVE_SELF;
+        mask.intersects(lost) || event_name == own
     }
 
     #[cfg(test)]
     #[test]
     fn only_the_own_slot_or_a_lost_watch_wakes() {
         let own = b"planned-stop-7.json";
-        assert!(wakes(libc::IN_MOVED_TO, own, own));
-        assert!(wakes(libc::IN_CLOSE_WRITE, own, own));
-        assert!(!wakes(libc::IN_MOVED_TO, b"planned-stop-8.json", own));
+        assert!(wakes(EventMask::MOVED_TO, own, own));
+        assert!(wakes(EventMask::CLOSE_WRITE, own, own));
+        assert!(!wakes(EventMask::MOVED_TO, b"planned-stop-8.json", own));
         assert!(!wakes(
-            libc::IN_CLOSE_WRITE,
+            EventMask::CLOSE_WRITE,
             b".planned-stop-7.json.tmp-1",
             own
         ));
-        assert!(!wakes(libc::IN_MOVED_TO, b"planned-stop-7.json.x", own));
+        assert!(!wakes(EventMask::MOVED_TO, b"planned-stop-7.json.x", own));
         for lost in [
-            libc::IN_Q_OVERFLOW,
-            libc::IN_IGNORED,
-            libc::IN_DELETE_SELF,
-            libc::IN_MOVE_SELF,
+            EventMask::Q_OVERFLOW,
+            EventMask::IGNORED,
+            EventMask::DELETE_SELF,
+            EventMask::MOVE_SELF,
         ] {
             assert!(wakes(lost, b"", own));
         }
-    }
-
-    /// A new descriptor from a system call's result, or its error.
-    fn owned(fd: i32) -> io::Result<OwnedFd> {
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor the system call just returned, owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     impl InotifySlot {
@@ -168,80 +164,62 @@ mod linux {
             name: OsString,
             tx: UnboundedSender<()>,
         ) -> io::Result<Self> {
-            let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path")
-            })?;
-            // SAFETY: plain system calls; the results are owned at once.
-            let inotify =
-                owned(unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) })?;
-            // SAFETY: a valid inotify descriptor and C string.
-            if unsafe { libc::inotify_add_watch(inotify.as_raw_fd(), path.as_ptr(), MASK) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: as above.
-            let stop = Arc::new(owned(unsafe {
-                libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)
-            })?);
+            // Non-blocking and close-on-exec: the thread below reads only what `poll` announced.
+            let inotify = Inotify::init()?;
+            inotify.watches().add(dir, MASK)?;
+            let stop = Arc::new(rustix::event::eventfd(
+                0,
+                EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+            )?);
             let wake = stop.clone();
             std::thread::Builder::new()
                 .name("planned-stop-inotify".into())
-                .spawn(move || read_events(&inotify, &wake, name.as_bytes(), &tx))?;
+                .spawn(move || read_events(inotify, &wake, name.as_bytes(), &tx))?;
             Ok(InotifySlot { stop })
         }
     }
 
     /// Reads events until `stop` is signalled or the receiver is gone; sends a wake-up for an
-    /// event naming `name`, an overflow, or the loss of the watch.
-    fn read_events(inotify: &OwnedFd, stop: &OwnedFd, name: &[u8], tx: &UnboundedSender<()>) {
-        let header = std::mem::size_of::<libc::inotify_event>();
-        let mut buf = vec![0u8; 64 * (header + 256)];
+    /// event naming `name`, an overflow, or the loss of the watch. A failure of the watch itself
+    /// sends one last wake-up and ends the thread: the watcher's polling carries on alone.
+    fn read_events(mut inotify: Inotify, stop: &OwnedFd, name: &[u8], tx: &UnboundedSender<()>) {
+        // Room for 64 events with the longest names (an event is 16 bytes and its name).
+        let mut buf = vec![0u8; 64 * (16 + 256)];
         loop {
-            let mut fds = [
-                libc::pollfd {
-                    fd: inotify.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: stop.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfds; no timeout (the eventfd ends the wait).
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-            if n < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let stopped = {
+                let mut fds = [
+                    PollFd::new(&inotify, PollFlags::IN),
+                    PollFd::new(stop, PollFlags::IN),
+                ];
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) => !fds[1].revents().is_empty(),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the marker directory's watch failed; polling only");
+                        let _ = tx.send(());
+                        return;
+                    }
                 }
-                let _ = tx.send(());
-                return;
-            }
-            if fds[1].revents != 0 {
+            };
+            if stopped {
                 return;
             }
             let mut relevant = false;
             loop {
-                // SAFETY: reads into a buffer of the given length.
-                let len =
-                    unsafe { libc::read(inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                let Ok(len) = usize::try_from(len) else {
-                    break; // EAGAIN: everything read
-                };
-                if len == 0 {
-                    break;
-                }
-                let mut at = 0;
-                while at + header <= len {
-                    // SAFETY: the kernel wrote whole inotify_events (a read never splits one);
-                    // read_unaligned copes with the byte buffer's alignment.
-                    let event: libc::inotify_event =
-                        unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
-                    let end = (at + header + event.len as usize).min(len);
-                    let raw = &buf[at + header..end];
-                    let event_name = raw.split(|&b| b == 0).next().unwrap_or_default();
-                    relevant |= wakes(event.mask, event_name, name);
-                    at = end;
+                match inotify.read_events(&mut buf) {
+                    Ok(events) => {
+                        for event in events {
+                            let event_name = event.name.map(|n| n.as_bytes()).unwrap_or_default();
+                            relevant |= wakes(event.mask, event_name, name);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the marker directory's watch; polling only");
+                        let _ = tx.send(());
+                        return;
+                    }
                 }
             }
             if relevant && tx.send(()).is_err() {

@@ -173,12 +173,8 @@ mod os {
                         .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<i64>().ok())
                 })
                 .unwrap_or(0);
-            // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
-            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-            (
-                btime,
-                u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100),
-            )
+            let hz = rustix::param::clock_ticks_per_second();
+            (btime, if hz > 0 { hz } else { 100 })
         });
         let secs = i64::try_from(ticks / hz).unwrap_or(i64::MAX / 2);
         let nanos = i64::try_from((ticks % hz) * 1_000_000_000 / hz).unwrap_or(0);

@@ -63,6 +63,9 @@
 //! ```
 
 #![warn(missing_docs)]
+// What stays `unsafe` is what no maintained crate covers (atexit/_exit, the Windows process
+// calls); each block says why it is sound.
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;

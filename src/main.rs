@@ -3,6 +3,8 @@
 //! Everything here is the binary's own; the library knows nothing of argument parsing, terminal
 //! output or exit codes, so an application that depends on the library compiles none of it.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod cli;
 
 fn main() -> std::process::ExitCode {

@@ -297,31 +297,33 @@ mod os {
     use super::StopperError;
     use crate::identity::ProcessIdentity;
 
-    pub(super) const KILL: i32 = libc::SIGKILL;
+    use rustix::process::{Pid, Signal};
+
+    pub(super) const KILL: Signal = Signal::KILL;
 
     /// Sends SIGTERM (`kill(2)`) to `target` if the process at its pid is still that process.
     /// Returns whether it was sent. (The check and the kill are two steps; the window between
     /// them is microseconds.)
     pub(super) fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
-        send(target, libc::SIGTERM)
+        send(target, Signal::TERM)
     }
 
     /// Sends `signal` to `target` if the process at its pid is still that process.
-    pub(super) fn send(target: &ProcessIdentity, signal: i32) -> Result<bool, StopperError> {
+    pub(super) fn send(target: &ProcessIdentity, signal: Signal) -> Result<bool, StopperError> {
         if ProcessIdentity::of(target.pid) != Some(*target) {
             return Ok(false);
         }
-        let pid = libc::pid_t::try_from(target.pid)
-            .map_err(|_| StopperError::NotRunning { pid: target.pid })?;
-        // SAFETY: kill(2) has no memory preconditions; the pid was checked to be our target.
-        if unsafe { libc::kill(pid, signal) } == 0 {
-            Ok(true)
-        } else {
-            Err(StopperError::Signal {
+        // A pid that is no positive i32 names no process (and 0 or -1 would name groups).
+        let pid = i32::try_from(target.pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or(StopperError::NotRunning { pid: target.pid })?;
+        rustix::process::kill_process(pid, signal)
+            .map(|()| true)
+            .map_err(|e| StopperError::Signal {
                 pid: target.pid,
-                source: std::io::Error::last_os_error(),
+                source: e.into(),
             })
-        }
     }
 }
 
@@ -330,10 +332,11 @@ mod os {
     use super::StopperError;
     use crate::identity::ProcessIdentity;
 
-    pub(super) const KILL: i32 = 9;
+    /// The signal `--kill` would send (none exists here).
+    pub(super) const KILL: () = ();
 
     /// No signals here: `--kill` is refused rather than pretended.
-    pub(super) fn send(target: &ProcessIdentity, _: i32) -> Result<bool, StopperError> {
+    pub(super) fn send(target: &ProcessIdentity, _: ()) -> Result<bool, StopperError> {
         Err(StopperError::Signal {
             pid: target.pid,
             source: std::io::Error::new(
@@ -537,7 +540,9 @@ pub fn wait_with(
 #[cfg(target_os = "linux")]
 mod exit_event {
     use crate::identity::ProcessIdentity;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    use rustix::process::{Pid, PidfdFlags};
+    use std::os::fd::OwnedFd;
     use std::time::Duration;
 
     /// A pidfd of the target: readable once it has exited.
@@ -547,12 +552,8 @@ mod exit_event {
         /// A pidfd for `target`, or `None` (no pidfd on this kernel, not permitted, or the pid
         /// already belongs to someone else: then waiting by looking is what is left).
         pub(super) fn open(target: &ProcessIdentity) -> Option<ExitEvent> {
-            let pid = libc::pid_t::try_from(target.pid).ok()?;
-            // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-            let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
-            // SAFETY: the kernel just returned this descriptor to us, and nothing else owns it.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let pid = i32::try_from(target.pid).ok().and_then(Pid::from_raw)?;
+            let fd = rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok()?;
             // The pid may have been reused between the caller's look and the open: only a pidfd
             // of the target itself will do.
             (ProcessIdentity::of(target.pid) == Some(*target)).then_some(ExitEvent(fd))
@@ -560,15 +561,12 @@ mod exit_event {
 
         /// Waits up to `pause`; returns whether the target has exited.
         pub(super) fn wait(&self, pause: Duration) -> bool {
-            let mut poll = libc::pollfd {
-                fd: self.0.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = libc::c_int::try_from(pause.as_millis()).unwrap_or(libc::c_int::MAX);
-            // SAFETY: one valid pollfd, for the length given; a signal (EINTR) just ends it early.
-            let ready = unsafe { libc::poll(&mut poll, 1, ms) };
-            ready > 0 && poll.revents & libc::POLLIN != 0
+            let mut fds = [PollFd::new(&self.0, PollFlags::IN)];
+            // A pause too long for a timespec waits without a bound; a signal (EINTR) just ends
+            // the wait early, and the caller looks again.
+            let timeout = Timespec::try_from(pause).ok();
+            let ready = rustix::event::poll(&mut fds, timeout.as_ref()).unwrap_or(0);
+            ready > 0 && fds[0].revents().contains(PollFlags::IN)
         }
     }
 }

@@ -284,9 +284,12 @@ impl Demo {
     #[cfg(unix)]
     fn unmarked_sigterm(&self, service: &mut Service) -> DemoResult<()> {
         let t0 = Instant::now();
-        let pid = libc::pid_t::try_from(service.identity.pid).map_err(|e| chain(&e))?;
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let pid = i32::try_from(service.identity.pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| format!("pid {} is no process id", service.identity.pid))?;
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+            .map_err(|e| format!("cannot send SIGTERM to our own child: {e}"))?;
         step(t0, t0, "SIGTERM sent, no marker");
         service.expect_exit(t0, "exit code of an unmarked SIGTERM", 1)
     }

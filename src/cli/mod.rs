@@ -305,8 +305,7 @@ fn record_store(
 #[cfg(unix)]
 fn act_as_owner_of(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Ok(());
     }
     let meta =

@@ -204,9 +204,14 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
     block_on(store.persist(&owner(42), &two)).unwrap();
     let fifo = |path: &std::path::Path| {
         fs::remove_file(path).unwrap();
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid C string; mkfifo has no other preconditions.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
     };
     fifo(&StopRecord::path(store.dir()));
     fifo(&store.dir().join("planned-stop-items/item-1.item.json"));

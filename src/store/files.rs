@@ -515,8 +515,7 @@ mod os {
     /// root stopper writing for a service that runs as another user). `None` otherwise.
     pub(crate) fn reader_of(dir: &Path) -> Option<(u32, u32)> {
         use std::os::unix::fs::MetadataExt;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return None;
         }
         let meta = std::fs::metadata(dir).ok()?;
@@ -526,8 +525,7 @@ mod os {
     /// The owner of a file this process's effective user does not own.
     pub(super) fn foreign_owner(meta: &Metadata) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
+        let me = rustix::process::geteuid().as_raw();
         (meta.uid() != me).then_some(meta.uid())
     }
 
