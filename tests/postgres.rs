@@ -3,8 +3,10 @@
 //! away during a stop.
 //!
 //! The server comes from `PLANNED_STOP_TEST_DATABASE_URL` (`.ci/run` starts a throwaway one with
-//! `ci/postgres.sh`); without it every test prints SKIPPED and passes, so a plain `cargo test`
-//! needs nothing installed. Each test scopes its items by a service name of its own.
+//! `ci/postgres.sh`). Every test that needs it is `#[ignore]`d with that reason, so a run without
+//! a server lists them as ignored rather than passing them unrun; `.ci/run` passes
+//! `--include-ignored`, and there a missing server fails them. Each test scopes its items by a
+//! service name of its own.
 
 mod common;
 
@@ -16,14 +18,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// The test database's URL, or `None` (and a SKIPPED line) when there is none.
-fn database() -> Option<String> {
+/// The test database's URL. The tests that need one are `#[ignore]`d, so a plain run lists them
+/// as ignored with the reason; `--include-ignored` (as `.ci/run` passes) runs them, and then a
+/// missing URL fails them loudly instead of letting them pass unrun.
+fn database() -> String {
     match std::env::var("PLANNED_STOP_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!("SKIPPED: PLANNED_STOP_TEST_DATABASE_URL is not set (see ci/postgres.sh)");
-            None
-        }
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "PLANNED_STOP_TEST_DATABASE_URL is not set: start a server with `bash ci/postgres.sh \
+             start` and export the URL it prints"
+        ),
     }
 }
 
@@ -64,13 +68,14 @@ fn cases() -> u32 {
 
 prop_state_machine! {
     #![proptest_config(ProptestConfig {
-        cases: if database().is_some() { cases() } else { 0 },
+        cases: cases(),
         max_shrink_iters: 4096,
         .. ProptestConfig::default()
     })]
 
     /// The same suite as the file store's (`tests/records.rs`), unchanged.
     #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
     fn the_postgres_store_conforms(sequential 1..=30 => Conformance<Postgres>);
 }
 
@@ -95,8 +100,9 @@ fn record_with_items(n: usize) -> planned_stop::StopRecord {
 /// and acknowledge each: no item is ever handed to a claimer while another holds it, and every
 /// item is acknowledged exactly once.
 #[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn eight_concurrent_claimers_over_10_000_items_never_share_one_and_acknowledge_each_once() {
-    let Some(url) = database() else { return };
+    let url = database();
     let service = unique_service("claimers");
     let stopper = Owner::new("stopper-host", 1, 1);
     let store = PgRecordStore::from_url(&url, service.clone())
@@ -160,10 +166,6 @@ mod fleet {
     use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
     use std::process::Command;
-
-    fn s(p: &Path) -> &str {
-        p.to_str().unwrap()
-    }
 
     /// `serve` with `--records URL --service SERVICE`, a state (spill) directory of its own, and
     /// `extra` arguments.
@@ -248,8 +250,9 @@ mod fleet {
     /// started is exit 15 with the names the database knows (`service_known: false` with
     /// `--json`), and so is `records release`/`drop` of an id under that name.
     #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
     fn records_list_tells_an_unknown_service_from_an_empty_one() {
-        let Some(url) = database() else { return };
+        let url = database();
         let service = unique_service("known");
         let base = tempfile::tempdir().unwrap();
         // Started, and stopped with nothing left: known, and empty.
@@ -332,8 +335,9 @@ mod fleet {
     /// 3 replicas (each its own state directory, one database) stopped as planned with work left;
     /// 2 new replicas start at once: every item is resumed exactly once, by one of them. 20 rounds.
     #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
     fn a_fleets_unfinished_work_is_resumed_exactly_once_by_the_next_replicas() {
-        let Some(url) = database() else { return };
+        let url = database();
         for _ in 0..20 {
             fleet_round(&url);
         }
@@ -399,8 +403,9 @@ mod fleet {
     /// runs; killed with SIGKILL, it stops renewing, and the other replica — which cannot look it
     /// up — takes them over once the lease expires, not before.
     #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
     fn a_killed_resumers_items_go_to_another_replica_when_its_lease_expires() {
-        let Some(url) = database() else { return };
+        let url = database();
         let service = unique_service("expiry");
         let base = tempfile::tempdir().unwrap();
         let mut first = serve(
@@ -468,8 +473,9 @@ mod fleet {
     /// do; at the shortest accepted lease two live replicas on different hosts, both leasing
     /// again every 50 ms for three lease lengths, never take the same item.
     #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
     fn at_the_shortest_accepted_lease_two_live_replicas_never_take_the_same_item() {
-        let Some(url) = database() else { return };
+        let url = database();
         let service = unique_service("short-lease");
         let base = tempfile::tempdir().unwrap();
         let run_dir = base.path().join("run");
@@ -537,28 +543,27 @@ mod fleet {
         assert_eq!(by_a.len() + by_b.len(), 4, "a: {by_a:?}, b: {by_b:?}");
     }
 
-    /// A private server for a test that stops it (`ci/postgres.sh`); `None` where it cannot run.
+    /// A private server for a test that stops it (`ci/postgres.sh`); the test fails where it
+    /// cannot start (it is ignored unless asked for, like every test here that needs PostgreSQL).
     struct Private(PathBuf, String);
 
     impl Private {
-        fn start() -> Option<Private> {
+        fn start() -> Private {
             let out = Command::new("bash")
                 .arg(script())
                 .arg("start")
                 .output()
-                .ok()?;
-            if !out.status.success() {
-                eprintln!(
-                    "SKIPPED: cannot start a private PostgreSQL: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                return None;
-            }
+                .expect("bash runs ci/postgres.sh");
+            assert!(
+                out.status.success(),
+                "cannot start a private PostgreSQL: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let text = String::from_utf8(out.stdout).unwrap();
             let mut lines = text.lines().rev();
-            let url = lines.next()?.to_owned();
-            let dir = PathBuf::from(lines.next()?);
-            Some(Private(dir, url))
+            let url = lines.next().expect("the URL line").to_owned();
+            let dir = PathBuf::from(lines.next().expect("the directory line"));
+            Private(dir, url)
         }
 
         fn ctl(&self, verb: &str) {
@@ -590,11 +595,10 @@ mod fleet {
     /// (exit 0, the outcome says `spilled`), and its next start pushes them once the database is
     /// back, then resumes them.
     #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
     fn a_database_down_at_the_stop_spills_on_the_host_and_the_next_start_pushes() {
-        if database().is_none() {
-            return;
-        }
-        let Some(pg) = Private::start() else { return };
+        database();
+        let pg = Private::start();
         let service = unique_service("spill");
         let base = tempfile::tempdir().unwrap();
         let mut replica = serve(
@@ -747,8 +751,9 @@ fn unreachable_with_spill(
 /// once (listed with the reason, never offered, never multiplied); attempts at the top of
 /// `integer` saturate instead of failing the stop.
 #[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn hostile_rows_are_quarantined_and_attempts_saturate() {
-    let Some(url) = database() else { return };
+    let url = database();
     let service = unique_service("hostile");
     let rt = runtime();
     let store = store_for(&url, &service);
@@ -810,8 +815,9 @@ fn hostile_rows_are_quarantined_and_attempts_saturate() {
 /// database's stale row (newer content, attempts counted up, pending), instead of the stale row
 /// winning; one it does not hold there any more is left to its holder.
 #[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
-    let Some(url) = database() else { return };
+    let url = database();
     let service = unique_service("spill-push");
     let (rt, store, holder, leased) = two_items_leased(&url, &service);
     assert_eq!(leased.len(), 2);
@@ -863,8 +869,9 @@ fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
 /// Issue 22.7 for the database: an operator's drop wins over the holder's hand-back, also when
 /// the hand-back was spilled on the holder's host and pushed later.
 #[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spill() {
-    let Some(url) = database() else { return };
+    let url = database();
     let service = unique_service("drop-wins");
     let (rt, store, holder, leased) = two_items_leased(&url, &service);
     assert!(rt.block_on(store.remove("item-000000")).unwrap());
@@ -898,8 +905,9 @@ fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spil
 /// but committed by the server; what it took must not stay leased to the live caller, who never
 /// got it. (A deferred trigger makes the commit take 3 s; the timeout is 1 s.)
 #[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn what_a_timed_out_lease_took_is_released_again() {
-    let Some(url) = database() else { return };
+    let url = database();
     let service = unique_service("slow-commit");
     let rt = runtime();
     let store = store_for(&url, &service);
@@ -963,8 +971,9 @@ fn what_a_timed_out_lease_took_is_released_again() {
 /// connection, and every service with a row in it (an item, an acknowledgement, a stop) is
 /// known from then on, though it has not started since.
 #[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn the_upgrade_to_schema_3_knows_the_services_of_schema_2() {
-    let Some(url) = database() else { return };
+    let url = database();
     let rt = runtime();
     let name = format!("upgrade_{}", unique_service("db").replace('-', "_"));
     let admin = rt.block_on(raw(&url));

@@ -903,7 +903,7 @@ fn helper_web_app() {
             });
             stop.ready();
             announce(port);
-            exit_code_number(stop.stopped().await)
+            common::actors::code_of(stop.stopped().await)
         }),
         AppLayout::ActixWebMain => actix_web::rt::System::new().block_on(async {
             let stop = start(&base);
@@ -919,7 +919,7 @@ fn helper_web_app() {
                 .grace(grace)
                 .await
                 .unwrap();
-            exit_code_number(code)
+            common::actors::code_of(code)
         }),
         AppLayout::ActixMainReturnsEarly => actix::System::new().block_on(async {
             let stop = start(&base);
@@ -1000,13 +1000,6 @@ fn helper_web_app() {
         }
     };
     std::process::exit(code);
-}
-
-/// The number inside an `ExitCode` (it has no accessor): 0 for success, else read by equality.
-fn exit_code_number(code: std::process::ExitCode) -> i32 {
-    (0..=255)
-        .find(|&n| std::process::ExitCode::from(n) == code)
-        .map_or(1, i32::from)
 }
 
 /// `planned-stop stop --wait` against an application that has not declared itself ready yet
