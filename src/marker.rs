@@ -59,8 +59,9 @@ pub struct Marker {
     /// The process that must stop.
     pub target_pid: u32,
     /// The target's start fingerprint, as [`crate::ProcessIdentity::of`] read it, or `None` when the
-    /// stopper could not read it. A marker without a fingerprint only fires when it was written no
-    /// earlier than the start slack (2 s by default) before the target started (see
+    /// stopper could not read it. Every marker, with a fingerprint or without, fires only when it
+    /// was written no earlier than the start slack (2 s by default) before the target started;
+    /// for one without a fingerprint that rule is all that tells it from a dead predecessor's (see
     /// `docs/protocol.md`).
     pub target_start_time: Option<u64>,
     /// The process that wrote the marker, for the record.

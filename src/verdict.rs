@@ -15,11 +15,12 @@
 //! | written more than the TTL ago, or more than the skew in the future | [`Verdict::Stale`] | removes it |
 //! | names another pid | [`Verdict::Foreign`] | leaves it |
 //! | names our pid with another fingerprint, or written before we started (less the slack) | [`Verdict::Stale`] | removes it |
-//! | names our pid and fingerprint (or no fingerprint, written no earlier than our start less the slack) | [`Verdict::ForSelf`] | fires |
+//! | names our pid and fingerprint (or none), written no earlier than our start less the slack | [`Verdict::ForSelf`] | fires |
 //!
-//! There is no pid-only match: a marker without a fingerprint fires only when it was written no
-//! earlier than [`Policy::start_slack`] before this process started (the wall-clock start time is
-//! known to about a second), so a dead predecessor's marker never stops its pid's next owner.
+//! The start-slack rule applies to every marker: none fires when it was written earlier than
+//! [`Policy::start_slack`] before this process started (the wall-clock start time is known to
+//! about a second). For a marker without a fingerprint it is the whole defence — there is no
+//! pid-only match — so a dead predecessor's marker never stops its pid's next owner.
 
 use crate::identity::ProcessIdentity;
 use crate::marker::{Marker, MarkerError};

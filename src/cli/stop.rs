@@ -573,8 +573,8 @@ fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
     format!(
         "process {pid} has not announced that it watches {dir} (there is no {presence} of it): \
          if --dir is wrong or it is not a planned-stop service, nothing reads this marker, which \
-         expires unread. A service still starting, or one of the earlier system (hermes), reads \
-         it without announcing",
+         expires unread. A service still starting, or a program that reads the markers \
+         without announcing (a port of the protocol), reads it anyway",
         pid = args.pid(),
         dir = store.dir().display(),
         presence = store.presence_path(args.pid()).display(),
