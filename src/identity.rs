@@ -26,6 +26,7 @@ use chrono::{DateTime, Utc};
 /// assert!(me.started_at <= chrono::Utc::now() + chrono::TimeDelta::seconds(2));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ProcessIdentity {
     /// The OS process id.
     pub pid: u32,
@@ -43,15 +44,29 @@ pub struct ProcessIdentity {
 )]
 ///
 /// ```
-/// let err = planned_stop::IdentityError { pid: 7 };
-/// assert!(err.to_string().contains("pid 7"));
+/// match planned_stop::ProcessIdentity::current() {
+///     Ok(me) => assert_eq!(me.pid, std::process::id()),
+///     Err(e) => eprintln!("{e}"), // names the pid and what to check
+/// }
 /// ```
+#[non_exhaustive]
 pub struct IdentityError {
     /// Our own pid.
     pub pid: u32,
 }
 
 impl ProcessIdentity {
+    /// An identity from its parts: a process id, its start fingerprint (as [`ProcessIdentity::of`]
+    /// reads it on this OS) and its wall-clock start. For a stopper that learned them elsewhere
+    /// (a presence file, a pid file) and for tests; [`ProcessIdentity::of`] reads a live one.
+    pub fn new(pid: u32, start: u64, started_at: DateTime<Utc>) -> ProcessIdentity {
+        ProcessIdentity {
+            pid,
+            start,
+            started_at,
+        }
+    }
+
     /// The identity of the calling process. Read it once at start-up and keep it: the answer never
     /// changes, and reading it per tick would put a `/proc` read on the watcher's hot path.
     ///
@@ -123,7 +138,7 @@ pub struct ProcStat {
 /// the process is gone or a zombie. The fingerprint on every OS but Linux and Windows, and a
 /// cross-check of the finer ones in the tests.
 #[cfg_attr(any(target_os = "linux", windows), allow(dead_code))]
-pub fn sysinfo_start_time(pid: u32) -> Option<u64> {
+pub(crate) fn sysinfo_start_time(pid: u32) -> Option<u64> {
     use sysinfo::{Pid, ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
     let pid = Pid::from_u32(pid);
     let mut system = System::new().ok()?;

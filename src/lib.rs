@@ -62,7 +62,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
+// Checked with `internals` on (as every test build has it): an item only the crate's own tests reach
+// through `internals` is `pub`, everything else the crate alone uses is `pub(crate)`.
+#![cfg_attr(feature = "internals", deny(unreachable_pub))]
 // What stays `unsafe` is what no maintained crate covers (atexit/_exit, the Windows process
 // calls); each block says why it is sound.
 #![warn(clippy::undocumented_unsafe_blocks)]

@@ -23,13 +23,13 @@ use serde_json::Value;
 use std::fmt;
 
 /// The only protocol version this crate reads and writes.
-pub const MARKER_VERSION: u64 = 1;
+pub(crate) const MARKER_VERSION: u64 = 1;
 
 /// Largest marker accepted, in bytes (a UTF-8 byte-order mark included).
 pub const MAX_MARKER_BYTES: usize = 4096;
 
 /// Deepest nesting of arrays and objects accepted; the marker itself is depth 1.
-pub const MAX_NESTING: usize = 8;
+pub(crate) const MAX_NESTING: usize = 8;
 
 /// Longest `request_id`, in characters.
 pub const MAX_REQUEST_ID_CHARS: usize = 64;

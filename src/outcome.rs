@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Largest outcome file read, in bytes.
-pub const MAX_OUTCOME_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 
 /// A runner's announcement that it watches the directory for its markers.
 ///

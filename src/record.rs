@@ -35,10 +35,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// The file name of the record inside the state directory.
-pub const RECORD_FILE_NAME: &str = "planned-stop-record.json";
+pub(crate) const RECORD_FILE_NAME: &str = "planned-stop-record.json";
 
 /// Largest record read back, in bytes; a larger file is refused rather than loaded.
-pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_RECORD_BYTES: u64 = 16 << 20;
 
 /// The largest item a drain participant may hand back, in bytes of its compact JSON encoding
 /// (1 MiB). Checked where the runner accepts a drain's report, the same for every store, and

@@ -146,6 +146,15 @@ pub struct ServiceBuilder {
     forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
 }
 
+impl std::fmt::Debug for ServiceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBuilder")
+            .field("layout", &self.layout)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where the builder keeps records: opened at start, so a state directory that cannot be used
 /// fails the start rather than the stop.
 enum Records {

@@ -25,7 +25,7 @@ use std::io;
 
 /// Starts forwarding signals to `runner` on the current actix system. Errors when a handler cannot
 /// be installed (for example, no signal support on this platform).
-pub fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
+pub(crate) fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
     #[cfg(test)]
     if FAIL_NEXT.take() {
         return Err(io::Error::other("injected: no signal handlers"));

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// How often the drain's timeout extension is renewed.
-pub const EXTEND_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const EXTEND_EVERY: Duration = Duration::from_secs(1);
 
 fn send(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
@@ -43,13 +43,13 @@ fn extension(drain: Duration, began: Instant) -> u32 {
 
 /// The heartbeat interval for a watchdog of `timeout`: half of it (`sd_watchdog_enabled(3)`
 /// recommends sending well within the timeout), never under a millisecond.
-pub fn heartbeat_every(timeout: Duration) -> Duration {
+pub(crate) fn heartbeat_every(timeout: Duration) -> Duration {
     (timeout / 2).max(Duration::from_millis(1))
 }
 
 /// Sends `WATCHDOG=1` from the current actix system's event loop at [`heartbeat_every`] while
 /// the process runs, when systemd asked for a watchdog (see the module docs).
-pub fn heartbeat() {
+pub(crate) fn heartbeat() {
     let Some(timeout) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -70,7 +70,7 @@ pub fn heartbeat() {
 }
 
 /// Follows `status` on the current actix system and notifies systemd (see the module docs).
-pub fn follow(mut status: watch::Receiver<RunnerStatus>) {
+pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>) {
     actix::spawn(async move {
         let mut sent = RunnerState::Starting;
         let mut drain = (Duration::ZERO, Instant::now());

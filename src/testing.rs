@@ -167,6 +167,7 @@ impl Model {
 }
 
 /// The reference state machine.
+#[derive(Debug)]
 pub struct Reference;
 
 impl ReferenceStateMachine for Reference {
@@ -362,8 +363,20 @@ pub struct Sut {
     runtime: tokio::runtime::Runtime,
 }
 
+impl std::fmt::Debug for Sut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sut").finish_non_exhaustive()
+    }
+}
+
 /// The suite, for backend `B`.
 pub struct Conformance<B>(PhantomData<B>);
+
+impl<B> std::fmt::Debug for Conformance<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Conformance")
+    }
+}
 
 fn error_kind(e: &RecordError) -> &'static str {
     match e {

@@ -37,7 +37,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// How often a persisting probe error is logged again.
-pub const PROBE_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const PROBE_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// What the watcher probes: normally [`OwnSlot`], this process's slot in a [`MarkerStore`].
 pub trait MarkerProbe: 'static {
@@ -207,6 +207,12 @@ pub struct MarkerWatcherActor {
     events: Option<SlotEvents>,
     /// Whether a panic ends the process (the service's `owns_process_exit`).
     ends_process: bool,
+}
+
+impl std::fmt::Debug for MarkerWatcherActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MarkerWatcherActor").finish_non_exhaustive()
+    }
 }
 
 impl MarkerWatcherActor {
@@ -407,7 +413,7 @@ impl Drop for MarkerWatcherActor {
 }
 
 /// The exit code after a watcher panic: a failure, so supervisors restart the process.
-pub const WATCHER_PANIC_EXIT_CODE: i32 = 1;
+pub(crate) const WATCHER_PANIC_EXIT_CODE: i32 = 1;
 
 #[cfg(test)]
 mod tests;

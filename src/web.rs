@@ -267,6 +267,14 @@ pub struct Serve {
     grace: Duration,
 }
 
+impl std::fmt::Debug for Serve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serve")
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Serve {
     /// How long the listener stays open after a stop is accepted while readiness already says
     /// `draining`, so load balancers stop routing new requests before connections are refused.

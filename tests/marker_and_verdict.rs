@@ -95,7 +95,7 @@ proptest! {
         started in any_time(),
         now in any_time(),
     ) {
-        let me = ProcessIdentity { pid, start, started_at: started };
+        let me = ProcessIdentity::new(pid, start, started);
         let bytes = marker.to_json().unwrap();
         let policy = Policy::default();
         let verdict = decide(SlotContent::Bytes(&bytes), &me, now, &policy).unwrap();

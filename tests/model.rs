@@ -299,11 +299,7 @@ impl Proc {
     }
 
     fn identity(&self) -> ProcessIdentity {
-        ProcessIdentity {
-            pid: PID,
-            start: u64::from(self.fp),
-            started_at: at(self.started),
-        }
+        ProcessIdentity::new(PID, u64::from(self.fp), at(self.started))
     }
 
     fn alive(&self) -> bool {

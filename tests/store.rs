@@ -652,11 +652,7 @@ const ROUNDS: u32 = 1000;
 
 /// A synthetic target per round, so one directory holds a slot per round.
 fn round_identity(round: u32) -> ProcessIdentity {
-    ProcessIdentity {
-        pid: round + 1,
-        start: 7,
-        started_at: chrono::DateTime::UNIX_EPOCH,
-    }
+    ProcessIdentity::new(round + 1, 7, chrono::DateTime::UNIX_EPOCH)
 }
 
 fn write_round_markers(store: &MarkerStore) {

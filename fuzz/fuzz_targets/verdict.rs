@@ -38,7 +38,7 @@ fn time(ms: i64) -> DateTime<Utc> {
 }
 
 fuzz_target!(|input: Input| {
-    let own = ProcessIdentity { pid: input.pid.max(1), start: input.start, started_at: time(input.started_ms) };
+    let own = ProcessIdentity::new(input.pid.max(1), input.start, time(input.started_ms));
     let now = time(input.now_ms);
     let policy = Policy::default()
         .with_ttl(Duration::from_millis(input.ttl_ms.into()))

@@ -148,11 +148,7 @@ impl Demo {
         let mut service = Service {
             child,
             events,
-            identity: ProcessIdentity {
-                pid: 0,
-                start: 0,
-                started_at: Utc::now(),
-            },
+            identity: ProcessIdentity::new(0, 0, Utc::now()),
         };
         let (_, resumed) = service.expect("resumed")?;
         service.expect("ready")?;

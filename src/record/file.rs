@@ -40,13 +40,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The directory of the item files inside the state directory.
-pub const ITEMS_DIR_NAME: &str = "planned-stop-items";
+pub(crate) const ITEMS_DIR_NAME: &str = "planned-stop-items";
 /// The directory acknowledged items are moved to, inside the state directory.
-pub const ACKED_DIR_NAME: &str = "planned-stop-acked";
+pub(crate) const ACKED_DIR_NAME: &str = "planned-stop-acked";
 /// The lock file inside the state directory.
-pub const LOCK_FILE_NAME: &str = ".planned-stop.lock";
+pub(crate) const LOCK_FILE_NAME: &str = ".planned-stop.lock";
 /// How long an operation waits for another process's lock on the state directory.
-pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Largest item or lease file read, in bytes: every item the runner accepts
 /// ([`crate::MAX_ITEM_BYTES`] of JSON) with room for its envelope (id, participant, owner), and a
 /// persist refuses to write a larger file, so whatever is written can be read back.
@@ -54,7 +54,7 @@ pub(crate) const MAX_FILE_BYTES: usize = crate::record::MAX_ITEM_BYTES + 64 * 10
 /// How long an acknowledgement is kept (so `records list` can show it, and a second
 /// acknowledgement of the same item is refused), and how old a leftover temporary file must be
 /// before it is removed.
-pub const ACK_KEEP: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const ACK_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 const ITEM: &str = ".item.json";
 const LEASE: &str = ".lease.json";

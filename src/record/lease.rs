@@ -35,6 +35,7 @@ pub struct Owner {
 
 /// Whether a lease's owner still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Liveness {
     /// It runs: its items stay its own.
     Alive,

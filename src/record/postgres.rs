@@ -36,7 +36,7 @@ use tokio_postgres::{Client, Config, NoTls, Row};
 pub const SCHEMA_VERSION: i32 = 3;
 
 /// How long any one database operation may take before it fails (and a stop spills).
-pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A function that opens a connection: connects with `config`, spawns the connection task, and
 /// returns the client (see [`PgRecordStore::with_connector`]).

@@ -27,9 +27,9 @@ mod messages;
 pub(crate) mod process_end;
 
 pub use config::{ExitCodes, RunnerConfig};
+pub(crate) use messages::{AddParticipant, HeldStop};
 pub use messages::{
-    AddParticipant, Drain, DrainPhase, DrainReport, HeldStop, OsSignal, PlannedStop, Ready,
-    RequestStop, RunnerStatus,
+    Drain, DrainPhase, DrainReport, OsSignal, PlannedStop, Ready, RequestStop, RunnerStatus,
 };
 
 use drain::{DrainRun, Next, Participant, Requester};
@@ -72,6 +72,14 @@ pub struct RunnerActor {
     unrecorded: Vec<Unfinished>,
     /// The participants of a drain that have not answered yet, for the overrun watchdog's log.
     awaiting: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for RunnerActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerActor")
+            .field("own", &self.own)
+            .finish_non_exhaustive()
+    }
 }
 
 #[cfg(test)]
@@ -550,12 +558,12 @@ impl Actor for RunnerActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.publish();
-        if tokio::runtime::Handle::try_current().is_ok() {
-            self.check_system(ctx);
-        }
         // actix polls a context once while dropping it (a System torn down before the actor
         // ever ran): there is no timer then, and the drop guard below takes over.
         let timers = tokio::runtime::Handle::try_current().is_ok();
+        if timers {
+            self.check_system(ctx);
+        }
         if let Some(after) = self.config.ready_warning.filter(|_| timers) {
             ctx.run_later(drain::clamp(after), move |act, _| {
                 if act.lifecycle.state() == RunnerState::Starting {
