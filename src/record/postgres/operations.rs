@@ -1,0 +1,451 @@
+//! The store's operations on the database: persist a stop, push what a stop spilled, lease,
+//! release what a failed lease may have taken, acknowledge, release. Each runs in one
+//! transaction through [`PgRecordStore::run`](super::PgRecordStore), within the operation timeout.
+
+use super::rows::{COLUMNS, as_i64, col, item_of, owner_key, pid_of, quarantine};
+use super::{PgRecordStore, backend};
+use crate::record::lease::{self, Lease, Liveness, Owner};
+use crate::record::store::{Leased, RecordStore, ResumeItem, checked_item, lease_end};
+use crate::record::{RecordError, StopRecord};
+use std::collections::HashMap;
+use std::time::Duration;
+
+impl PgRecordStore {
+    pub(super) async fn persist_db(
+        &self,
+        stopper: &Owner,
+        record: &StopRecord,
+    ) -> Result<(), RecordError> {
+        let service = self.service.clone();
+        let stopper = stopper.clone();
+        let record = record.clone();
+        self.run(move |client| {
+            Box::pin(async move {
+                // New work and handed-back items apart: a handed-back item is written again only
+                // while this process holds it (`attempts_after_persist`, the rule every store
+                // follows), so an acknowledgement or an operator's drop is never undone.
+                let (mut ids, mut participants, mut values) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut back, mut back_participants, mut back_values) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                for unfinished in &record.unfinished {
+                    let id = checked_item(unfinished).map_err(|reason| RecordError::Invalid {
+                        path: "postgres".into(),
+                        reason,
+                    })?;
+                    let (ids, participants, values) = if unfinished.resumed {
+                        (&mut back, &mut back_participants, &mut back_values)
+                    } else {
+                        (&mut ids, &mut participants, &mut values)
+                    };
+                    ids.push(id.to_owned());
+                    participants.push(unfinished.participant.clone());
+                    values.push(unfinished.item.clone());
+                }
+                let by = (&stopper.host, as_i64(u64::from(stopper.pid)), as_i64(stopper.start));
+                let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                // Items this process holds come back pending, their attempts counted up (saturating:
+                // a row with attempts at the top of `integer` must not fail the stop).
+                let handed_back = tx
+                    .execute(
+                        "UPDATE planned_stop_items AS i SET participant = n.participant, item = n.item, \
+                         stopped_by_host = $4, stopped_by_pid = $5, stopped_by_start = $6, stopped_at = $7, \
+                         attempts = LEAST(GREATEST(i.attempts, 0), 2147483646) + 1, lease_owner = NULL, \
+                         lease_host = NULL, lease_pid = NULL, lease_start = NULL, leased_at = NULL, \
+                         lease_expires = NULL \
+                         FROM unnest($2::text[], $3::text[], $9::jsonb[]) AS n(id, participant, item) \
+                         WHERE i.service = $1 AND i.id = n.id AND i.lease_owner = $8 AND i.quarantined IS NULL",
+                        &[&service, &back, &back_participants, by.0, &by.1, &by.2, &record.finished_at, &owner_key(&stopper), &back_values],
+                    )
+                    .await
+                    .map_err(|e| backend("hand items back", e))?;
+                // New items: written once.
+                let inserted = tx
+                    .execute(
+                        "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
+                         stopped_by_pid, stopped_by_start, stopped_at, attempts) \
+                         SELECT $1, n.id, n.participant, n.item, $4, $5, $6, $7, 1 \
+                         FROM unnest($2::text[], $3::text[], $8::jsonb[]) AS n(id, participant, item) \
+                         ON CONFLICT DO NOTHING",
+                        &[&service, &ids, &participants, by.0, &by.1, &by.2, &record.finished_at, &values],
+                    )
+                    .await
+                    .map_err(|e| backend("insert the items", e))?;
+                let left_alone = (back.len() as u64).saturating_sub(handed_back)
+                    + (ids.len() as u64).saturating_sub(inserted);
+                if left_alone > 0 {
+                    tracing::warn!(left_alone, "items handed back that are not this process's any \
+                        more (acknowledged, dropped or released by an operator, or taken over), or \
+                        new items whose id was taken; left as they are");
+                }
+                let summary = serde_json::to_value(&record).map_err(|e| backend("encode the stop record", e))?;
+                tx.execute(
+                    "INSERT INTO planned_stop_stops (service, record, written_at) VALUES ($1, $2, $3) \
+                     ON CONFLICT (service) DO UPDATE SET record = EXCLUDED.record, written_at = EXCLUDED.written_at",
+                    &[&service, &summary, &record.finished_at],
+                )
+                .await
+                .map_err(|e| backend("write the stop record", e))?;
+                tx.commit().await.map_err(|e| backend("commit the stop record", e))
+            })
+        })
+        .await
+    }
+
+    /// Pushes what a stop spilled on this host to the database: each item once (an item already
+    /// acknowledged in the database is not brought back), then removes it from the spill.
+    pub(super) async fn push_spilled(&self) -> Result<(), RecordError> {
+        let Some(spill) = &self.spill else {
+            return Ok(());
+        };
+        let spilled = spill.list().await?;
+        if spilled.is_empty() {
+            return Ok(());
+        }
+        let service = self.service.clone();
+        let items: Vec<ResumeItem> = spilled.iter().map(|s| s.item.clone()).collect();
+        let summary = spill.last_stop().await.ok().flatten();
+        self.run(move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                for item in &items {
+                    // A new item is inserted unless it was acknowledged or dropped meanwhile; an
+                    // item the spilling process had leased from the database replaces the stale
+                    // row (newer content, attempts counted up, pending) while that process still
+                    // holds it there, and is left to whoever holds it otherwise.
+                    tx.execute(
+                        "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
+                         stopped_by_pid, stopped_by_start, stopped_at, attempts) \
+                         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE NOT EXISTS \
+                         (SELECT 1 FROM planned_stop_acks WHERE service = $1 AND id = $2) \
+                         ON CONFLICT (service, id) DO UPDATE SET participant = EXCLUDED.participant, \
+                         item = EXCLUDED.item, stopped_by_host = EXCLUDED.stopped_by_host, \
+                         stopped_by_pid = EXCLUDED.stopped_by_pid, stopped_by_start = EXCLUDED.stopped_by_start, \
+                         stopped_at = EXCLUDED.stopped_at, \
+                         attempts = LEAST(GREATEST(planned_stop_items.attempts, 0), 2147483646) + 1, \
+                         lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_start = NULL, \
+                         leased_at = NULL, lease_expires = NULL \
+                         WHERE planned_stop_items.lease_owner = $10 AND planned_stop_items.quarantined IS NULL",
+                        &[
+                            &service,
+                            &item.id,
+                            &item.participant,
+                            &item.item,
+                            &item.stopped_by.host,
+                            &as_i64(u64::from(item.stopped_by.pid)),
+                            &as_i64(item.stopped_by.start),
+                            &item.stopped_at,
+                            &i32::try_from(item.attempts).unwrap_or(i32::MAX),
+                            &owner_key(&item.stopped_by),
+                        ],
+                    )
+                    .await
+                    .map_err(|e| backend("push a spilled item", e))?;
+                }
+                if let Some(summary) = &summary {
+                    let record = serde_json::to_value(summary).map_err(|e| backend("encode", e))?;
+                    tx.execute(
+                        "INSERT INTO planned_stop_stops (service, record, written_at) VALUES ($1, $2, $3) \
+                         ON CONFLICT (service) DO UPDATE SET record = EXCLUDED.record, written_at = EXCLUDED.written_at \
+                         WHERE planned_stop_stops.written_at < EXCLUDED.written_at",
+                        &[&service, &record, &summary.finished_at],
+                    )
+                    .await
+                    .map_err(|e| backend("push the spilled stop record", e))?;
+                }
+                tx.commit().await.map_err(|e| backend("commit the spilled items", e))
+            })
+        })
+        .await?;
+        for state in &spilled {
+            spill.remove(&state.item.id).await?;
+        }
+        tracing::info!(
+            items = spilled.len(),
+            "pushed the items a stop had spilled on this host to PostgreSQL"
+        );
+        Ok(())
+    }
+
+    pub(super) async fn lease_db(
+        &self,
+        owner: &Owner,
+        max: usize,
+        lease_for: Duration,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<Leased>, RecordError> {
+        let expires_at = lease_end(now, lease_for);
+        let service = self.service.clone();
+        let owner = owner.clone();
+        let liveness = self.liveness.clone();
+        self.run(move |client| {
+            Box::pin(async move {
+                // Owners on this host can be looked up: the dead ones' items are on offer now.
+                let holders = client
+                    .query(
+                        "SELECT DISTINCT lease_host, lease_pid, lease_start, lease_owner FROM planned_stop_items \
+                         WHERE service = $1 AND lease_owner IS NOT NULL AND quarantined IS NULL",
+                        &[&service],
+                    )
+                    .await
+                    .map_err(|e| backend("list the lease holders", e))?;
+                let mut seen: HashMap<String, Liveness> = HashMap::new();
+                for row in &holders {
+                    // A holder with a missing part is not looked up: its row is examined (and
+                    // quarantined) below.
+                    let mut problems = Vec::new();
+                    let host: String = col(row, "lease_host", &mut problems);
+                    let pid: i64 = col(row, "lease_pid", &mut problems);
+                    let start: i64 = col(row, "lease_start", &mut problems);
+                    let key: String = col(row, "lease_owner", &mut problems);
+                    let pid = pid_of(pid, "lease_pid", &mut problems);
+                    if problems.is_empty() {
+                        seen.insert(key, liveness(&Owner::new(host, pid, start as u64)));
+                    }
+                }
+                let dead: Vec<String> = seen
+                    .iter()
+                    .filter(|(_, l)| **l == Liveness::Dead)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                // A start leases: the name is registered, so `records list` knows it from now on.
+                tx.execute(
+                    "INSERT INTO planned_stop_services (service, first_seen, last_seen) \
+                     VALUES ($1, $2, $2) ON CONFLICT (service) DO UPDATE SET last_seen = $2",
+                    &[&service, &now],
+                )
+                .await
+                .map_err(|e| backend("register the service", e))?;
+                let mut examined: Vec<String> = Vec::new();
+                let mut leased = Vec::new();
+                let limit = i64::try_from(max).unwrap_or(i64::MAX);
+                loop {
+                    let want = limit - leased.len() as i64;
+                    if want <= 0 {
+                        break;
+                    }
+                    let rows = tx
+                        .query(
+                            &format!(
+                                "SELECT {COLUMNS} FROM planned_stop_items WHERE service = $1 AND quarantined IS NULL \
+                                 AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= $2 \
+                                 OR lease_owner = ANY($3)) \
+                                 AND NOT (id = ANY($4)) ORDER BY stopped_at, id LIMIT $5 FOR UPDATE SKIP LOCKED"
+                            ),
+                            &[&service, &now, &dead, &examined, &want],
+                        )
+                        .await
+                        .map_err(|e| backend("find items on offer", e))?;
+                    if rows.is_empty() {
+                        break;
+                    }
+                    let mut taken = Vec::new();
+                    for row in &rows {
+                        let (state, problem) = item_of(row);
+                        examined.push(state.item.id.clone());
+                        if let Some(reason) = problem {
+                            quarantine(&tx, &service, &state.item.id, &reason).await?;
+                            continue;
+                        }
+                        let holder = state
+                            .lease
+                            .as_ref()
+                            .map_or(Liveness::Dead, |l| *seen.get(&owner_key(&l.owner)).unwrap_or(&Liveness::Unknown));
+                        if lease::is_offered(state.lease.as_ref(), now, holder) {
+                            taken.push(state.item);
+                        }
+                    }
+                    if taken.is_empty() {
+                        continue;
+                    }
+                    let ids: Vec<&str> = taken.iter().map(|i| i.id.as_str()).collect();
+                    tx.execute(
+                        "UPDATE planned_stop_items SET lease_owner = $3, lease_host = $4, lease_pid = $5, \
+                         lease_start = $6, leased_at = $7, lease_expires = $8 WHERE service = $1 AND id = ANY($2)",
+                        &[
+                            &service,
+                            &ids,
+                            &owner_key(&owner),
+                            &owner.host,
+                            &as_i64(u64::from(owner.pid)),
+                            &as_i64(owner.start),
+                            &now,
+                            &expires_at,
+                        ],
+                    )
+                    .await
+                    .map_err(|e| backend("lease the items", e))?;
+                    leased.extend(taken.into_iter().map(|item| Leased {
+                        item,
+                        lease: Lease::new(owner.clone(), now, expires_at),
+                    }));
+                }
+                tx.commit().await.map_err(|e| backend("commit the leases", e))?;
+                // Oldest first across batches (a later batch can only hold later items).
+                Ok(leased)
+            })
+        })
+        .await
+    }
+
+    /// A lease call failed, perhaps after the server committed it (the commit outlasted the
+    /// operation timeout): the caller got nothing, so nothing it might have been given may stay
+    /// leased to this live process. Releases, in the background until it succeeds (at most a few
+    /// minutes), every item leased to `owner` by that call (`leased_at` = `stamp`).
+    pub(super) fn release_uncertain(&self, owner: &Owner, stamp: chrono::DateTime<chrono::Utc>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key) = (self.clone(), owner_key(owner));
+        let abandoned = self
+            .backends
+            .lock()
+            .ok()
+            .and_then(|mut b| b.abandoned.take());
+        runtime.spawn(async move {
+            let mut wait = Duration::from_millis(100);
+            for _ in 0..20 {
+                let (service, key) = (store.service.clone(), key.clone());
+                let released = store
+                    .run(move |client| {
+                        Box::pin(async move {
+                            // The abandoned call may still be committing on the server: end it
+                            // and wait until its server process is gone, so what it did is final
+                            // (committed or rolled back) before the release looks.
+                            if let Some(pid) = abandoned {
+                                let _ = client.execute("SELECT pg_terminate_backend($1)", &[&pid]).await;
+                                let gone = client
+                                    .query_one(
+                                        "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                                        &[&pid],
+                                    )
+                                    .await
+                                    .map_err(|e| backend("look for the abandoned call", e))?
+                                    .try_get::<_, bool>(0)
+                                    .unwrap_or(false);
+                                if !gone {
+                                    return Err(RecordError::backend(
+                                        "the abandoned call is still running in PostgreSQL",
+                                    ));
+                                }
+                            }
+                            client
+                                .execute(
+                                    "UPDATE planned_stop_items SET lease_owner = NULL, lease_host = NULL, \
+                                     lease_pid = NULL, lease_start = NULL, leased_at = NULL, lease_expires = NULL \
+                                     WHERE service = $1 AND lease_owner = $2 AND leased_at = $3",
+                                    &[&service, &key, &stamp],
+                                )
+                                .await
+                                .map_err(|e| backend("release what a failed lease took", e))
+                        })
+                    })
+                    .await;
+                match released {
+                    Ok(n) => {
+                        if n > 0 {
+                            tracing::warn!(items = n, "a lease call failed after the database \
+                                had taken items for it; they are pending again");
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %crate::error_chain::ErrorChain(&e),
+                            "cannot release what a failed lease may have taken yet; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+            tracing::error!("could not release what a failed lease call may have taken: such \
+                items stay leased to this process until it exits; `planned-stop records release` \
+                frees them");
+        });
+    }
+
+    pub(super) async fn acknowledge_db(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
+        let service = self.service.clone();
+        let owner = owner_key(owner);
+        let id = id.to_owned();
+        let now = self.clock.now();
+        self.run(move |client| {
+            Box::pin(async move {
+                // One statement: the item goes and its acknowledgement comes, only if it is ours.
+                let done = client
+                    .query_opt(
+                        "WITH gone AS (DELETE FROM planned_stop_items WHERE service = $1 AND id = $2 \
+                         AND lease_owner = $3 RETURNING id) \
+                         INSERT INTO planned_stop_acks (service, id, acked_by, acked_at) \
+                         SELECT $1, id, $3, $4 FROM gone RETURNING id",
+                        &[&service, &id, &owner, &now],
+                    )
+                    .await
+                    .map_err(|e| backend("acknowledge an item", e))?;
+                if done.is_some() {
+                    return Ok(());
+                }
+                let row = client
+                    .query_opt(
+                        "SELECT lease_owner FROM planned_stop_items WHERE service = $1 AND id = $2",
+                        &[&service, &id],
+                    )
+                    .await
+                    .map_err(|e| backend("read an item", e))?;
+                match row {
+                    None => Err(RecordError::UnknownItem { id }),
+                    Some(row) => Err(RecordError::NotHolder {
+                        id,
+                        holder: row.try_get::<_, Option<String>>(0).ok().flatten(),
+                    }),
+                }
+            })
+        })
+        .await
+    }
+
+    pub(super) async fn release_db(
+        &self,
+        owner: Option<&Owner>,
+        id: &str,
+    ) -> Result<bool, RecordError> {
+        let service = self.service.clone();
+        let owner = owner.map(owner_key);
+        let id = id.to_owned();
+        self.run(move |client| {
+            Box::pin(async move {
+                let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                let row = tx
+                    .query_opt(
+                        "SELECT lease_owner FROM planned_stop_items WHERE service = $1 AND id = $2 FOR UPDATE",
+                        &[&service, &id],
+                    )
+                    .await
+                    .map_err(|e| backend("read an item", e))?;
+                let Some(row) = row else {
+                    return Err(RecordError::UnknownItem { id });
+                };
+                let holder: Option<String> = row
+                    .try_get(0)
+                    .map_err(|e| backend("an item row does not fit this schema", e))?;
+                let Some(holder) = holder else {
+                    return Ok(false);
+                };
+                if let Some(owner) = owner
+                    && owner != holder
+                {
+                    return Err(RecordError::NotHolder { id, holder: Some(holder) });
+                }
+                tx.execute(
+                    "UPDATE planned_stop_items SET lease_owner = NULL, lease_host = NULL, lease_pid = NULL, \
+                     lease_start = NULL, leased_at = NULL, lease_expires = NULL WHERE service = $1 AND id = $2",
+                    &[&service, &id],
+                )
+                .await
+                .map_err(|e| backend("release an item", e))?;
+                tx.commit().await.map_err(|e| backend("commit the release", e))?;
+                Ok(true)
+            })
+        })
+        .await
+    }
+}
