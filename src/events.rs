@@ -2,21 +2,23 @@
 //!
 //! Polling costs a probe per interval and a marker waits up to one interval to be seen. With
 //! notifications (inotify on Linux, through the `inotify` crate; FSEvents on macOS and
-//! `ReadDirectoryChangesW` on Windows, through the `notify` crate) the watcher probes as soon as the slot changes, typically within a
-//! millisecond. Notifications are an accelerator, never the only path: events can be missed (a
-//! queue overflow, a network file system, a directory replaced under the watch), so the watcher
-//! keeps polling as a safety net and a missed event costs at most one poll interval.
+//! `ReadDirectoryChangesW` on Windows, through the `notify` crate) the watcher probes as soon as
+//! the slot changes, typically within a millisecond. Notifications are an accelerator, never the
+//! only path: events can be missed (a queue overflow, a network file system, a directory replaced
+//! under the watch), so the watcher keeps polling as a safety net and a missed event costs at most
+//! one poll interval.
 //!
 //! [`SlotEvents`] watches the slot's directory (not the slot itself, which comes and goes) and
 //! sends a wake-up for every event that touches the slot's name, and for every overflow or error
 //! (after which the truth is unknown, so the watcher should look).
 //!
-//! On Linux it uses inotify itself rather than the generic watcher, asking only for what can bring a marker — a file renamed
-//! into the directory (`IN_MOVED_TO`, how every writer of this crate delivers one) or a file
-//! written in place and closed (`IN_CLOSE_WRITE`) — and compares the name before anything else
-//! runs. Many services share one directory, and every marker written for one of them is an event
-//! for all: through the generic watcher each cost every other service about 70 µs of CPU (opens,
-//! modifications and temporary files included), so stopping N services one by one cost O(N²).
+//! On Linux it uses inotify itself rather than the generic watcher, asking only for what can
+//! bring a marker — a file renamed into the directory (`IN_MOVED_TO`, how every writer of this
+//! crate delivers one) or a file written in place and closed (`IN_CLOSE_WRITE`) — and compares
+//! the name before anything else runs. Many services share one directory, and every marker
+//! written for one of them is an event for all: through the generic watcher each cost every other
+//! service about 70 µs of CPU (opens, modifications and temporary files included), so stopping N
+//! services one by one cost O(N²).
 
 #[cfg(not(target_os = "linux"))]
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
@@ -195,7 +197,10 @@ mod linux {
                     Ok(_) => !fds[1].revents().is_empty(),
                     Err(rustix::io::Errno::INTR) => continue,
                     Err(e) => {
-                        tracing::warn!(error = %e, "the marker directory's watch failed; polling only");
+                        tracing::warn!(
+                            error = %e,
+                            "the marker directory's watch failed; polling only"
+                        );
                         let _ = tx.send(());
                         return;
                     }
@@ -216,7 +221,10 @@ mod linux {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the marker directory's watch; polling only");
+                        tracing::warn!(
+                            error = %e,
+                            "cannot read the marker directory's watch; polling only"
+                        );
                         let _ = tx.send(());
                         return;
                     }

@@ -17,6 +17,7 @@
 #![cfg(all(unix, feature = "postgres"))]
 
 mod common;
+use common::Lcg;
 
 use actix::prelude::*;
 use planned_stop::{
@@ -182,19 +183,6 @@ impl Handler<Drain> for Job {
 
 fn env(k: &str) -> String {
     std::env::var(k).unwrap_or_default()
-}
-
-/// A deterministic generator (its seed is printed, so a failing run can be repeated).
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n.max(1)
-    }
 }
 
 #[test]

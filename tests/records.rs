@@ -250,6 +250,7 @@ prop_state_machine! {
 
 #[cfg(unix)]
 mod with_processes {
+    use super::common::Lcg;
     use super::common::process::*;
     use serde_json::Value;
     use std::collections::{BTreeMap, BTreeSet};
@@ -323,18 +324,6 @@ mod with_processes {
     fn wait_all_acked(serve: &Serve) -> Vec<String> {
         let n = serve.seen("resumed").unwrap()["jobs"].as_u64().unwrap() as usize;
         serve.wait_acked(n)
-    }
-
-    /// A small deterministic generator for kill delays (the seed is printed on failure).
-    struct Lcg(u64);
-    impl Lcg {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) % n
-        }
     }
 
     #[test]

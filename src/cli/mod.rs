@@ -508,8 +508,12 @@ fn status(args: StatusArgs) -> u8 {
         Ok(e) => e,
         Err(e) => return fail(chain(&e)),
     };
-    let (outcomes, presences) = match store.outcomes().and_then(|o| Ok((o, store.presences()?))) {
-        Ok(both) => both,
+    let outcomes = match store.outcomes() {
+        Ok(outcomes) => outcomes,
+        Err(e) => return fail(chain(&e)),
+    };
+    let presences = match store.presences() {
+        Ok(presences) => presences,
         Err(e) => return fail(chain(&e)),
     };
     let found = match stop_records(&args) {

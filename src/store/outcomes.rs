@@ -138,7 +138,9 @@ impl MarkerStore {
     /// The directory cannot be listed (removed, or not readable by this user): an empty list
     /// would say "no outcomes" where the truth is unknown.
     pub fn outcomes(&self) -> Result<Vec<Outcome>, StoreError> {
-        read_each(self.outcome_files()?, |pid| self.read_outcome(pid))
+        Ok(read_each(self.outcome_files()?, |pid| {
+            self.read_outcome(pid)
+        }))
     }
 
     /// Every readable presence file in the directory, by pid: the processes that announced they
@@ -155,7 +157,9 @@ impl MarkerStore {
     /// # Errors
     /// The directory cannot be listed, as for [`MarkerStore::outcomes`].
     pub fn presences(&self) -> Result<Vec<Presence>, StoreError> {
-        read_each(self.presence_files()?, |pid| self.read_presence(pid))
+        Ok(read_each(self.presence_files()?, |pid| {
+            self.read_presence(pid)
+        }))
     }
 
     /// Outcome files in the directory, with their pids.
@@ -180,11 +184,8 @@ impl MarkerStore {
 }
 
 /// What `read` makes of each file, in pid order; files that are not what they should be are left out.
-fn read_each<T>(
-    files: Vec<(u32, PathBuf)>,
-    read: impl Fn(u32) -> Option<T>,
-) -> Result<Vec<T>, StoreError> {
+fn read_each<T>(files: Vec<(u32, PathBuf)>, read: impl Fn(u32) -> Option<T>) -> Vec<T> {
     let mut pids: Vec<u32> = files.into_iter().map(|(pid, _)| pid).collect();
     pids.sort_unstable();
-    Ok(pids.into_iter().filter_map(read).collect())
+    pids.into_iter().filter_map(read).collect()
 }

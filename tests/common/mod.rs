@@ -150,3 +150,20 @@ pub fn write_self_marker(marker: &Path, stale: bool) -> Marker {
     std::fs::write(marker, m.to_json().unwrap()).unwrap();
     m
 }
+
+/// A small deterministic generator for the tests' random choices (kill delays, chaos faults):
+/// print the seed, and a failing run can be repeated.
+#[allow(dead_code)]
+pub struct Lcg(pub u64);
+
+#[allow(dead_code)]
+impl Lcg {
+    /// A number in `0..n` (0 for `n` = 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
