@@ -6,9 +6,10 @@
 use actix::prelude::*;
 use chrono::Utc;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use planned_stop::PlannedStop;
-use planned_stop::internals::{MarkerProbe, OwnSlot, WatchStep, next_step};
-use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
+use planned_stop::Layout;
+use planned_stop::internals::{MarkerProbe, OwnSlot, PlannedStop, WatchStep, next_step};
+use planned_stop::marker::{Marker, MarkerStore, Verdict};
+use planned_stop::{ProcessIdentity, RunnerState};
 use std::hint::black_box;
 
 fn store() -> (tempfile::TempDir, MarkerStore, ProcessIdentity) {

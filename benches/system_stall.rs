@@ -10,7 +10,7 @@
 //!
 //! `cargo bench --bench system_stall` (about 10 s).
 
-use planned_stop::{FileRecordStore, Owner, RecordStore};
+use planned_stop::record::{FileRecordStore, Owner, RecordStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,7 +34,11 @@ struct Figures {
 
 fn measure(way: Way) -> Figures {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileRecordStore::open(dir.path().join("state"), false).unwrap();
+    let store = FileRecordStore::open(
+        dir.path().join("state"),
+        planned_stop::record::Sharing::Refused,
+    )
+    .unwrap();
     let owner = Owner::new("bench-host", 1, 1);
     let items: Vec<serde_json::Value> = (0..20)
         .map(|i| serde_json::json!(format!("job-{i}")))
@@ -133,7 +137,7 @@ fn measure(way: Way) -> Figures {
 }
 
 /// A planned stop's record leaving `items`, as the runner would persist it.
-fn stop_record(items: Vec<serde_json::Value>) -> planned_stop::StopRecord {
+fn stop_record(items: Vec<serde_json::Value>) -> planned_stop::record::StopRecord {
     let at = chrono::Utc::now();
     let unfinished: Vec<_> = items
         .into_iter()

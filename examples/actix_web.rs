@@ -17,7 +17,8 @@
 
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
-use planned_stop::{Drain, DrainPhase, DrainReport, Layout, PlannedStopService, WorkSet};
+use planned_stop::Layout;
+use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, WorkSet};
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,7 +41,7 @@ impl Actor for Jobs {
 #[rtype(result = "()")]
 enum Run {
     New(Job),
-    Resumed(planned_stop::Leased),
+    Resumed(planned_stop::record::Leased),
 }
 
 impl Handler<Run> for Jobs {

@@ -11,7 +11,9 @@
 
 mod common;
 
-use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity};
+use planned_stop::Layout;
+use planned_stop::ProcessIdentity;
+use planned_stop::marker::{Marker, MarkerStore};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -109,7 +109,8 @@ fn main() {
 #[cfg(target_os = "linux")]
 fn child(mode: &str) {
     use actix::prelude::*;
-    use planned_stop::{Layout, PlannedStopService};
+    use planned_stop::Layout;
+    use planned_stop::PlannedStopService;
 
     struct Nop;
     impl Actor for Nop {

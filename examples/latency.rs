@@ -12,8 +12,9 @@
 
 mod common;
 
+use planned_stop::Layout;
+use planned_stop::marker::MarkerStore;
 use planned_stop::stopper::{self, StopOptions};
-use planned_stop::{Layout, MarkerStore};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

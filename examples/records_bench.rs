@@ -11,7 +11,9 @@
 //! each), median and p95 of 20 runs. Without the variable only the file store is measured.
 //! Results go to `docs/performance.md` by hand.
 
-use planned_stop::{FileRecordStore, Owner, PgRecordStore, RecordStore, StopRecord};
+use planned_stop::record::{
+    FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing, StopRecord,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,7 +120,8 @@ fn main() {
     stores.push((
         "file store",
         Arc::new(move || {
-            Arc::new(FileRecordStore::open(&state, false).unwrap()) as Arc<dyn RecordStore>
+            Arc::new(FileRecordStore::open(&state, Sharing::Refused).unwrap())
+                as Arc<dyn RecordStore>
         }),
     ));
     match std::env::var("PLANNED_STOP_TEST_DATABASE_URL") {

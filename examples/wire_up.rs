@@ -8,7 +8,9 @@
 
 use actix::prelude::*;
 use chrono::Utc;
-use planned_stop::{Drain, DrainReport, Layout, Marker, PlannedStopService};
+use planned_stop::Layout;
+use planned_stop::marker::Marker;
+use planned_stop::{Drain, DrainReport, PlannedStopService};
 use std::time::Duration;
 
 /// An application actor with work in flight.

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 /// A source of the current wall-clock time.
 ///
 /// ```
-/// use planned_stop::{Clock, SystemClock};
+/// use planned_stop::internals::{Clock, SystemClock};
 /// let before = chrono::Utc::now();
 /// assert!(SystemClock.now() >= before);
 /// ```
@@ -21,7 +21,7 @@ pub trait Clock: Send + Sync + 'static {
 /// The system's wall clock.
 ///
 /// ```
-/// use planned_stop::{Clock, SystemClock};
+/// use planned_stop::internals::{Clock, SystemClock};
 /// let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
 /// let _now = clock.now();
 /// ```

@@ -10,18 +10,39 @@
 //!
 //! Signals cannot carry "this is planned": a SIGTERM from a deploy and one from an OOM-killing
 //! supervisor look the same, and on Windows there is no SIGTERM handler at all. A small JSON
-//! [`Marker`] in a directory works on every OS. It names its target by pid *and* start fingerprint
-//! ([`ProcessIdentity`]), so it can never stop a later process that inherited the pid.
+//! [`Marker`](marker::Marker) in a directory works on every OS. It names its target by pid *and*
+//! start fingerprint ([`ProcessIdentity`]), so it can never stop a later process that inherited
+//! the pid.
 //!
 //! ## What you use
 //!
-//! - In the service: [`PlannedStopService::builder`] starts the runner and the marker watcher on the
-//!   current actix `System`; the [`ServiceHandle`] says when the application is ready and reads the
-//!   [`StopRecord`] the previous process left. Actors with work to finish take part in the drain:
-//!   they handle [`Drain`] and answer with a [`DrainReport`].
-//! - On the stopper's side: [`stopper::request`] writes a [`Marker`] for exactly one
-//!   [`ProcessIdentity`], and [`stopper::wait`] follows that process to its [`Outcome`].
-//! - To look without acting: a [`MarkerStore`] reads, judges ([`Verdict`]), sweeps and clears slots.
+//! The crate root holds what an application's `main` and its actors use:
+//!
+//! - [`PlannedStopService::builder`] starts the runner and the marker watcher on the current actix
+//!   `System`; the [`ServiceHandle`] says when the application is ready, leases what earlier stops
+//!   left ([`ServiceHandle::resume`]), and resolves to the exit code `main` returns.
+//! - Actors with work to finish take part in the drain: they handle [`Drain`] and answer with a
+//!   [`DrainReport`] (a [`WorkSet`] keeps the bookkeeping), in the [`DrainPhase`] they belong to.
+//! - The runner's life as values: [`RunnerStatus`], [`RunnerState`], [`StopCause`],
+//!   [`StopVerdict`], [`StopRequest`], [`SignalKind`], [`ExitCodes`]; the errors of a start
+//!   ([`StartError`], [`IdentityError`]).
+//!
+//! Everything else lives in a module named for what it is:
+//!
+//! - [`marker`]: the marker, its slot directory ([`marker::MarkerStore`]), the one decision
+//!   ([`marker::Verdict`]) and its [`marker::Policy`]; the size limits a stopper must respect.
+//! - [`record`]: what a stop leaves for the next start — the [`record::StopRecord`], the resume
+//!   items, the [`record::RecordStore`] trait and its stores ([`record::FileRecordStore`], and
+//!   with `postgres` the fleet's `PgRecordStore`).
+//! - [`stopper`]: the other side — [`stopper::request`] writes a marker for exactly one
+//!   [`ProcessIdentity`], and [`stopper::wait`] follows that process to its
+//!   [`stopper::Outcome`].
+//! - `web` (with `actix-web`): the `HttpServer` as the ingress drain participant, readiness that
+//!   says `draining`.
+//! - `testing` (with `testing`): the conformance suite for a third-party record store, and the
+//!   test seams (a clock, a liveness probe) the crate's stores and builder accept.
+//!
+//! `docs/api.md` in the repository lists the whole surface by module.
 //!
 //! ## Cargo features
 //!
@@ -31,23 +52,26 @@
 //! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
 //! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
 //!   readiness that says `draining`, and the exit code `main` returns.
-//! - `postgres`: [`PgRecordStore`], the record store every replica of a fleet reaches.
-//! - `testing`: [`testing`], the conformance suite a third-party [`RecordStore`] runs to show it
-//!   follows the same rules as the crate's own stores.
+//! - `postgres`: `record::PgRecordStore`, the record store every replica of a fleet reaches.
+//! - `testing`: `testing`, the conformance suite a third-party [`record::RecordStore`] runs to
+//!   show it follows the same rules as the crate's own stores, and the test seams: the builder's
+//!   and the stores' `clock`, the stores' `liveness`, the builder's `identity`.
 //!
 //! ## How the pieces fit
 //!
 //! Inside, dependencies point one way. The marker schema and its bounded parser, and the **one**
 //! verdict function, are pure; the store and the process identity read the file system and the OS
-//! and hold no policy of their own; the runner's rules (states, causes, the verdict latch) are pure
-//! too, and two actors, the runner and the watcher, act on them; the service wires everything
-//! together, and the stopper is the other side. Only the types above are public, so every other
-//! piece can change without breaking an application. `docs/design.md` in the repository walks
-//! through each piece.
+//! and hold no policy of their own; the runner's rules (states, causes, the verdict latch, the
+//! drain phases) are pure too, and two actors, the runner and the watcher, act on them; the service
+//! wires everything together, and the stopper is the other side. Only what is listed above is
+//! public, so every other piece can change without breaking an application. `docs/design.md` in
+//! the repository walks through each piece.
 //!
 //! ```
 //! use chrono::Utc;
-//! use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, Verdict};
+//! use planned_stop::ProcessIdentity;
+//! use planned_stop::Layout;
+//! use planned_stop::marker::{Marker, MarkerStore, Verdict};
 //!
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let dir = dir.path().join("run");
@@ -77,9 +101,9 @@ mod error_chain;
 mod events;
 mod identity;
 mod lifecycle;
-mod marker;
+pub mod marker;
 mod outcome;
-mod record;
+pub mod record;
 mod runner;
 mod service;
 mod signals;
@@ -93,28 +117,15 @@ pub mod testing;
 mod verdict;
 mod watcher;
 #[cfg(feature = "actix-web")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix-web")))]
 pub mod web;
 mod work;
 
-pub use clock::{Clock, SystemClock};
 pub use identity::{IdentityError, ProcessIdentity};
-pub use lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
-pub use marker::{Marker, MarkerError, StopAction};
-pub use outcome::{DrainSummary, Outcome, Phase, Presence};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use record::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
-pub use record::{
-    FileRecordStore, HOST_ENV, ItemState, Lease, Leased, Liveness, MAX_ITEM_BYTES, Note, Owner,
-    Persisted, PhaseRecord, RecordError, RecordFuture, RecordStore, ResumeItem, StopRecord,
-    Unfinished, holds, is_offered, is_valid_item_id, local_host, oversized,
-};
-pub use runner::{
-    Drain, DrainPhase, DrainReport, ExitCodes, OsSignal, PlannedStop, RunnerActor, RunnerStatus,
-};
+pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
+pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
 pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
-pub use store::{Layout, MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
-pub use verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};
+pub use store::Layout;
 pub use work::{JobId, Unreadable, WorkSet};
 
 /// The crate's own pieces, for its tests, benchmarks and fuzz targets only.
@@ -124,10 +135,13 @@ pub use work::{JobId, Unreadable, WorkSet};
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
+    pub use crate::clock::{Clock, SystemClock};
     pub use crate::events::{SlotEvents, Wakeups};
     pub use crate::identity::parse_proc_stat;
     pub use crate::lifecycle::{Lifecycle, Step};
-    pub use crate::marker::{MAX_MARKER_BYTES, MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS};
+    pub use crate::record::host::{HOST_ENV, local_host};
+    pub use crate::record::lease::{Liveness, holds, is_offered, is_valid_item_id};
+    pub use crate::runner::{OsSignal, PlannedStop, RunnerActor};
     pub use crate::runner::{Ready, RequestStop, RunnerConfig};
     pub use crate::verdict::{SlotContent, decide, decide_as_owner};
     pub use crate::watcher::{
@@ -136,20 +150,26 @@ pub mod internals {
 
     /// A runner outside the service, with its drain participants, and its status channel.
     pub fn runner(
-        store: crate::MarkerStore,
+        store: crate::marker::MarkerStore,
         own: crate::ProcessIdentity,
         config: RunnerConfig,
-        clock: std::sync::Arc<dyn crate::Clock>,
+        clock: std::sync::Arc<dyn Clock>,
         participants: Vec<(crate::DrainPhase, String, actix::Recipient<crate::Drain>)>,
     ) -> (
-        crate::RunnerActor,
+        RunnerActor,
         tokio::sync::watch::Receiver<crate::RunnerStatus>,
     ) {
-        let mut runner = crate::RunnerActor::new(store, own, config, clock);
+        let mut runner = RunnerActor::new(store, own, config, clock);
         for (phase, name, recipient) in participants {
             runner.add_participant(phase, name, recipient);
         }
         let status = runner.subscribe();
         (runner, status)
+    }
+
+    /// The runner's address behind a service's handle: a test sends it what only the crate's own
+    /// pieces send (a [`PlannedStop`] as the watcher would).
+    pub fn runner_of(handle: &crate::ServiceHandle) -> actix::Addr<RunnerActor> {
+        handle.runner.clone()
     }
 }

@@ -20,6 +20,26 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The ordered phases of a drain, in the spirit of Akka's coordinated shutdown. A phase starts
+/// when the previous one has answered or timed out, so the ingress stops taking requests before
+/// the workers that those requests feed are told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DrainPhase {
+    /// Stop accepting work from outside and finish what was accepted (HTTP servers, consumers).
+    Ingress,
+    /// Workers finish or hand back what they cannot finish (the default phase).
+    Work,
+    /// Flush and close: caches, connections, logs.
+    Final,
+}
+
+impl DrainPhase {
+    /// The phases in the order they run.
+    pub const ALL: [DrainPhase; 3] = [DrainPhase::Ingress, DrainPhase::Work, DrainPhase::Final];
+}
+
 /// Where the runner is in its life. Ordered: a later state compares greater.
 ///
 /// ```
@@ -98,7 +118,7 @@ impl SignalKind {
 #[serde(rename_all = "snake_case", tag = "kind", content = "signal")]
 #[non_exhaustive]
 pub enum StopCause {
-    /// The marker watcher delivered a [`crate::PlannedStop`].
+    /// The marker watcher delivered a [`crate::runner::PlannedStop`].
     Marker,
     /// An OS signal or console event.
     Signal(SignalKind),

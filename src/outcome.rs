@@ -28,7 +28,7 @@ pub(crate) const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 ///
 /// ```
 /// let bytes = br#"{"pid":4,"start":9,"since":"2026-11-30T12:00:00Z"}"#;
-/// let presence = planned_stop::Presence::parse(bytes).unwrap();
+/// let presence = planned_stop::stopper::Presence::parse(bytes).unwrap();
 /// assert_eq!((presence.pid, presence.start), (4, 9));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,15 +58,10 @@ impl Presence {
         self.pid == identity.pid && self.start == identity.start
     }
 
-    /// Whether the process that wrote this announcement is still running.
-    pub fn owner_alive(&self) -> bool {
-        ProcessIdentity::is_running(self.pid, self.start)
-    }
-
     /// Parses a presence file's bytes; `None` for anything that is not one.
     ///
     /// ```
-    /// assert_eq!(planned_stop::Presence::parse(b"[]"), None);
+    /// assert_eq!(planned_stop::stopper::Presence::parse(b"[]"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Presence> {
         parse_bounded(bytes)
@@ -76,7 +71,7 @@ impl Presence {
 /// How far the stop has got.
 ///
 /// ```
-/// use planned_stop::Phase;
+/// use planned_stop::stopper::Phase;
 /// assert_eq!(serde_json::to_string(&Phase::Draining).unwrap(), "\"draining\"");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,7 +103,7 @@ impl Phase {
     /// Whether the process has finished with this phase (nothing follows it).
     ///
     /// ```
-    /// use planned_stop::Phase;
+    /// use planned_stop::stopper::Phase;
     /// assert!(Phase::Stopped.is_final() && !Phase::Draining.is_final());
     /// ```
     pub fn is_final(self) -> bool {
@@ -120,7 +115,7 @@ impl Phase {
 ///
 /// ```
 /// let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":null,"accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
-/// let outcome = planned_stop::Outcome::parse(bytes).unwrap();
+/// let outcome = planned_stop::stopper::Outcome::parse(bytes).unwrap();
 /// assert_eq!(outcome.exit_code, Some(0));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,7 +157,7 @@ pub struct Outcome {
 /// deadline, a forced stop). Bounded, so the outcome file stays within its 16 KiB bound.
 ///
 /// ```
-/// let summary: planned_stop::DrainSummary = serde_json::from_str(
+/// let summary: planned_stop::stopper::DrainSummary = serde_json::from_str(
 ///     r#"{"in_time":false,"forced":false,"unanswered":["jobs"],"notes":[],"note_count":0,"handed_back":0}"#,
 /// ).unwrap();
 /// assert!(!summary.is_clean());
@@ -201,7 +196,7 @@ impl DrainSummary {
     }
 
     /// The summary of a stop record, bounded (one rule for the runner and any other writer).
-    pub fn of(record: &crate::StopRecord) -> DrainSummary {
+    pub fn of(record: &crate::record::StopRecord) -> DrainSummary {
         let cut = |text: &str| text.chars().take(Self::MAX_TEXT).collect::<String>();
         DrainSummary {
             in_time: record.drained_in_time,
@@ -230,15 +225,10 @@ impl Outcome {
         self.pid == identity.pid && self.start == identity.start
     }
 
-    /// Whether the process that wrote this outcome is still running.
-    pub fn owner_alive(&self) -> bool {
-        ProcessIdentity::is_running(self.pid, self.start)
-    }
-
     /// Parses an outcome file's bytes; `None` for anything that is not one.
     ///
     /// ```
-    /// assert_eq!(planned_stop::Outcome::parse(b"{}"), None);
+    /// assert_eq!(planned_stop::stopper::Outcome::parse(b"{}"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Outcome> {
         parse_bounded(bytes)

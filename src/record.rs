@@ -10,20 +10,21 @@
 //!
 //! At its next start an application leases the items ([`crate::ServiceHandle::resume`]) and
 //! acknowledges each once it has taken it over for good. Until then a crash loses nothing: the
-//! lease rules ([`is_offered`]) offer the item again once its holder is gone. So every item is
+//! lease rules (one pure function every store calls) offer the item again once its holder is gone. So every item is
 //! resumed at least once and acknowledged exactly once, and never held by two live owners at once.
 
 pub(crate) mod file;
-mod lease;
+pub(crate) mod host;
+pub(crate) mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod store;
 
-pub use file::FileRecordStore;
+pub use file::{FileRecordStore, Sharing};
+pub use host::owner_running;
+pub(crate) use lease::is_valid_item_id;
 pub(crate) use lease::item_id;
-pub use lease::{
-    HOST_ENV, Lease, Liveness, Owner, holds, is_offered, is_valid_item_id, local_host,
-};
+pub use lease::{Lease, Owner};
 #[cfg(feature = "postgres")]
 pub use postgres::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
 pub use store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem};
@@ -32,7 +33,7 @@ use crate::lifecycle::{StopCause, StopVerdict};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The file name of the record inside the state directory.
 pub(crate) const RECORD_FILE_NAME: &str = "planned-stop-record.json";
@@ -50,9 +51,9 @@ pub const MAX_ITEM_BYTES: usize = 1 << 20;
 /// fits. The one size rule: the runner and every store call it.
 ///
 /// ```
-/// assert_eq!(planned_stop::oversized(&serde_json::json!("job-7")), None);
-/// let big = serde_json::Value::String("x".repeat(planned_stop::MAX_ITEM_BYTES));
-/// assert_eq!(planned_stop::oversized(&big), Some(planned_stop::MAX_ITEM_BYTES + 2));
+/// assert_eq!(planned_stop::record::oversized(&serde_json::json!("job-7")), None);
+/// let big = serde_json::Value::String("x".repeat(planned_stop::record::MAX_ITEM_BYTES));
+/// assert_eq!(planned_stop::record::oversized(&big), Some(planned_stop::record::MAX_ITEM_BYTES + 2));
 /// ```
 pub fn oversized(item: &serde_json::Value) -> Option<usize> {
     /// Counts bytes without keeping them.
@@ -75,7 +76,8 @@ pub fn oversized(item: &serde_json::Value) -> Option<usize> {
 /// Work a drain participant left unfinished: data the next start can act on.
 ///
 /// ```
-/// # use planned_stop::{DrainReport, Unfinished};
+/// # use planned_stop::DrainReport;
+/// # use planned_stop::record::Unfinished;
 /// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
 /// struct Job { id: u32, attempt: u8 }
 /// // A participant hands back typed items; the next start reads them back as the same type.
@@ -147,7 +149,7 @@ pub struct Note {
 #[non_exhaustive]
 pub struct PhaseRecord {
     /// Which phase.
-    pub phase: crate::runner::DrainPhase,
+    pub phase: crate::lifecycle::DrainPhase,
     /// How many participants it asked.
     pub participants: usize,
     /// When it began (the previous phase had answered or timed out).
@@ -163,8 +165,8 @@ pub struct PhaseRecord {
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// use planned_stop::StopRecord;
-/// assert_eq!(StopRecord::read(dir.path()).unwrap(), None, "no stop recorded yet");
+/// use planned_stop::record::FileRecordStore;
+/// assert_eq!(FileRecordStore::read_last_stop(dir.path()).unwrap(), None, "no stop recorded yet");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -213,9 +215,9 @@ pub struct StopRecord {
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// std::fs::write(planned_stop::StopRecord::path(dir.path()), b"{").unwrap();
-/// let err = planned_stop::StopRecord::read(dir.path()).unwrap_err();
-/// assert!(matches!(err, planned_stop::RecordError::Invalid { .. }));
+/// std::fs::write(dir.path().join("planned-stop-record.json"), b"{").unwrap();
+/// let err = planned_stop::record::FileRecordStore::read_last_stop(dir.path()).unwrap_err();
+/// assert!(matches!(err, planned_stop::record::RecordError::Invalid { .. }));
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -303,54 +305,6 @@ impl RecordError {
     }
 }
 
-impl StopRecord {
-    /// The record's path in `state_dir`.
-    ///
-    /// ```
-    /// let path = planned_stop::StopRecord::path(std::path::Path::new("/var/lib/app"));
-    /// assert!(path.ends_with("planned-stop-record.json"));
-    /// ```
-    pub fn path(state_dir: &Path) -> PathBuf {
-        state_dir.join(RECORD_FILE_NAME)
-    }
-
-    /// Reads the record in `state_dir` without removing it; `None` when there is none.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// assert!(planned_stop::StopRecord::read(dir.path()).unwrap().is_none());
-    /// ```
-    pub fn read(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
-        read_file(&StopRecord::path(state_dir))
-    }
-}
-
-fn read_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
-    use crate::store::files::{Found, read_private};
-    let invalid = |reason: String| RecordError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    match read_private(path, MAX_RECORD_BYTES as usize) {
-        Found::Absent => absent_unless_not_a_directory(path),
-        Found::Bytes(bytes) if bytes.len() as u64 > MAX_RECORD_BYTES => {
-            Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")))
-        }
-        Found::Bytes(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| invalid(json_problem(&e))),
-        Found::NotAFile(kind) => Err(invalid(format!("a {kind:?}, not a regular file"))),
-        Found::Foreign(uid) => Err(invalid(format!(
-            "owned by uid {uid}, not by this user: it is never trusted"
-        ))),
-        Found::Unreadable(kind) => Err(RecordError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source: io::Error::from(kind),
-        }),
-    }
-}
-
 /// What is wrong with a file that does not parse, without a word of its contents: serde_json's
 /// own message can quote the input ("invalid type: string \"…\"").
 pub(crate) fn json_problem(e: &serde_json::Error) -> String {
@@ -360,23 +314,6 @@ pub(crate) fn json_problem(e: &serde_json::Error) -> String {
         e.line(),
         e.column()
     )
-}
-
-/// "No record" for a record path that does not exist — unless the state directory itself exists
-/// as something else than a directory. Unix says so when opening (`ENOTDIR`); Windows answers
-/// "path not found", which must not read as "nothing to resume".
-fn absent_unless_not_a_directory(path: &Path) -> Result<Option<StopRecord>, RecordError> {
-    match path.parent().map(std::fs::metadata) {
-        Some(Ok(meta)) if !meta.is_dir() => Err(RecordError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source: io::Error::new(
-                io::ErrorKind::NotADirectory,
-                "the state directory is not a directory",
-            ),
-        }),
-        _ => Ok(None),
-    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //!
 //! ```no_run
 //! use actix::prelude::*;
-//! use planned_stop::{Layout, PlannedStopService};
+//! use planned_stop::PlannedStopService;
+//! use planned_stop::Layout;
 //! use std::time::Duration;
 //!
 //! #[actix::main]
@@ -31,8 +32,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
 use crate::identity::{IdentityError, ProcessIdentity};
-use crate::lifecycle::{RunnerState, StopCause, StopRequest, StopVerdict};
-use crate::record::{FileRecordStore, Leased, Owner, RecordError, RecordStore};
+use crate::lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
+use crate::record::{FileRecordStore, Leased, Owner, RecordError, RecordStore, Sharing};
 use crate::runner::{
     AddParticipant, Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor,
     RunnerConfig, RunnerStatus,
@@ -122,7 +123,8 @@ impl PlannedStopService {
 /// Configures and starts the runner and the watcher.
 ///
 /// ```
-/// use planned_stop::{Layout, PlannedStopService, StopCause, StopVerdict};
+/// use planned_stop::{PlannedStopService, StopCause, StopVerdict};
+/// use planned_stop::Layout;
 /// let _builder = PlannedStopService::builder(Layout::Slots("/run/app".into()))
 ///     .state_dir("/var/lib/app")
 ///     .drain_deadline(std::time::Duration::from_secs(20))
@@ -265,7 +267,9 @@ impl ServiceBuilder {
     /// The marker policy (TTL, skew, start slack).
     ///
     /// ```
-    /// use planned_stop::{Layout, PlannedStopService, Policy};
+    /// use planned_stop::PlannedStopService;
+    /// use planned_stop::Layout;
+    /// use planned_stop::marker::Policy;
     /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).policy(policy);
     /// ```
@@ -288,7 +292,8 @@ impl ServiceBuilder {
     /// Exit codes by verdict and cause.
     ///
     /// ```
-    /// use planned_stop::{ExitCodes, Layout, PlannedStopService};
+    /// use planned_stop::{ExitCodes, PlannedStopService};
+    /// use planned_stop::Layout;
     /// let mut codes = ExitCodes::default();
     /// codes.unexpected = 75;
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).exit_codes(codes);
@@ -301,7 +306,8 @@ impl ServiceBuilder {
     /// Overrides one exit code: `code` when a stop with `cause` reaches `verdict`.
     ///
     /// ```
-    /// use planned_stop::{Layout, PlannedStopService, SignalKind, StopCause, StopVerdict};
+    /// use planned_stop::{PlannedStopService, SignalKind, StopCause, StopVerdict};
+    /// use planned_stop::Layout;
     /// // A SIGHUP is a clean stop for this application.
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
     ///     .exit_code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
@@ -315,7 +321,8 @@ impl ServiceBuilder {
     ///
     /// ```
     /// use actix::prelude::*;
-    /// use planned_stop::{Drain, DrainReport, Layout, PlannedStopService};
+    /// use planned_stop::{Drain, DrainReport, PlannedStopService};
+    /// use planned_stop::Layout;
     /// struct Jobs;
     /// impl Actor for Jobs { type Context = Context<Self>; }
     /// impl Handler<Drain> for Jobs {
@@ -348,7 +355,8 @@ impl ServiceBuilder {
     /// one a phase may use all that is left.
     ///
     /// ```
-    /// use planned_stop::{DrainPhase, Layout, PlannedStopService};
+    /// use planned_stop::{DrainPhase, PlannedStopService};
+    /// use planned_stop::Layout;
     /// use std::time::Duration;
     /// // 25 s in all; the HTTP server gets at most 10 of them, the workers what remains.
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
@@ -429,23 +437,18 @@ impl ServiceBuilder {
         self
     }
 
-    /// The wall clock for verdicts (tests pass one driven by tokio's paused clock).
-    ///
-    /// ```
-    /// let clock = std::sync::Arc::new(planned_stop::SystemClock);
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).clock(clock);
-    /// ```
+    /// The wall clock for verdicts and leases instead of the system's (tests pass one driven by
+    /// tokio's paused clock). A test seam, with the `testing` feature.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
-    /// The identity to act as, instead of this process's (tests).
-    ///
-    /// ```
-    /// let me = planned_stop::ProcessIdentity::current().unwrap();
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).identity(me);
-    /// ```
+    /// The identity to act as, instead of this process's. A test seam, with the `testing` feature.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     pub fn identity(mut self, identity: ProcessIdentity) -> Self {
         self.identity = Some(identity);
         self
@@ -458,7 +461,8 @@ impl ServiceBuilder {
     /// application).
     ///
     /// ```
-    /// # use planned_stop::{Layout, PlannedStopService, RunnerState, StopRequest};
+    /// # use planned_stop::{PlannedStopService, RunnerState, StopRequest};
+    /// # use planned_stop::Layout;
     /// # let dir = tempfile::tempdir().unwrap();
     /// let code = actix::System::new().block_on(async {
     ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
@@ -505,7 +509,15 @@ impl ServiceBuilder {
         let records: Option<Arc<dyn RecordStore>> = match self.records {
             Records::None => None,
             Records::Dir(dir) => Some(Arc::new(
-                FileRecordStore::open(dir, self.allow_shared_state)?.with_clock(self.clock.clone()),
+                FileRecordStore::open(
+                    dir,
+                    if self.allow_shared_state {
+                        Sharing::Allowed
+                    } else {
+                        Sharing::Refused
+                    },
+                )?
+                .with_clock(self.clock.clone()),
             )),
             Records::Store(store) => Some(store),
         };
@@ -562,7 +574,7 @@ impl ServiceBuilder {
         watcher.start();
         // Announced before `start` returns, so before the application can say it is ready: a
         // stopper that finds no announcement can warn that nothing here reads its marker.
-        if let Err(e) = store.write_presence(&crate::Presence::new(&own, since)) {
+        if let Err(e) = store.write_presence(&crate::stopper::Presence::new(&own, since)) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the presence file; stoppers \
                 will warn that this process has not announced watching the directory");
         }
@@ -581,7 +593,7 @@ impl ServiceBuilder {
             "planned-stop service started; a planned stop is `planned-stop stop --pid PID --dir \
              MARKER_DIR`"
         );
-        let owner = Owner::this_process(&own);
+        let owner = crate::record::host::this_process(&own);
         let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
         if let Some(records) = &records {
             keep_leases(
@@ -609,7 +621,7 @@ impl ServiceBuilder {
 /// The running service: tell it when the application is ready, ask it to stop, watch its status.
 #[derive(Debug, Clone)]
 pub struct ServiceHandle {
-    runner: Addr<RunnerActor>,
+    pub(crate) runner: Addr<RunnerActor>,
     status: watch::Receiver<RunnerStatus>,
     store: MarkerStore,
     own: ProcessIdentity,
@@ -705,7 +717,8 @@ impl ServiceHandle {
     /// unexpected code.
     ///
     /// ```no_run
-    /// use planned_stop::{Layout, PlannedStopService};
+    /// use planned_stop::PlannedStopService;
+    /// use planned_stop::Layout;
     ///
     /// #[actix::main]
     /// async fn main() -> std::process::ExitCode {
@@ -756,9 +769,10 @@ impl ServiceHandle {
         self.runner.do_send(RequestStop(request));
     }
 
-    /// Feeds an OS signal to the runner, as the signal listener does for real signals.
-    pub fn signal(&self, signal: OsSignal) {
-        self.runner.do_send(signal);
+    /// Feeds an OS signal to the runner, as the signal listener does for real signals (an
+    /// application that listens for signals itself, with `handle_signals(false)`).
+    pub fn signal(&self, signal: SignalKind) {
+        self.runner.do_send(OsSignal(signal));
     }
 
     /// The runner's current status.
@@ -787,11 +801,6 @@ impl ServiceHandle {
         });
     }
 
-    /// The runner's address.
-    pub fn runner(&self) -> &Addr<RunnerActor> {
-        &self.runner
-    }
-
     /// The marker store.
     pub fn store(&self) -> &MarkerStore {
         &self.store
@@ -811,7 +820,8 @@ impl ServiceHandle {
     /// [`DrainReport::handed_back`]: crate::DrainReport::handed_back
     ///
     /// ```
-    /// # use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
+    /// # use planned_stop::{DrainReport, PlannedStopService, StopRequest};
+    /// # use planned_stop::Layout;
     /// # use actix::prelude::*;
     /// # struct Jobs;
     /// # impl Actor for Jobs { type Context = Context<Self>; }

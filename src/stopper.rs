@@ -14,7 +14,7 @@
 
 use crate::identity::ProcessIdentity;
 use crate::marker::Marker;
-use crate::outcome::{Outcome, Phase};
+pub use crate::outcome::{DrainSummary, Outcome, Phase, Presence};
 use crate::store::{MarkerStore, StoreError};
 use chrono::Utc;
 use std::path::PathBuf;
@@ -66,8 +66,8 @@ pub struct StopOptions {
     /// that reads markers without announcing, such as the earlier system's). Without it such a
     /// request is refused before anything is written: a mistyped pid must not kill a bystander.
     pub signal_unwatched: bool,
-    /// Stop and stay down, or restart (see [`crate::StopAction`]).
-    pub action: crate::StopAction,
+    /// Stop and stay down, or restart (see [`crate::marker::StopAction`]).
+    pub action: crate::marker::StopAction,
 }
 
 impl StopOptions {
@@ -80,13 +80,13 @@ impl StopOptions {
             expect_start: None,
             signal: false,
             signal_unwatched: false,
-            action: crate::StopAction::Stop,
+            action: crate::marker::StopAction::Stop,
         }
     }
 
     /// Ask for a planned restart instead of a stop: the target drains and records alike, and
     /// exits with its restart code (75 by default) so its supervisor starts it again.
-    pub fn with_action(mut self, action: crate::StopAction) -> StopOptions {
+    pub fn with_action(mut self, action: crate::marker::StopAction) -> StopOptions {
         self.action = action;
         self
     }
@@ -139,7 +139,9 @@ impl Default for StopOptions {
 /// A stop request that was written.
 ///
 /// ```
-/// # use planned_stop::{Layout, MarkerStore, ProcessIdentity};
+/// # use planned_stop::ProcessIdentity;
+/// # use planned_stop::Layout;
+/// # use planned_stop::marker::MarkerStore;
 /// # let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
 /// // Ask this very process (nobody is watching here, so nothing stops).
@@ -171,7 +173,7 @@ pub struct Requested {
 /// ```
 /// use planned_stop::stopper::{request, StopOptions, StopperError};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
 /// let wrong = StopOptions::new().with_expected_start(0);
 /// let err = request(&store, std::process::id(), &wrong).unwrap_err();
 /// assert!(matches!(err, StopperError::WrongIdentity { .. }));
@@ -227,7 +229,8 @@ pub enum StopperError {
 /// Writes a stop request for the running process `pid` into `store` (see the module docs).
 ///
 /// ```
-/// # use planned_stop::{Layout, MarkerStore};
+/// # use planned_stop::Layout;
+/// # use planned_stop::marker::MarkerStore;
 /// use planned_stop::stopper::{request, StopOptions, StopperError};
 /// # let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
@@ -361,7 +364,7 @@ mod os {
 /// ```
 /// use planned_stop::stopper::{wait, WaitOutcome};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
 /// // This process has not accepted anything: not accepted at the deadline.
 /// let me = planned_stop::ProcessIdentity::current().unwrap();
 /// let outcome = wait(&store, &me, std::time::Duration::from_millis(50), |_, _| {});
@@ -430,7 +433,7 @@ pub enum WaitOutcome {
 /// ```
 /// use planned_stop::stopper::{wait, Progress};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
 /// let me = planned_stop::ProcessIdentity::current().unwrap();
 /// let mut seen = Vec::new();
 /// wait(&store, &me, std::time::Duration::from_millis(50), |p, _| seen.push(p));
@@ -451,7 +454,8 @@ pub enum Progress {
 /// docs.
 ///
 /// ```no_run
-/// # use planned_stop::{Layout, MarkerStore};
+/// # use planned_stop::Layout;
+/// # use planned_stop::marker::MarkerStore;
 /// use planned_stop::stopper::{request, wait, StopOptions, WaitOutcome};
 /// let store = MarkerStore::open(Layout::Slots("/run/my-app".into())).unwrap();
 /// let requested = request(&store, 4242, &StopOptions::new()).unwrap();
@@ -472,7 +476,7 @@ pub fn wait(
 /// ```
 /// use planned_stop::stopper::{wait_with, ExitWatch, WaitOutcome};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
 /// let me = planned_stop::ProcessIdentity::current().unwrap();
 /// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |_, _| {});
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
@@ -626,10 +630,10 @@ mod exit_event {
 ///
 /// ```
 /// # let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":"a","accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
-/// let outcome = planned_stop::Outcome::parse(bytes).unwrap();
+/// let outcome = planned_stop::stopper::Outcome::parse(bytes).unwrap();
 /// assert!(planned_stop::stopper::is_own_request(&outcome, Some("a")));
 /// assert!(!planned_stop::stopper::is_own_request(&outcome, Some("b")));
-/// let by_signal = planned_stop::Outcome::parse(&String::from_utf8_lossy(bytes)
+/// let by_signal = planned_stop::stopper::Outcome::parse(&String::from_utf8_lossy(bytes)
 ///     .replace(r#""request_id":"a""#, r#""request_id":null"#).into_bytes()).unwrap();
 /// assert!(!planned_stop::stopper::is_own_request(&by_signal, Some("a")));
 /// ```

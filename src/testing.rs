@@ -30,7 +30,9 @@
 
 #![allow(missing_docs)] // the model's steps and states are named for the test output, not an API
 
-use crate::{Clock, Liveness, Owner, RecordError, RecordStore, StopRecord};
+pub use crate::clock::Clock;
+pub use crate::record::lease::Liveness;
+use crate::record::{Owner, RecordError, RecordStore, StopRecord};
 use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};

@@ -21,7 +21,8 @@
 //!
 //! ```no_run
 //! use actix_web::{App, HttpServer, get};
-//! use planned_stop::{Layout, PlannedStopService};
+//! use planned_stop::PlannedStopService;
+//! use planned_stop::Layout;
 //!
 //! #[get("/")]
 //! async fn hello() -> &'static str {
@@ -50,8 +51,9 @@
 //! ```
 
 use crate::error_chain::ErrorChain;
+use crate::lifecycle::DrainPhase;
 use crate::lifecycle::RunnerState;
-use crate::runner::{Drain, DrainPhase, DrainReport};
+use crate::runner::{Drain, DrainReport};
 use crate::service::ServiceHandle;
 use actix::prelude::*;
 use actix_http::Request;

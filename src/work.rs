@@ -52,7 +52,8 @@ pub struct Unreadable {
 /// The jobs of a participant, new and resumed; see the module docs.
 ///
 /// ```
-/// # use planned_stop::{Layout, PlannedStopService, StopRequest, WorkSet};
+/// # use planned_stop::{PlannedStopService, StopRequest, WorkSet};
+/// # use planned_stop::Layout;
 /// # let dir = tempfile::tempdir().unwrap();
 /// actix::System::new().block_on(async {
 ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))

@@ -20,11 +20,12 @@ mod common;
 use common::Lcg;
 
 use actix::prelude::*;
-use planned_stop::{
-    Drain, DrainPhase, DrainReport, FileRecordStore, ItemState, Layout, Leased, Owner, Persisted,
-    PgRecordStore, PlannedStopService, RecordError, RecordFuture, RecordStore, ServiceHandle,
-    StopRecord,
+use planned_stop::Layout;
+use planned_stop::record::{
+    FileRecordStore, ItemState, Leased, Owner, Persisted, PgRecordStore, RecordError, RecordFuture,
+    RecordStore, Sharing, StopRecord,
 };
+use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, ServiceHandle};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -201,10 +202,10 @@ fn helper_replica() {
                 PgRecordStore::from_url(&env("CHAOS_URL"), env("CHAOS_SERVICE"))
                     .unwrap()
                     .operation_timeout(Duration::from_secs(2))
-                    .spill_to(FileRecordStore::open(&state, false).unwrap()),
+                    .spill_to(FileRecordStore::open(&state, Sharing::Refused).unwrap()),
             )
         } else {
-            Arc::new(FileRecordStore::open(&state, false).unwrap())
+            Arc::new(FileRecordStore::open(&state, Sharing::Refused).unwrap())
         };
         let store = Arc::new(Defective {
             inner,
@@ -764,7 +765,7 @@ fn chaos(
     listed.extend(run.listed(&slots[5]));
     for slot in slots.iter().filter(|s| s.pg) {
         // Spilled items wait in each host's spill directory.
-        let spill = FileRecordStore::open_existing(&slot.state, false);
+        let spill = FileRecordStore::open_existing(&slot.state, Sharing::Refused);
         if let Ok(spill) = spill {
             let items = tokio::runtime::Builder::new_current_thread()
                 .build()

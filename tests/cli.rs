@@ -7,11 +7,12 @@ mod common;
 
 use chrono::Utc;
 use common::process::*;
-use planned_stop::{Marker, ProcessIdentity};
+use planned_stop::ProcessIdentity;
+use planned_stop::marker::Marker;
 #[cfg(unix)]
 use {
     common::other_live_process,
-    planned_stop::{Layout, MarkerStore, StopRecord, StopVerdict},
+    planned_stop::{Layout, StopVerdict, marker::MarkerStore, record::FileRecordStore},
     std::path::Path,
     std::time::Duration,
 };
@@ -43,7 +44,9 @@ fn a_marker_stop_exits_0_records_planned_and_the_next_start_resumes_exactly_the_
     );
     assert_eq!(first.exit_code(), Some(0));
 
-    let record = StopRecord::read(&d.state).unwrap().expect("a stop record");
+    let record = FileRecordStore::read_last_stop(&d.state)
+        .unwrap()
+        .expect("a stop record");
     assert_eq!(record.verdict, StopVerdict::Planned);
     assert_eq!(record.pid, first.pid());
     let left: Vec<String> = record
@@ -73,7 +76,7 @@ fn jobs_that_finish_within_the_drain_leave_nothing_to_resume() {
     let out = stop(&d, &service.pid_arg(), &["--wait", "20"]);
     assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
     assert_eq!(service.exit_code(), Some(0));
-    let record = StopRecord::read(&d.state).unwrap().unwrap();
+    let record = FileRecordStore::read_last_stop(&d.state).unwrap().unwrap();
     assert!(
         record.drained_in_time && record.unfinished.is_empty(),
         "{record:?}"
@@ -772,9 +775,9 @@ fn a_planned_restart_drains_records_and_exits_75() {
         assert_eq!(report["outcome"], "stopped_planned");
         assert_eq!(report["exit_code"], 75);
         assert_eq!(service.exit_code(), Some(75), "signal: {signal}");
-        let record = StopRecord::read(&d.state).unwrap().unwrap();
+        let record = FileRecordStore::read_last_stop(&d.state).unwrap().unwrap();
         assert_eq!(record.verdict, StopVerdict::Planned);
-        assert_eq!(record.action, planned_stop::StopAction::Restart);
+        assert_eq!(record.action, planned_stop::marker::StopAction::Restart);
         assert_eq!(record.unfinished.len(), 2, "kept for the restarted process");
     }
 }

@@ -5,10 +5,11 @@ mod common;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use common::actors::*;
-use planned_stop::Clock;
+use planned_stop::Layout;
 use planned_stop::RunnerStatus;
-use planned_stop::internals::OwnSlot;
-use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
+use planned_stop::internals::{Clock, OwnSlot};
+use planned_stop::marker::{Marker, MarkerStore, Verdict};
+use planned_stop::{ProcessIdentity, RunnerState};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

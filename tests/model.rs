@@ -27,11 +27,11 @@ use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use planned_stop::internals::{
     Lifecycle, SlotContent, Step, Watch, WatchSend, WatchStep, decide, decide_as_owner, next_step,
 };
-use planned_stop::stopper::{WaitOutcome, is_own_request};
-use planned_stop::{
-    Lease, Liveness, Marker, Outcome, Owner, Policy, ProcessIdentity, RunnerState, SignalKind,
-    StopCause, StopVerdict, Undecided, Verdict, holds, is_offered,
-};
+use planned_stop::internals::{Liveness, holds, is_offered};
+use planned_stop::marker::{Marker, Policy, Undecided, Verdict};
+use planned_stop::record::{Lease, Owner};
+use planned_stop::stopper::{Outcome, WaitOutcome, is_own_request};
+use planned_stop::{ProcessIdentity, RunnerState, SignalKind, StopCause, StopVerdict};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 use std::time::{Duration, Instant};
 
@@ -494,7 +494,7 @@ impl StopModel {
         world.procs.iter().position(Proc::alive)
     }
 
-    /// The runner's claim ([`planned_stop::MarkerStore::claim`]): judged, and taken if ours (one
+    /// The runner's claim ([`planned_stop::marker::MarkerStore::claim`]): judged, and taken if ours (one
     /// atomic step in the model: the store's rename lets exactly one claimer have it).
     fn claim(&self, world: &mut World, p: usize) -> Option<Option<u8>> {
         let own = world.procs[p].identity();
@@ -518,7 +518,7 @@ impl StopModel {
         }
     }
 
-    /// The watcher's probe ([`planned_stop::MarkerStore::probe`]).
+    /// The watcher's probe ([`planned_stop::marker::MarkerStore::probe`]).
     fn probe(&self, world: &mut World, p: usize) -> Verdict {
         let own = world.procs[p].identity();
         let Some(bytes) = world.slot.bytes() else {
@@ -1273,7 +1273,7 @@ fn decide_ignoring_fingerprint(
     policy: &Policy,
 ) -> Result<Verdict, Undecided> {
     match decide(found, own, now, policy)? {
-        Verdict::Stale(planned_stop::Stale::OtherIncarnation { .. }) => {
+        Verdict::Stale(planned_stop::marker::Stale::OtherIncarnation { .. }) => {
             let SlotContent::Bytes(bytes) = found else {
                 unreachable!("only bytes are judged stale")
             };

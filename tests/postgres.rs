@@ -10,8 +10,9 @@
 
 mod common;
 
+use planned_stop::internals::Clock;
+use planned_stop::record::{Owner, PgRecordStore, RecordStore, Sharing};
 use planned_stop::testing::{Backend, Conformance, Probe};
-use planned_stop::{Clock, Owner, PgRecordStore, RecordStore};
 use proptest::prelude::ProptestConfig;
 use proptest_state_machine::prop_state_machine;
 use std::sync::Arc;
@@ -52,8 +53,8 @@ impl Backend for Postgres {
         let url = std::env::var("PLANNED_STOP_TEST_DATABASE_URL").unwrap();
         let store = PgRecordStore::from_url(&url, unique_service("conformance"))
             .unwrap()
-            .with_clock(clock)
-            .with_liveness(move |o| probe(o))
+            .clock(clock)
+            .liveness(move |o| probe(o))
             .operation_timeout(Duration::from_secs(30));
         (Arc::new(store), Box::new(()))
     }
@@ -87,7 +88,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A stop record leaving `n` items (`item-000000` …), as the runner would persist it.
-fn record_with_items(n: usize) -> planned_stop::StopRecord {
+fn record_with_items(n: usize) -> planned_stop::record::StopRecord {
     let items = (0..n)
         .map(
             |i| serde_json::json!({"id": format!("item-{i:06}"), "participant": "jobs", "item": i}),
@@ -703,7 +704,7 @@ async fn raw(url: &str) -> tokio_postgres::Client {
 fn store_for(url: &str, service: &str) -> PgRecordStore {
     PgRecordStore::from_url(url, service.to_owned())
         .unwrap()
-        .with_liveness(|_| planned_stop::Liveness::Unknown)
+        .liveness(|_| planned_stop::internals::Liveness::Unknown)
         .operation_timeout(Duration::from_secs(30))
 }
 
@@ -716,7 +717,7 @@ fn two_items_leased(
     tokio::runtime::Runtime,
     PgRecordStore,
     Owner,
-    Vec<planned_stop::Leased>,
+    Vec<planned_stop::record::Leased>,
 ) {
     let rt = runtime();
     let store = store_for(url, service);
@@ -735,11 +736,13 @@ fn unreachable_with_spill(
     service: &str,
 ) -> (
     tempfile::TempDir,
-    planned_stop::FileRecordStore,
+    planned_stop::record::FileRecordStore,
     PgRecordStore,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let spill = planned_stop::FileRecordStore::open(dir.path().join("spill"), false).unwrap();
+    let spill =
+        planned_stop::record::FileRecordStore::open(dir.path().join("spill"), Sharing::Refused)
+            .unwrap();
     let unreachable = PgRecordStore::from_url("postgres://nobody@127.0.0.1:1/none", service)
         .unwrap()
         .operation_timeout(Duration::from_millis(500))
@@ -841,7 +844,7 @@ fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
     }));
     let how = rt.block_on(unreachable.persist(&holder, &back)).unwrap();
     assert!(
-        matches!(how, planned_stop::Persisted::Spilled { .. }),
+        matches!(how, planned_stop::record::Persisted::Spilled { .. }),
         "{how:?}"
     );
     // The next start on that host pushes.
@@ -1011,7 +1014,7 @@ fn the_upgrade_to_schema_3_knows_the_services_of_schema_2() {
         .block_on(upgraded.query_one("SELECT version FROM planned_stop_schema", &[]))
         .unwrap()
         .get(0);
-    assert_eq!(version, planned_stop::SCHEMA_VERSION);
+    assert_eq!(version, planned_stop::record::SCHEMA_VERSION);
     drop(upgraded);
     rt.block_on(admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")))
         .unwrap();
@@ -1031,7 +1034,7 @@ fn a_backend_failure_keeps_the_drivers_error_as_its_source() {
         .unwrap()
         .operation_timeout(Duration::from_secs(30));
     let err = runtime().block_on(store.connect()).unwrap_err();
-    let planned_stop::RecordError::Backend { message, .. } = &err else {
+    let planned_stop::record::RecordError::Backend { message, .. } = &err else {
         panic!("not a backend error: {err:?}");
     };
     assert_eq!(message, "cannot connect to PostgreSQL");

@@ -69,8 +69,10 @@ fn racing_stoppers_a_watcher_and_sigterm_give_one_planned_stop_every_round() {
         assert_eq!(accepted.len(), 1, "round {round}: {accepted:?}");
         let planned = accepted[0]["verdict"] == "planned";
         assert_eq!(code, Some(if planned { 0 } else { 1 }), "round {round}");
-        let record = planned_stop::StopRecord::read(&state).unwrap().unwrap();
-        std::fs::remove_file(planned_stop::StopRecord::path(&state)).unwrap();
+        let record = planned_stop::record::FileRecordStore::read_last_stop(&state)
+            .unwrap()
+            .unwrap();
+        std::fs::remove_file(state.join("planned-stop-record.json")).unwrap();
         assert_eq!(record.exit_code, code.unwrap());
     }
 }

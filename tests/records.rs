@@ -4,8 +4,9 @@
 
 mod common;
 
+use planned_stop::internals::Clock;
+use planned_stop::record::{FileRecordStore, RecordStore, Sharing};
 use planned_stop::testing::{Backend, Conformance, Probe};
-use planned_stop::{Clock, FileRecordStore, RecordStore};
 use proptest::prelude::ProptestConfig;
 use proptest_state_machine::prop_state_machine;
 use std::sync::Arc;
@@ -15,10 +16,10 @@ struct Files;
 impl Backend for Files {
     fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileRecordStore::open(dir.path().join("state"), false)
+        let store = FileRecordStore::open(dir.path().join("state"), Sharing::Refused)
             .unwrap()
-            .with_clock(clock)
-            .with_liveness(move |o| probe(o));
+            .clock(clock)
+            .liveness(move |o| probe(o));
         (Arc::new(store), Box::new(dir))
     }
 }
@@ -49,9 +50,10 @@ prop_state_machine! {
 /// conformance suite as the crate's own stores.
 mod outside {
     use chrono::{DateTime, Utc};
-    use planned_stop::{
-        Clock, ItemState, Lease, Leased, Liveness, Owner, Persisted, RecordError, RecordFuture,
-        RecordStore, ResumeItem, StopRecord, holds, is_offered,
+    use planned_stop::internals::{Clock, Liveness, holds, is_offered};
+    use planned_stop::record::{
+        ItemState, Lease, Leased, Owner, Persisted, RecordError, RecordFuture, RecordStore,
+        ResumeItem, StopRecord,
     };
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -725,7 +727,7 @@ fn an_unusable_item_file_is_reported_without_its_contents() {
     let logs = common::actors::LogCapture::default();
     let _guard = logs.install();
     let dir = tempfile::tempdir().unwrap();
-    let store = FileRecordStore::open(dir.path().join("state"), false).unwrap();
+    let store = FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap();
     let items = store.dir().join("planned-stop-items");
     let big = format!("\"SECRET-1{}\"", "x".repeat(2 << 20));
     std::fs::write(items.join("big.item.json"), big).unwrap();

@@ -6,12 +6,13 @@ mod common;
 use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
-use planned_stop::OsSignal;
-use planned_stop::RecordStore;
-use planned_stop::stopper::{self, WaitOutcome};
+use planned_stop::Layout;
+use planned_stop::marker::{Marker, MarkerStore};
+use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
+use planned_stop::stopper::{self, Phase, WaitOutcome};
 use planned_stop::{
-    Layout, Marker, MarkerStore, Phase, PlannedStopService, ProcessIdentity, RunnerState,
-    ServiceHandle, SignalKind, StopCause, StopRecord, StopRequest, StopVerdict,
+    PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle, SignalKind, StopCause,
+    StopRequest, StopVerdict,
 };
 use std::rc::Rc;
 use std::time::Duration;
@@ -65,7 +66,7 @@ impl Fixture {
         b.start().unwrap()
     }
     fn record(&self) -> StopRecord {
-        StopRecord::read(&self.state())
+        FileRecordStore::read_last_stop(&self.state())
             .unwrap()
             .expect("a stop record")
     }
@@ -101,7 +102,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
         assert_eq!(state(&h), RunnerState::Draining);
         assert!(!f.slot_exists(), "the runner claimed (consumed) the marker");
         advance(Duration::from_millis(20)).await;
-        h.signal(OsSignal(SignalKind::Terminate));
+        h.signal(SignalKind::Terminate);
         settle().await;
         assert_eq!(h.status().verdict, Some(StopVerdict::Planned));
         assert!(control.finish(&[]));
@@ -118,7 +119,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
     // The outcome file next to the slot tells a stopper how it ended.
     let outcome = f.store().read_outcome(f.me.pid).expect("an outcome file");
     assert!(outcome.is_from(&f.me));
-    assert_eq!(outcome.phase, planned_stop::Phase::Stopped);
+    assert_eq!(outcome.phase, planned_stop::stopper::Phase::Stopped);
     assert_eq!(
         (outcome.verdict, outcome.exit_code),
         (StopVerdict::Planned, Some(0))
@@ -139,7 +140,7 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
             .store()
             .read_outcome(f.me.pid)
             .expect("an acknowledgement while draining");
-        assert_eq!(ack.phase, planned_stop::Phase::Draining);
+        assert_eq!(ack.phase, planned_stop::stopper::Phase::Draining);
         assert_eq!(ack.request_id.as_deref(), Some("ack"));
         assert_eq!(ack.exit_code, None);
         assert_eq!(
@@ -161,7 +162,7 @@ fn unmarked_sigterm_is_unexpected_and_a_later_marker_does_not_change_it() {
         let h = f.start(vec![("jobs", p)]);
         h.ready();
         advance(POLL).await;
-        h.signal(OsSignal(SignalKind::Terminate));
+        h.signal(SignalKind::Terminate);
         settle().await;
         assert_eq!(h.status().verdict, Some(StopVerdict::Unexpected));
         f.write_marker("too-late");
@@ -193,7 +194,7 @@ fn sigterm_with_our_marker_in_place_is_planned() {
             RunnerState::Running,
             "trigger_watcher: false leaves it to the signal"
         );
-        h.signal(OsSignal(SignalKind::Terminate));
+        h.signal(SignalKind::Terminate);
         code_of(h.stopped().await)
     });
     assert_eq!(code, 0);
@@ -265,11 +266,11 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
     assert_eq!(unfinished, [("fast", "job-7"), ("fast", "job-9")]);
     assert_eq!(record.unanswered, vec!["slow".to_string()]);
     // The next start leases the items, each to one owner.
-    let store = planned_stop::FileRecordStore::open(f.state(), false).unwrap();
+    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let next = planned_stop::Owner::new("another-host", 1, 1);
+    let next = planned_stop::record::Owner::new("another-host", 1, 1);
     let leased = rt
         .block_on(store.lease(&next, usize::MAX, Duration::from_secs(60)))
         .unwrap();
@@ -279,7 +280,7 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
         ids, recorded,
         "every item, oldest first, under the id the record names"
     );
-    let other = planned_stop::Owner::new("another-host", 2, 1);
+    let other = planned_stop::record::Owner::new("another-host", 2, 1);
     let again = rt
         .block_on(store.lease(&other, usize::MAX, Duration::from_secs(60)))
         .unwrap();
@@ -295,11 +296,11 @@ fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
         let h = f.start(vec![("jobs", p)]);
         h.ready();
         settle().await;
-        h.signal(OsSignal(SignalKind::Interrupt));
+        h.signal(SignalKind::Interrupt);
         settle().await;
         assert_eq!(state(&h), RunnerState::Draining);
         let started = tokio::time::Instant::now();
-        h.signal(OsSignal(SignalKind::Interrupt));
+        h.signal(SignalKind::Interrupt);
         let code = code_of(h.stopped().await);
         assert_eq!(
             tokio::time::Instant::now(),
@@ -331,7 +332,7 @@ fn exit_codes_are_configurable_per_cause() {
             .start()
             .unwrap();
         h.ready();
-        h.signal(OsSignal(SignalKind::Hangup));
+        h.signal(SignalKind::Hangup);
         code_of(h.stopped().await)
     });
     assert_eq!(code, 75);
@@ -570,7 +571,8 @@ fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
     let code = sys.block_on(async {
         let h = f.start(vec![]);
         let marker = Marker::new(f.me.pid, Some(f.me.start), Utc::now()).with_request_id("held-1");
-        h.runner().do_send(planned_stop::PlannedStop::from(&marker));
+        planned_stop::internals::runner_of(&h)
+            .do_send(planned_stop::internals::PlannedStop::from(&marker));
         settle().await;
         assert_eq!(state(&h), RunnerState::Starting);
         h.ready();
@@ -696,7 +698,7 @@ proptest::proptest! {
                 .phase_deadline(planned_stop::DrainPhase::Work, ingress)
                 .ready_warning(Some(ready_warning))
                 .policy(
-                    planned_stop::Policy::default()
+                    planned_stop::marker::Policy::default()
                         .with_ttl(ttl)
                         .with_future_skew(skew)
                         .with_start_slack(slack),
@@ -723,7 +725,7 @@ proptest::proptest! {
 /// A clock that panics once armed: a stand-in for any bug in the watcher or the runner.
 struct Bomb(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
-impl planned_stop::Clock for Bomb {
+impl planned_stop::internals::Clock for Bomb {
     fn now(&self) -> chrono::DateTime<Utc> {
         if self.0.load(std::sync::atomic::Ordering::SeqCst) {
             panic!("clock bomb");
@@ -990,12 +992,12 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
         "{:?}",
         record.notes
     );
-    let store = planned_stop::FileRecordStore::open(f.state(), false).unwrap();
+    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let leased = rt
-        .block_on(store.lease(&planned_stop::Owner::new("h", 1, 1), 10, DRAIN))
+        .block_on(store.lease(&planned_stop::record::Owner::new("h", 1, 1), 10, DRAIN))
         .unwrap();
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0].item.item, "small");
@@ -1015,7 +1017,7 @@ enum Fault {
 /// A file store with one fault; it records when each renewal came (on the paused clock).
 #[derive(Debug)]
 struct Faulty {
-    inner: planned_stop::FileRecordStore,
+    inner: planned_stop::record::FileRecordStore,
     fault: Fault,
     renewals: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
@@ -1023,7 +1025,7 @@ struct Faulty {
 impl Faulty {
     fn new(state: &std::path::Path, fault: Fault) -> std::sync::Arc<Faulty> {
         std::sync::Arc::new(Faulty {
-            inner: planned_stop::FileRecordStore::open(state, false).unwrap(),
+            inner: FileRecordStore::open(state, Sharing::Refused).unwrap(),
             fault,
             renewals: std::sync::Mutex::default(),
         })
@@ -1033,37 +1035,37 @@ impl Faulty {
 impl RecordStore for Faulty {
     fn persist<'a>(
         &'a self,
-        s: &'a planned_stop::Owner,
+        s: &'a planned_stop::record::Owner,
         r: &'a StopRecord,
-    ) -> planned_stop::RecordFuture<'a, planned_stop::Persisted> {
+    ) -> planned_stop::record::RecordFuture<'a, planned_stop::record::Persisted> {
         match self.fault {
             Fault::PersistHangs => Box::pin(std::future::pending()),
             Fault::PersistBlocks => Box::pin(async {
                 std::thread::sleep(common::HELPER_LIFETIME);
-                Ok(planned_stop::Persisted::Durable)
+                Ok(planned_stop::record::Persisted::Durable)
             }),
             Fault::FirstRenewalFails => self.inner.persist(s, r),
         }
     }
     fn lease<'a>(
         &'a self,
-        o: &'a planned_stop::Owner,
+        o: &'a planned_stop::record::Owner,
         m: usize,
         d: Duration,
-    ) -> planned_stop::RecordFuture<'a, Vec<planned_stop::Leased>> {
+    ) -> planned_stop::record::RecordFuture<'a, Vec<planned_stop::record::Leased>> {
         self.inner.lease(o, m, d)
     }
     fn renew<'a>(
         &'a self,
-        o: &'a planned_stop::Owner,
+        o: &'a planned_stop::record::Owner,
         ids: &'a [String],
         d: Duration,
-    ) -> planned_stop::RecordFuture<'a, Vec<String>> {
+    ) -> planned_stop::record::RecordFuture<'a, Vec<String>> {
         let mut renewals = self.renewals.lock().unwrap();
         renewals.push(tokio::time::Instant::now());
         if self.fault == Fault::FirstRenewalFails && renewals.len() == 1 {
             return Box::pin(async {
-                Err(planned_stop::RecordError::backend(
+                Err(planned_stop::record::RecordError::backend(
                     "unreachable for a moment",
                 ))
             });
@@ -1072,25 +1074,25 @@ impl RecordStore for Faulty {
     }
     fn acknowledge<'a>(
         &'a self,
-        o: &'a planned_stop::Owner,
+        o: &'a planned_stop::record::Owner,
         id: &'a str,
-    ) -> planned_stop::RecordFuture<'a, ()> {
+    ) -> planned_stop::record::RecordFuture<'a, ()> {
         self.inner.acknowledge(o, id)
     }
     fn release<'a>(
         &'a self,
-        o: Option<&'a planned_stop::Owner>,
+        o: Option<&'a planned_stop::record::Owner>,
         id: &'a str,
-    ) -> planned_stop::RecordFuture<'a, bool> {
+    ) -> planned_stop::record::RecordFuture<'a, bool> {
         self.inner.release(o, id)
     }
-    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::RecordFuture<'a, bool> {
+    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::record::RecordFuture<'a, bool> {
         self.inner.remove(id)
     }
-    fn list(&self) -> planned_stop::RecordFuture<'_, Vec<planned_stop::ItemState>> {
+    fn list(&self) -> planned_stop::record::RecordFuture<'_, Vec<planned_stop::record::ItemState>> {
         self.inner.list()
     }
-    fn last_stop(&self) -> planned_stop::RecordFuture<'_, Option<StopRecord>> {
+    fn last_stop(&self) -> planned_stop::record::RecordFuture<'_, Option<StopRecord>> {
         self.inner.last_stop()
     }
 }
@@ -1197,11 +1199,10 @@ fn a_failed_renewal_is_retried_soon() {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
-        .block_on(
-            store
-                .inner
-                .persist(&planned_stop::Owner::new("elsewhere", 1, 1), &record),
-        )
+        .block_on(store.inner.persist(
+            &planned_stop::record::Owner::new("elsewhere", 1, 1),
+            &record,
+        ))
         .unwrap();
     let lease = Duration::from_secs(6); // renewed every 2 s
     paused_system().block_on(async {
@@ -1253,7 +1254,7 @@ impl Actor for WorkActor {
 #[rtype(result = "()")]
 enum Take {
     New(String),
-    Resumed(planned_stop::Leased),
+    Resumed(planned_stop::record::Leased),
 }
 
 impl Handler<Take> for WorkActor {
@@ -1378,7 +1379,7 @@ fn work_is_acknowledged_on_completion_and_handed_back_whatever_its_origin() {
     assert_eq!(started(&mut lines), ["job-a resumed=true"]);
     planned_stop(&three);
     assert_eq!(three.wait().unwrap().code(), Some(0));
-    let record = StopRecord::read(&dir.path().join("state"))
+    let record = FileRecordStore::read_last_stop(&dir.path().join("state"))
         .unwrap()
         .unwrap();
     assert_eq!(record.unfinished.len(), 1, "exactly once: {record:?}");

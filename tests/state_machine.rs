@@ -33,13 +33,13 @@ mod common;
 use actix::prelude::*;
 use chrono::TimeDelta;
 use common::actors::*;
-use planned_stop::Clock;
-use planned_stop::internals::{MarkerWatcherActor, OwnSlot};
-use planned_stop::internals::{Ready, RunnerConfig};
-use planned_stop::{
-    Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, SignalKind, StopVerdict,
+use planned_stop::Layout;
+use planned_stop::RunnerStatus;
+use planned_stop::internals::{
+    Clock, MarkerWatcherActor, OsSignal, OwnSlot, PlannedStop, Ready, RunnerActor, RunnerConfig,
 };
-use planned_stop::{OsSignal, PlannedStop, RunnerActor, RunnerStatus};
+use planned_stop::marker::{Marker, MarkerStore};
+use planned_stop::{ProcessIdentity, RunnerState, SignalKind, StopVerdict};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 use std::sync::{Arc, Mutex};

@@ -5,8 +5,9 @@ mod common;
 
 use chrono::{TimeDelta, Utc};
 use common::*;
-use planned_stop::SweepReport;
-use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, StoreError, Verdict};
+use planned_stop::Layout;
+use planned_stop::ProcessIdentity;
+use planned_stop::marker::{Marker, MarkerStore, StoreError, SweepReport, Verdict};
 use std::fs;
 use std::io::{BufRead, BufReader};
 

@@ -7,7 +7,9 @@ mod common;
 
 use chrono::Utc;
 use common::actors::*;
-use planned_stop::{Layout, Marker, MarkerStore, PlannedStopService, ProcessIdentity};
+use planned_stop::Layout;
+use planned_stop::marker::{Marker, MarkerStore};
+use planned_stop::{PlannedStopService, ProcessIdentity};
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 

@@ -15,10 +15,10 @@ mod common;
 use chrono::Utc;
 use common::actors::*;
 use common::*;
-use planned_stop::StoreError;
-use planned_stop::internals::SlotEvents;
-use planned_stop::internals::{MarkerProbe, OwnSlot};
-use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, RunnerState, Verdict};
+use planned_stop::Layout;
+use planned_stop::internals::{MarkerProbe, OwnSlot, SlotEvents};
+use planned_stop::marker::{Marker, MarkerStore, StoreError, Verdict};
+use planned_stop::{ProcessIdentity, RunnerState};
 use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
@@ -74,7 +74,10 @@ fn test_watcher_fires_shutdown_when_marker_appears() {
                 "expected exactly one PlannedStop, got {seen:?}"
             );
             // The seed's `args == (None,)`: the planned-stop sentinel, here carrying the marker's data.
-            assert_eq!(seen[0].0, planned_stop::PlannedStop::from(&written));
+            assert_eq!(
+                seen[0].0,
+                planned_stop::internals::PlannedStop::from(&written)
+            );
             assert_eq!(seen[0].1, RunnerState::Running);
         });
     }

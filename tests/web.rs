@@ -10,11 +10,11 @@
 mod common;
 
 use common::helper_role;
-use planned_stop::stopper::{self, StopOptions};
-use planned_stop::{
-    Drain, DrainPhase, DrainReport, Layout, MarkerStore, Phase, PlannedStopService, StopRecord,
-    StopVerdict,
-};
+use planned_stop::Layout;
+use planned_stop::marker::MarkerStore;
+use planned_stop::record::FileRecordStore;
+use planned_stop::stopper::{self, Phase, StopOptions};
+use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, StopVerdict};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -187,7 +187,7 @@ impl App {
     /// Asks for a planned restart, as `planned-stop stop --restart` does.
     fn planned_restart(&self) {
         let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
-        let options = StopOptions::new().with_action(planned_stop::StopAction::Restart);
+        let options = StopOptions::new().with_action(planned_stop::marker::StopAction::Restart);
         stopper::request(&store, self.child.id(), &options).unwrap();
     }
 
@@ -276,7 +276,7 @@ fn every_stop_ends_with_its_verdicts_code(layout: AppLayout) {
             Some(0),
             "{layout:?} round {round}: planned stop"
         );
-        let record = StopRecord::read(&app.state_dir())
+        let record = FileRecordStore::read_last_stop(&app.state_dir())
             .unwrap()
             .unwrap_or_else(|| panic!("{layout:?} round {round}: no stop record"));
         assert_eq!(record.verdict, StopVerdict::Planned);
@@ -359,7 +359,9 @@ fn own_server_with_signals_and_a_slow_drain_never_exits_0() {
         assert_eq!(app.exit_code(), Some(1), "round {round}");
         match app.outcome_phase() {
             Some(Phase::Stopped) => {
-                let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+                let record = FileRecordStore::read_last_stop(&app.state_dir())
+                    .unwrap()
+                    .unwrap();
                 assert_eq!(record.verdict, StopVerdict::Unexpected, "round {round}");
                 assert_eq!(record.exit_code, 1);
             }
@@ -479,7 +481,9 @@ fn a_planned_stop_finishes_in_flight_requests_and_refuses_new_connections() {
     }
     assert_eq!(slow.join().unwrap(), Some((200, "slow done".into())));
     assert_eq!(app.exit_code(), Some(0));
-    let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+    let record = FileRecordStore::read_last_stop(&app.state_dir())
+        .unwrap()
+        .unwrap();
     assert!(record.drained_in_time, "{record:?}");
     let order: Vec<DrainPhase> = record.phases.iter().map(|p| p.phase).collect();
     assert_eq!(order, [DrainPhase::Ingress, DrainPhase::Work]);
@@ -603,7 +607,9 @@ fn websocket_sessions_are_told_to_go_away_with_1001() {
         let reason = String::from_utf8_lossy(&payload[2..]);
         assert!(reason.contains("stopping"), "round {round}: {reason}");
         assert_eq!(app.exit_code(), Some(0), "round {round}");
-        let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+        let record = FileRecordStore::read_last_stop(&app.state_dir())
+            .unwrap()
+            .unwrap();
         assert!(
             record.notes.iter().any(|n| n.participant == "websocket"
                 && n.note.contains(
@@ -646,7 +652,9 @@ fn sse_streams_end_cleanly_at_a_stop() {
         }
         assert!(rest.contains("event: bye"), "round {round}: {rest:?}");
         assert_eq!(app.exit_code(), Some(0), "round {round}");
-        let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+        let record = FileRecordStore::read_last_stop(&app.state_dir())
+            .unwrap()
+            .unwrap();
         assert!(
             record.notes.iter().any(|n| n.participant == "sse"
                 && n.note
@@ -672,7 +680,9 @@ fn a_request_cut_by_the_ingress_deadline_is_in_the_notes_and_not_in_time() {
     app.planned_stop();
     assert_eq!(slow.join().unwrap(), None, "the slow request was cut");
     assert_eq!(app.exit_code(), Some(0), "still a planned stop");
-    let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+    let record = FileRecordStore::read_last_stop(&app.state_dir())
+        .unwrap()
+        .unwrap();
     assert!(!record.drained_in_time, "{record:#?}");
     assert!(
         record
@@ -1114,7 +1124,9 @@ fn an_http2_connection_is_served_until_the_ingress_deadline_without_goaway() {
         );
     });
     assert_eq!(app.exit_code(), Some(0), "still a planned stop");
-    let record = StopRecord::read(&app.state_dir()).unwrap().unwrap();
+    let record = FileRecordStore::read_last_stop(&app.state_dir())
+        .unwrap()
+        .unwrap();
     assert!(
         record
             .notes

@@ -28,8 +28,9 @@ mod stop;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
-use planned_stop::{Layout, MarkerStore, Outcome, Phase};
-use planned_stop::{Undecided, Verdict};
+use planned_stop::Layout;
+use planned_stop::marker::{MarkerStore, Undecided, Verdict};
+use planned_stop::stopper::{Outcome, Phase};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -253,7 +254,7 @@ fn record_store(
     service: &str,
     allow_shared_state: bool,
     access: Access,
-) -> Result<Option<std::sync::Arc<dyn planned_stop::RecordStore>>, String> {
+) -> Result<Option<std::sync::Arc<dyn planned_stop::record::RecordStore>>, String> {
     let files = match state {
         Some(dir) => {
             let dir = absolute(dir);
@@ -266,11 +267,14 @@ fn record_store(
                 }
                 act_as_owner_of(&dir)?;
             }
+            let sharing = if allow_shared_state {
+                planned_stop::record::Sharing::Allowed
+            } else {
+                planned_stop::record::Sharing::Refused
+            };
             let opened = match access {
-                Access::Look => {
-                    planned_stop::FileRecordStore::open_existing(dir, allow_shared_state)
-                }
-                _ => planned_stop::FileRecordStore::open(dir, allow_shared_state),
+                Access::Look => planned_stop::record::FileRecordStore::open_existing(dir, sharing),
+                _ => planned_stop::record::FileRecordStore::open(dir, sharing),
             };
             Some(opened.map_err(|e| chain(&e))?)
         }
@@ -280,8 +284,8 @@ fn record_store(
         None => Ok(files.map(|f| std::sync::Arc::new(f) as _)),
         #[cfg(feature = "postgres")]
         Some(url) => {
-            let mut store =
-                planned_stop::PgRecordStore::from_url(url, service).map_err(|e| chain(&e))?;
+            let mut store = planned_stop::record::PgRecordStore::from_url(url, service)
+                .map_err(|e| chain(&e))?;
             if let Some(files) = files {
                 store = store.spill_to(files);
             }
@@ -533,7 +537,7 @@ fn status(args: StatusArgs) -> u8 {
                 "pid": p.pid,
                 "start": p.start,
                 "since": p.since,
-                "owner_alive": p.owner_alive(),
+                "owner_alive": planned_stop::ProcessIdentity::is_running(p.pid, p.start),
             })).collect::<Vec<_>>(),
             "stop_record": found.last_stop,
             // No store was asked for: nothing is known about items (not "none").
@@ -559,7 +563,7 @@ fn status(args: StatusArgs) -> u8 {
             "  watching: pid {} since {}{}",
             p.pid,
             when(p.since),
-            if p.owner_alive() {
+            if planned_stop::ProcessIdentity::is_running(p.pid, p.start) {
                 ""
             } else {
                 " (gone: killed or crashed)"
@@ -575,7 +579,7 @@ fn status(args: StatusArgs) -> u8 {
             o.exit_code
                 .map(|c| format!(", exit code {c}"))
                 .unwrap_or_default(),
-            if o.owner_alive() {
+            if planned_stop::ProcessIdentity::is_running(o.pid, o.start) {
                 ""
             } else if matches!(o.phase, Phase::Draining | Phase::Held) {
                 " (gone: killed before it finished)"
@@ -704,7 +708,10 @@ pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
 fn outcome_json(outcome: &Outcome) -> serde_json::Value {
     let mut value = serde_json::to_value(outcome).unwrap_or_default();
     if let Some(fields) = value.as_object_mut() {
-        fields.insert("owner_alive".into(), outcome.owner_alive().into());
+        fields.insert(
+            "owner_alive".into(),
+            planned_stop::ProcessIdentity::is_running(outcome.pid, outcome.start).into(),
+        );
     }
     value
 }

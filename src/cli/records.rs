@@ -14,7 +14,7 @@ use super::{
     fail, record_store,
 };
 use clap::{Args, Subcommand};
-use planned_stop::{ItemState, Liveness, Owner, RecordError, RecordStore};
+use planned_stop::record::{ItemState, RecordError, RecordStore, owner_running};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -155,7 +155,7 @@ pub fn run(args: RecordsArgs) -> u8 {
 #[cfg(feature = "postgres")]
 fn unknown_service(runtime: &tokio::runtime::Runtime, state: &StateArgs) -> Option<Vec<String>> {
     let url = state.records.as_deref()?;
-    let store = planned_stop::PgRecordStore::from_url(url, &state.service).ok()?;
+    let store = planned_stop::record::PgRecordStore::from_url(url, &state.service).ok()?;
     let known = runtime.block_on(store.services()).ok()?;
     (!known.contains(&state.service)).then_some(known)
 }
@@ -189,7 +189,7 @@ pub struct Found {
     /// start on this host pushes them.
     pub spilled: Vec<ItemState>,
     /// The last stop's summary.
-    pub last_stop: Option<planned_stop::StopRecord>,
+    pub last_stop: Option<planned_stop::record::StopRecord>,
     /// What could not be read, each with its cause.
     pub errors: Vec<String>,
 }
@@ -262,18 +262,10 @@ fn item_error(runtime: &tokio::runtime::Runtime, state: &StateArgs, e: &RecordEr
     }
 }
 
-/// Whether the item's holder runs: `None` for a pending item, `Some(None)` when it runs on
-/// another host (its lease's expiry decides).
-fn holder_liveness(state: &ItemState) -> Option<Liveness> {
-    state.lease.as_ref().map(|l| Owner::liveness_here(&l.owner))
-}
-
+/// Whether the item's holder runs: `None` for a pending item or one whose holder runs on another
+/// host (its lease's expiry decides).
 fn holder_alive(state: &ItemState) -> Option<bool> {
-    match holder_liveness(state) {
-        Some(Liveness::Alive) => Some(true),
-        Some(Liveness::Dead) => Some(false),
-        _ => None,
-    }
+    state.lease.as_ref().and_then(|l| owner_running(&l.owner))
 }
 
 /// Prints the list; `unknown` holds the services the database knows when the one asked for is
@@ -368,10 +360,10 @@ pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> Strin
     if let Some(why) = &s.quarantined {
         return format!("{what}: quarantined ({why}); never offered: `records drop` removes it");
     }
-    match (&s.lease, holder_liveness(s)) {
+    match (&s.lease, holder_alive(s)) {
         (None, _) => format!("{what}: pending"),
-        (Some(l), Some(Liveness::Alive)) => format!("{what}: leased by {} (running)", l.owner),
-        (Some(l), Some(Liveness::Dead)) => format!(
+        (Some(l), Some(true)) => format!("{what}: leased by {} (running)", l.owner),
+        (Some(l), Some(false)) => format!(
             "{what}: leased by {} (gone: offered again at the next lease)",
             l.owner
         ),
@@ -393,14 +385,14 @@ pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> Strin
 mod tests {
     use super::*;
     use chrono::{TimeDelta, Utc};
-    use planned_stop::{Lease, ResumeItem};
+    use planned_stop::record::{Lease, ResumeItem};
 
     /// Issue 23.9: a lease held on another host that lapsed is not "offered again after" a time
     /// already past.
     #[test]
     fn a_lapsed_lease_on_another_host_says_it_lapsed() {
         let now = Utc::now();
-        let owner = Owner::new("another-host.example", 4242, 1);
+        let owner = planned_stop::record::Owner::new("another-host.example", 4242, 1);
         let item = ResumeItem::new("id-1", "jobs", json!("job"), owner.clone(), now, 1);
         let lease = |expires| Some(Lease::new(owner.clone(), now, expires));
         let later = now + TimeDelta::seconds(60);

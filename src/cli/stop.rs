@@ -7,8 +7,8 @@ use super::{
     emit, fail, path_json,
 };
 use clap::Args;
-use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
-use planned_stop::{DrainSummary, MarkerStore, StopAction};
+use planned_stop::marker::{MarkerStore, StopAction};
+use planned_stop::stopper::{self, DrainSummary, Progress, StopOptions, StopperError, WaitOutcome};
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -95,7 +95,7 @@ fn the_watcher(store: &MarkerStore) -> Result<(u32, u64), String> {
         .presences()
         .map_err(|e| chain(&e))?
         .into_iter()
-        .filter(|p| p.owner_alive())
+        .filter(|p| planned_stop::ProcessIdentity::is_running(p.pid, p.start))
         .collect();
     match live.as_slice() {
         [one] => Ok((one.pid, one.start)),
@@ -591,7 +591,7 @@ fn already_stopped(
     let outcome = store.read_outcome(args.pid()).filter(|o| {
         o.pid == args.pid()
             && o.phase.is_final()
-            && !o.owner_alive()
+            && !planned_stop::ProcessIdentity::is_running(o.pid, o.start)
             && args.start.is_none_or(|start| start == o.start)
     })?;
     let extra = json!({
@@ -601,7 +601,7 @@ fn already_stopped(
         "finished_at": outcome.finished_at,
         "accepted_request_id": outcome.request_id,
     });
-    let planned = outcome.phase == planned_stop::Phase::Stopped
+    let planned = outcome.phase == planned_stop::stopper::Phase::Stopped
         && outcome.verdict == planned_stop::StopVerdict::Planned;
     Some(if planned {
         (

@@ -29,7 +29,7 @@ use super::lease::{self, Lease, Liveness, Owner};
 use super::store::{
     ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, lease_end, oldest_first,
 };
-use super::{RecordError, StopRecord};
+use super::{MAX_RECORD_BYTES, RECORD_FILE_NAME, RecordError, StopRecord, json_problem};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files::{self as fsx, Found};
 use std::fs;
@@ -48,7 +48,7 @@ pub(crate) const LOCK_FILE_NAME: &str = ".planned-stop.lock";
 /// How long an operation waits for another process's lock on the state directory.
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Largest item or lease file read, in bytes: every item the runner accepts
-/// ([`crate::MAX_ITEM_BYTES`] of JSON) with room for its envelope (id, participant, owner), and a
+/// ([`crate::record::MAX_ITEM_BYTES`] of JSON) with room for its envelope (id, participant, owner), and a
 /// persist refuses to write a larger file, so whatever is written can be read back.
 pub(crate) const MAX_FILE_BYTES: usize = crate::record::MAX_ITEM_BYTES + 64 * 1024;
 /// How long an acknowledgement is kept (so `records list` can show it, and a second
@@ -59,14 +59,26 @@ pub(crate) const ACK_KEEP: Duration = Duration::from_secs(24 * 3600);
 const ITEM: &str = ".item.json";
 const LEASE: &str = ".lease.json";
 
+/// Whether a state directory that group or others can write is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sharing {
+    /// Refused (the default): whoever can write there could plant work for the service to
+    /// resume.
+    #[default]
+    Refused,
+    /// Accepted, for a directory shared on purpose (a group of service accounts). A directory
+    /// that belongs to another user than this process's or root is refused either way.
+    Allowed,
+}
+
 type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 
 /// The record store in a state directory on this host. See the module docs.
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// use planned_stop::{FileRecordStore, RecordStore};
-/// let store = FileRecordStore::open(dir.path().join("state"), false).unwrap();
+/// use planned_stop::record::{FileRecordStore, RecordStore, Sharing};
+/// let store = FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap();
 /// let items = tokio::runtime::Builder::new_current_thread().build().unwrap()
 ///     .block_on(store.list()).unwrap();
 /// assert!(items.is_empty(), "nothing stopped here yet");
@@ -94,14 +106,11 @@ impl std::fmt::Debug for FileRecordStore {
 
 impl FileRecordStore {
     /// Opens the store in `dir`, creating it (and its item directory) mode 0700. A directory that
-    /// group or others can write is refused unless `allow_shared` (whoever can write there can plant
-    /// work for this service to resume), and so is one that belongs to another user than this
-    /// process's or root.
-    pub fn open(
-        dir: impl Into<PathBuf>,
-        allow_shared: bool,
-    ) -> Result<FileRecordStore, RecordError> {
-        let store = FileRecordStore::at(dir.into(), allow_shared, true);
+    /// group or others can write is refused unless `sharing` is [`Sharing::Allowed`] (whoever can
+    /// write there can plant work for this service to resume), and so is one that belongs to
+    /// another user than this process's or root.
+    pub fn open(dir: impl Into<PathBuf>, sharing: Sharing) -> Result<FileRecordStore, RecordError> {
+        let store = FileRecordStore::at(dir.into(), sharing, true);
         store.prepare()?;
         Ok(store)
     }
@@ -112,28 +121,29 @@ impl FileRecordStore {
     /// is checked as by [`FileRecordStore::open`].
     pub fn open_existing(
         dir: impl Into<PathBuf>,
-        allow_shared: bool,
+        sharing: Sharing,
     ) -> Result<FileRecordStore, RecordError> {
-        let store = FileRecordStore::at(dir.into(), allow_shared, false);
+        let store = FileRecordStore::at(dir.into(), sharing, false);
         let meta = fs::metadata(&store.dir).map_err(|source| RecordError::Io {
             op: "open the state directory",
             path: store.dir.clone(),
             source,
         })?;
         if !meta.is_dir() {
-            return Err(crate::StoreError::NotADirectory(store.dir.clone()).into());
+            return Err(crate::marker::StoreError::NotADirectory(store.dir.clone()).into());
         }
         fsx::check_own_dir(&store.dir)?;
         Ok(store)
     }
 
-    fn at(dir: PathBuf, allow_shared: bool, writable: bool) -> FileRecordStore {
+    fn at(dir: PathBuf, sharing: Sharing, writable: bool) -> FileRecordStore {
+        let allow_shared = sharing == Sharing::Allowed;
         FileRecordStore {
             items: dir.join(ITEMS_DIR_NAME),
             acked: dir.join(ACKED_DIR_NAME),
             dir,
             clock: Arc::new(SystemClock),
-            liveness: Arc::new(Owner::liveness_here),
+            liveness: Arc::new(crate::record::host::liveness_here),
             allow_shared,
             writable,
         }
@@ -161,17 +171,41 @@ impl FileRecordStore {
         })
     }
 
-    /// Reads lease times from `clock` instead of the system clock (tests).
+    /// Reads the last stop record a file store keeps in `state_dir` (the summary for people; the
+    /// items are kept one by one), without opening the store: nothing is created, locked or
+    /// removed. `None` when no stop was recorded there; an error for a record that is too large,
+    /// not JSON of this kind, not a regular file, or not this user's.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use planned_stop::record::FileRecordStore;
+    /// assert!(FileRecordStore::read_last_stop(dir.path()).unwrap().is_none());
+    /// ```
+    pub fn read_last_stop(state_dir: &Path) -> Result<Option<StopRecord>, RecordError> {
+        read_record_file(&record_path(state_dir))
+    }
+
+    /// Reads lease times from `clock` instead of the system clock. A test seam, with the `testing`
+    /// feature.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     #[must_use]
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> FileRecordStore {
+    pub fn clock(self, clock: Arc<dyn Clock>) -> FileRecordStore {
+        self.with_clock(clock)
+    }
+
+    /// The service's clock, handed down by its builder.
+    pub(crate) fn with_clock(mut self, clock: Arc<dyn Clock>) -> FileRecordStore {
         self.clock = clock;
         self
     }
 
     /// Decides whether a lease's owner still runs with `probe` instead of looking the process up
-    /// on this host ([`Owner::liveness_here`]; tests).
+    /// on this host. A test seam, with the `testing` feature.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     #[must_use]
-    pub fn with_liveness(
+    pub fn liveness(
         mut self,
         probe: impl Fn(&Owner) -> Liveness + Send + Sync + 'static,
     ) -> FileRecordStore {
@@ -417,7 +451,7 @@ impl FileRecordStore {
         }
         // The summary is for people: the items above are durable whatever happens to it, so a
         // summary that cannot be written is a warning, never a lost stop.
-        if let Err(e) = self.write_json(&StopRecord::path(&self.dir), record) {
+        if let Err(e) = self.write_json(&record_path(&self.dir), record) {
             tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
                 "cannot write the stop's summary for people; the unfinished items are durable");
         }
@@ -427,7 +461,7 @@ impl FileRecordStore {
     /// A summary written before items had ids (an earlier version) still holds its items:
     /// turn them into item files once, so upgrading loses nothing.
     fn import_legacy(&self) -> Result<(), RecordError> {
-        let mut record = match StopRecord::read(&self.dir) {
+        let mut record = match FileRecordStore::read_last_stop(&self.dir) {
             Ok(Some(record)) => record,
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -440,7 +474,7 @@ impl FileRecordStore {
         if record.unfinished.iter().all(|u| u.id.is_some()) {
             return Ok(());
         }
-        let stopper = Owner::new(lease::local_host(), record.pid, 0);
+        let stopper = Owner::new(super::host::local_host(), record.pid, 0);
         for (index, unfinished) in record.unfinished.iter_mut().enumerate() {
             if unfinished.id.is_none() {
                 unfinished.id = Some(lease::item_id(&stopper, record.finished_at, index));
@@ -641,7 +675,7 @@ impl RecordStore for FileRecordStore {
     }
 
     fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>> {
-        self.off_thread(|s| StopRecord::read(&s.dir))
+        self.off_thread(|s| FileRecordStore::read_last_stop(&s.dir))
     }
 }
 
@@ -698,12 +732,60 @@ fn write_unique(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RecordEr
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         match fsx::write_replacing(path, &temp, bytes, durable) {
-            Err(crate::StoreError::Io { source, .. })
+            Err(crate::marker::StoreError::Io { source, .. })
                 if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
             {
                 tries += 1;
             }
             result => return result.map_err(RecordError::from),
         }
+    }
+}
+
+/// The record's path in `state_dir`.
+pub(crate) fn record_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(RECORD_FILE_NAME)
+}
+
+fn read_record_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
+    use crate::store::files::read_private;
+    let invalid = |reason: String| RecordError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match read_private(path, MAX_RECORD_BYTES as usize) {
+        Found::Absent => absent_unless_not_a_directory(path),
+        Found::Bytes(bytes) if bytes.len() as u64 > MAX_RECORD_BYTES => {
+            Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")))
+        }
+        Found::Bytes(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| invalid(json_problem(&e))),
+        Found::NotAFile(kind) => Err(invalid(format!("a {kind:?}, not a regular file"))),
+        Found::Foreign(uid) => Err(invalid(format!(
+            "owned by uid {uid}, not by this user: it is never trusted"
+        ))),
+        Found::Unreadable(kind) => Err(RecordError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source: io::Error::from(kind),
+        }),
+    }
+}
+
+/// "No record" for a record path that does not exist — unless the state directory itself exists
+/// as something else than a directory. Unix says so when opening (`ENOTDIR`); Windows answers
+/// "path not found", which must not read as "nothing to resume".
+fn absent_unless_not_a_directory(path: &Path) -> Result<Option<StopRecord>, RecordError> {
+    match path.parent().map(std::fs::metadata) {
+        Some(Ok(meta)) if !meta.is_dir() => Err(RecordError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "the state directory is not a directory",
+            ),
+        }),
+        _ => Ok(None),
     }
 }

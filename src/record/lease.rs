@@ -7,20 +7,18 @@
 //! runs on another host) once its lease has expired. An owner known alive keeps its items for as
 //! long as it lives, so an item is never handed to two live owners at the same time.
 //!
-//! Every backend ([`crate::FileRecordStore`], and any other [`crate::RecordStore`]) calls
-//! [`is_offered`] and [`holds`]; nothing else decides.
+//! Every backend ([`crate::record::FileRecordStore`], and any other [`crate::record::RecordStore`])
+//! calls [`is_offered`] and [`holds`]; nothing else decides. The rules are pure: whether an owner
+//! still runs is asked of this host's process table by `host.rs`, and handed in as [`Liveness`].
 
-use crate::identity::ProcessIdentity;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Who holds a lease: one process life on one host.
 ///
 /// ```
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
-/// let owner = planned_stop::Owner::this_process(&me);
-/// assert_eq!(owner.pid, me.pid);
-/// assert_eq!(planned_stop::Owner::liveness_here(&owner), planned_stop::Liveness::Alive);
+/// let owner = planned_stop::record::Owner::new("web-1", 4242, 123_456);
+/// assert_eq!(owner.to_string(), "pid 4242 (start 123456) on web-1");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -29,7 +27,7 @@ pub struct Owner {
     pub host: String,
     /// The process id.
     pub pid: u32,
-    /// The process's start fingerprint ([`ProcessIdentity::start`]).
+    /// The process's start fingerprint ([`crate::ProcessIdentity::start`]).
     pub start: u64,
 }
 
@@ -54,23 +52,6 @@ impl Owner {
             start,
         }
     }
-
-    /// The process `identity` on this host.
-    pub fn this_process(identity: &ProcessIdentity) -> Owner {
-        Owner::new(local_host(), identity.pid, identity.start)
-    }
-
-    /// Whether `owner` still runs, as far as this host can tell: a process on this host is looked
-    /// up by pid and start fingerprint, one on another host is [`Liveness::Unknown`].
-    pub fn liveness_here(owner: &Owner) -> Liveness {
-        if owner.host != local_host() {
-            return Liveness::Unknown;
-        }
-        match ProcessIdentity::of(owner.pid) {
-            Some(found) if found.start == owner.start => Liveness::Alive,
-            _ => Liveness::Dead,
-        }
-    }
 }
 
 impl std::fmt::Display for Owner {
@@ -81,24 +62,6 @@ impl std::fmt::Display for Owner {
             self.pid, self.start, self.host
         )
     }
-}
-
-/// The environment variable that names this host for leases instead of the system's host name
-/// (containers whose host names repeat, tests that play several hosts).
-pub const HOST_ENV: &str = "PLANNED_STOP_HOST";
-
-/// This host's name for leases (read once): `PLANNED_STOP_HOST` when set, else the system's host
-/// name, else `localhost`.
-pub fn local_host() -> String {
-    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(|| {
-        std::env::var(HOST_ENV)
-            .ok()
-            .filter(|h| !h.is_empty())
-            .or_else(|| sysinfo::System::host_name().ok().filter(|h| !h.is_empty()))
-            .unwrap_or_else(|| "localhost".to_owned())
-    })
-    .clone()
 }
 
 /// A lease on one item.
@@ -128,7 +91,8 @@ impl Lease {
 /// owner is dead, or cannot be checked and its lease has expired. An owner known alive keeps it.
 ///
 /// ```
-/// use planned_stop::{is_offered, Lease, Liveness, Owner};
+/// use planned_stop::internals::{Liveness, is_offered};
+/// use planned_stop::record::{Lease, Owner};
 /// let now = chrono::Utc::now();
 /// let lease = Lease::new(Owner::new("h", 7, 1), now, now + chrono::TimeDelta::seconds(30));
 /// assert!(is_offered(None, now, Liveness::Alive), "pending");
@@ -150,7 +114,8 @@ pub fn is_offered(lease: Option<&Lease>, now: DateTime<Utc>, owner: Liveness) ->
 /// lease lapsed still holds it until someone else leases the item.
 ///
 /// ```
-/// use planned_stop::{holds, Lease, Owner};
+/// use planned_stop::internals::holds;
+/// use planned_stop::record::{Lease, Owner};
 /// let now = chrono::Utc::now();
 /// let me = Owner::new("h", 7, 1);
 /// let lease = Lease::new(me.clone(), now, now);
@@ -166,9 +131,9 @@ pub fn holds(lease: Option<&Lease>, owner: &Owner) -> bool {
 /// (item ids become file names and database keys).
 ///
 /// ```
-/// assert!(planned_stop::is_valid_item_id("a1b2-0042-000003"));
-/// assert!(!planned_stop::is_valid_item_id("../x"));
-/// assert!(!planned_stop::is_valid_item_id(""));
+/// assert!(planned_stop::internals::is_valid_item_id("a1b2-0042-000003"));
+/// assert!(!planned_stop::internals::is_valid_item_id("../x"));
+/// assert!(!planned_stop::internals::is_valid_item_id(""));
 /// ```
 pub fn is_valid_item_id(id: &str) -> bool {
     (1..=128).contains(&id.len())

@@ -134,7 +134,7 @@ pub enum Persisted {
 /// Every method is atomic with respect to every other caller of the same store, in any process.
 pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     /// Makes `record`'s unfinished items durable, then its summary (a summary that cannot be
-    /// written is only a warning). Every item has an id and fits [`crate::MAX_ITEM_BYTES`]; a
+    /// written is only a warning). Every item has an id and fits [`crate::record::MAX_ITEM_BYTES`]; a
     /// store refuses one that does not. New work (`resumed: false`) is written once, its attempt
     /// count 1. A handed-back item (`resumed: true`) becomes pending again with its attempts
     /// counted up (saturating) only while `stopper` holds its lease; one that was acknowledged, dropped or
@@ -146,7 +146,7 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
         record: &'a StopRecord,
     ) -> RecordFuture<'a, Persisted>;
 
-    /// Leases to `owner` up to `max` of the items on offer ([`crate::is_offered`]), oldest first,
+    /// Leases to `owner` up to `max` of the items on offer ([`crate::record::lease::is_offered`]), oldest first,
     /// until `lease_for` from now.
     fn lease<'a>(
         &'a self,
@@ -167,7 +167,7 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     ) -> RecordFuture<'a, Vec<String>>;
 
     /// `owner` has taken item `id` over for good: it is removed, never offered again. Refused
-    /// ([`RecordError::NotHolder`]) unless `owner` holds its lease ([`crate::holds`]).
+    /// ([`RecordError::NotHolder`]) unless `owner` holds its lease ([`crate::record::lease::holds`]).
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()>;
 
     /// Makes item `id` pending again. With `Some(owner)`, only if `owner` holds its lease; with
@@ -186,7 +186,7 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// The id of an item about to be persisted, when it may be: a valid id
-/// ([`crate::is_valid_item_id`]) and an item within [`crate::MAX_ITEM_BYTES`]. Every store calls
+/// ([`crate::record::lease::is_valid_item_id`]) and an item within [`crate::record::MAX_ITEM_BYTES`]. Every store calls
 /// it before writing anything, so no store holds what another would refuse or could not read back.
 pub(crate) fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
     let id = unfinished

@@ -1,3 +1,5 @@
+use super::host::{HOST_ENV, liveness_here, local_host};
+use super::lease::Liveness;
 use super::*;
 use crate::lifecycle::SignalKind;
 use std::fs;
@@ -51,9 +53,9 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 fn store(dir: &std::path::Path) -> (FileRecordStore, Arc<Mutex<Vec<u32>>>) {
     let dead = Arc::new(Mutex::new(Vec::new()));
     let probe = dead.clone();
-    let store = FileRecordStore::open(dir.join("state"), false)
+    let store = FileRecordStore::open(dir.join("state"), crate::record::Sharing::Refused)
         .unwrap()
-        .with_liveness(move |o: &Owner| {
+        .liveness(move |o: &Owner| {
             if probe.lock().unwrap().contains(&o.pid) {
                 Liveness::Dead
             } else {
@@ -72,7 +74,10 @@ fn persisted_items_are_leased_once_and_gone_once_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let (store, dead) = store(dir.path());
     block_on(store.persist(&owner(42), &record())).unwrap();
-    assert_eq!(StopRecord::read(store.dir()).unwrap(), Some(record()));
+    assert_eq!(
+        FileRecordStore::read_last_stop(store.dir()).unwrap(),
+        Some(record())
+    );
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0].item.id, "item-1");
@@ -133,8 +138,8 @@ fn a_state_directory_that_cannot_be_read_is_an_error_not_an_absent_record() {
     let dir = tempfile::tempdir().unwrap();
     let not_a_dir = dir.path().join("state");
     fs::write(&not_a_dir, b"").unwrap();
-    assert!(StopRecord::read(&not_a_dir).is_err());
-    assert!(FileRecordStore::open(&not_a_dir, false).is_err());
+    assert!(FileRecordStore::read_last_stop(&not_a_dir).is_err());
+    assert!(FileRecordStore::open(&not_a_dir, crate::record::Sharing::Refused).is_err());
 }
 
 #[test]
@@ -142,15 +147,18 @@ fn a_record_is_read_up_to_its_size_limit_and_refused_past_it() {
     let dir = tempfile::tempdir().unwrap();
     let limit = usize::try_from(MAX_RECORD_BYTES).unwrap();
     // A valid record padded with white space to exactly the limit is read.
-    let path = StopRecord::path(dir.path());
+    let path = file::record_path(dir.path());
     let mut bytes = serde_json::to_vec(&record()).unwrap();
     bytes.resize(limit, b' ');
     fs::write(&path, &bytes).unwrap();
-    assert_eq!(StopRecord::read(dir.path()).unwrap(), Some(record()));
+    assert_eq!(
+        FileRecordStore::read_last_stop(dir.path()).unwrap(),
+        Some(record())
+    );
     // One byte more is refused as too large (and left in place).
     bytes.push(b' ');
     fs::write(&path, &bytes).unwrap();
-    match StopRecord::read(dir.path()) {
+    match FileRecordStore::read_last_stop(dir.path()) {
         Err(RecordError::Invalid { reason, .. }) => {
             assert_eq!(reason, format!("larger than {MAX_RECORD_BYTES} bytes"))
         }
@@ -170,14 +178,18 @@ fn a_record_written_by_an_earlier_version_still_reads_and_its_items_are_imported
         .as_object_mut()
         .unwrap()
         .remove("id");
-    fs::write(StopRecord::path(store.dir()), json.to_string()).unwrap();
-    let read = StopRecord::read(store.dir()).unwrap().unwrap();
+    fs::write(file::record_path(store.dir()), json.to_string()).unwrap();
+    let read = FileRecordStore::read_last_stop(store.dir())
+        .unwrap()
+        .unwrap();
     assert_eq!(read.unfinished[0].id, None);
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     assert_eq!(leased.len(), 1, "the earlier version's item is resumed");
     assert_eq!(leased[0].item.item, "job-3");
     // Imported once: the summary now names the item by its id.
-    let read = StopRecord::read(store.dir()).unwrap().unwrap();
+    let read = FileRecordStore::read_last_stop(store.dir())
+        .unwrap()
+        .unwrap();
     assert_eq!(
         read.unfinished[0].id.as_deref(),
         Some(leased[0].item.id.as_str())
@@ -213,10 +225,10 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
         )
         .unwrap();
     };
-    fifo(&StopRecord::path(store.dir()));
+    fifo(&file::record_path(store.dir()));
     fifo(&store.dir().join("planned-stop-items/item-1.item.json"));
     assert!(matches!(
-        StopRecord::read(store.dir()),
+        FileRecordStore::read_last_stop(store.dir()),
         Err(RecordError::Invalid { .. })
     ));
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
@@ -260,9 +272,9 @@ fn the_state_directory_is_created_private_and_a_shared_one_is_refused() {
     let shared = dir.path().join("shared");
     fs::create_dir(&shared).unwrap();
     fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
-    let err = FileRecordStore::open(&shared, false).unwrap_err();
+    let err = FileRecordStore::open(&shared, crate::record::Sharing::Refused).unwrap_err();
     assert!(err.to_string().contains("writable"), "{err}");
-    FileRecordStore::open(&shared, true).unwrap();
+    FileRecordStore::open(&shared, crate::record::Sharing::Allowed).unwrap();
 }
 
 #[test]
@@ -306,16 +318,16 @@ fn a_lease_holder_is_alive_only_as_the_same_process_life_on_this_host() {
     let me = crate::identity::ProcessIdentity::current().unwrap();
     let here = local_host();
     assert_eq!(
-        Owner::liveness_here(&Owner::new(here.clone(), me.pid, me.start)),
+        liveness_here(&Owner::new(here.clone(), me.pid, me.start)),
         Liveness::Alive
     );
     assert_eq!(
-        Owner::liveness_here(&Owner::new(here, me.pid, me.start.wrapping_add(1))),
+        liveness_here(&Owner::new(here, me.pid, me.start.wrapping_add(1))),
         Liveness::Dead,
         "an earlier life of this pid"
     );
     assert_eq!(
-        Owner::liveness_here(&Owner::new("another-host", me.pid, me.start)),
+        liveness_here(&Owner::new("another-host", me.pid, me.start)),
         Liveness::Unknown
     );
 }
@@ -523,7 +535,7 @@ fn a_store_opened_to_look_creates_and_removes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     assert!(
-        FileRecordStore::open_existing(&state, false).is_err(),
+        FileRecordStore::open_existing(&state, crate::record::Sharing::Refused).is_err(),
         "no directory, no store"
     );
     fs::create_dir(&state).unwrap();
@@ -532,7 +544,7 @@ fn a_store_opened_to_look_creates_and_removes_nothing() {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
     }
-    let look = FileRecordStore::open_existing(&state, false).unwrap();
+    let look = FileRecordStore::open_existing(&state, crate::record::Sharing::Refused).unwrap();
     assert!(block_on(look.list()).unwrap().is_empty());
     assert_eq!(block_on(look.last_stop()).unwrap(), None);
     assert_eq!(
@@ -636,7 +648,9 @@ mod crash {
     fn found(tree: &Tree, root: &Path) -> (Vec<(String, Option<u32>)>, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
         materialise(tree, root, dir.path());
-        let store = FileRecordStore::open(dir.path().join("state"), false).unwrap();
+        let store =
+            FileRecordStore::open(dir.path().join("state"), crate::record::Sharing::Refused)
+                .unwrap();
         let listed = block_on(store.list()).unwrap();
         let acked = fs::read_dir(dir.path().join("state").join(file::ACKED_DIR_NAME))
             .map(|d| {

@@ -4,20 +4,20 @@
 //! participants answer [`Drain`] with a [`DrainReport`]; everyone else reads [`RunnerStatus`] from
 //! its watch channel.
 
-use crate::lifecycle::{RunnerState, SignalKind, StopRequest, StopVerdict};
+use crate::lifecycle::{DrainPhase, RunnerState, SignalKind, StopRequest, StopVerdict};
 use crate::marker::{Marker, StopAction};
 use crate::outcome::Outcome;
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// "This process was asked to stop, on purpose": the watcher found a marker for us.
 ///
 /// ```
-/// let marker = planned_stop::Marker::new(4, None, chrono::Utc::now()).with_request_id("r-1");
-/// let stop = planned_stop::PlannedStop::from(&marker);
+/// let marker = planned_stop::marker::Marker::new(4, None, chrono::Utc::now()).with_request_id("r-1");
+/// let stop = planned_stop::internals::PlannedStop::from(&marker);
 /// assert_eq!(stop.request_id.as_deref(), Some("r-1"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Message)]
@@ -69,26 +69,6 @@ pub struct RequestStop(pub StopRequest);
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct HeldStop(pub PlannedStop);
-
-/// The ordered phases of a drain, in the spirit of Akka's coordinated shutdown. A phase starts
-/// when the previous one has answered or timed out, so the ingress stops taking requests before
-/// the workers that those requests feed are told to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum DrainPhase {
-    /// Stop accepting work from outside and finish what was accepted (HTTP servers, consumers).
-    Ingress,
-    /// Workers finish or hand back what they cannot finish (the default phase).
-    Work,
-    /// Flush and close: caches, connections, logs.
-    Final,
-}
-
-impl DrainPhase {
-    /// The phases in the order they run.
-    pub const ALL: [DrainPhase; 3] = [DrainPhase::Ingress, DrainPhase::Work, DrainPhase::Final];
-}
 
 /// Registers a drain participant (also possible through the builder).
 #[derive(Debug, Clone, Message)]
@@ -163,7 +143,7 @@ pub struct DrainReport {
     pub cut: bool,
     /// Items this process leased from an earlier stop and hands back unfinished, under their ids
     /// (see [`DrainReport::handed_back`]).
-    pub handed_back: Vec<crate::ResumeItem>,
+    pub handed_back: Vec<crate::record::ResumeItem>,
 }
 
 impl DrainReport {
@@ -199,12 +179,15 @@ impl DrainReport {
     /// so the item is still acknowledged exactly once, by whoever finishes it.
     ///
     /// ```
-    /// # fn leased() -> Vec<planned_stop::Leased> { Vec::new() }
+    /// # fn leased() -> Vec<planned_stop::record::Leased> { Vec::new() }
     /// let report = planned_stop::DrainReport::done().handed_back(leased());
     /// assert!(report.handed_back.is_empty());
     /// ```
     #[must_use]
-    pub fn handed_back(mut self, items: impl IntoIterator<Item = crate::Leased>) -> DrainReport {
+    pub fn handed_back(
+        mut self,
+        items: impl IntoIterator<Item = crate::record::Leased>,
+    ) -> DrainReport {
         self.handed_back.extend(items.into_iter().map(|l| l.item));
         self
     }

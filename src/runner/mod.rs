@@ -26,11 +26,10 @@ mod guard;
 mod messages;
 pub(crate) mod process_end;
 
+pub(crate) use crate::lifecycle::DrainPhase;
 pub use config::{ExitCodes, RunnerConfig};
 pub(crate) use messages::{AddParticipant, HeldStop};
-pub use messages::{
-    Drain, DrainPhase, DrainReport, OsSignal, PlannedStop, Ready, RequestStop, RunnerStatus,
-};
+pub use messages::{Drain, DrainReport, OsSignal, PlannedStop, Ready, RequestStop, RunnerStatus};
 
 use drain::{DrainRun, Next, Participant, Requester};
 
@@ -41,7 +40,7 @@ use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
 use crate::marker::Marker;
 use crate::outcome::{Outcome, Phase};
 use crate::record::{
-    MAX_ITEM_BYTES, Note, Owner, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id,
+    MAX_ITEM_BYTES, Note, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id,
     item_id, oversized,
 };
 use crate::store::MarkerStore;
@@ -51,8 +50,10 @@ use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// The lifecycle actor. [`crate::PlannedStopService`] starts it with the watcher; its address,
-/// [`crate::ServiceHandle::runner`], takes [`OsSignal`] and [`PlannedStop`] messages.
+/// The lifecycle actor. [`crate::PlannedStopService`] starts it with the watcher; the watcher
+/// sends it [`PlannedStop`], the signal listener [`OsSignal`], and the service's handle the
+/// application's requests. Its address stays inside the crate: a [`PlannedStop`] says a marker was
+/// claimed, which only the watcher may say.
 pub struct RunnerActor {
     lifecycle: Lifecycle,
     store: MarkerStore,
@@ -366,7 +367,7 @@ impl RunnerActor {
         let names: Vec<&str> = self.participants.iter().map(|p| p.name.as_str()).collect();
         let drained_in_time = run.drained_in_time(&names);
         let unanswered = run.unanswered(&names);
-        let stopper = Owner::this_process(&self.own);
+        let stopper = crate::record::host::this_process(&self.own);
         let mut unfinished = run.unfinished;
         // New work gets its id here; a handed-back item keeps the one its store gave it (never a
         // new one, which would multiply it).

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 /// Where the markers are.
 ///
 /// ```
-/// use planned_stop::{Layout, MarkerStore};
+/// use planned_stop::Layout;
+/// use planned_stop::marker::MarkerStore;
 /// # let dir = tempfile::tempdir().unwrap();
 /// let slots = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
 /// assert!(slots.slot_path(7).ends_with("planned-stop-7.json"));

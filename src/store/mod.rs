@@ -56,7 +56,9 @@ use std::path::{Path, PathBuf};
 ///
 /// ```
 /// use chrono::Utc;
-/// use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity, Verdict};
+/// use planned_stop::ProcessIdentity;
+/// use planned_stop::Layout;
+/// use planned_stop::marker::{Marker, MarkerStore, Verdict};
 ///
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().join("markers"))).unwrap();
@@ -87,8 +89,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().join("run"))).unwrap();
-    /// assert_eq!(store.policy(), &planned_stop::Policy::default());
+    /// let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().join("run"))).unwrap();
+    /// assert_eq!(store.policy(), &planned_stop::marker::Policy::default());
     /// ```
     pub fn open(layout: Layout) -> Result<MarkerStore, StoreError> {
         MarkerStore::builder(layout).open()
@@ -97,7 +99,8 @@ impl MarkerStore {
     /// A builder for a store with non-default options.
     ///
     /// ```
-    /// # use planned_stop::{Layout, MarkerStore, Policy};
+    /// # use planned_stop::Layout;
+    /// # use planned_stop::marker::{MarkerStore, Policy};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
     /// let store = MarkerStore::builder(Layout::Slots(dir.path().join("run")))
@@ -120,7 +123,7 @@ impl MarkerStore {
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// let layout = planned_stop::Layout::Slots(dir.path().into());
-    /// let store = planned_stop::MarkerStore::open(layout.clone()).unwrap();
+    /// let store = planned_stop::marker::MarkerStore::open(layout.clone()).unwrap();
     /// assert_eq!(store.layout(), &layout);
     /// ```
     pub fn layout(&self) -> &Layout {
@@ -131,7 +134,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let store = planned_stop::MarkerStore::open(planned_stop::Layout::SingleFile(dir.path().join("m.json"))).unwrap();
+    /// let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::SingleFile(dir.path().join("m.json"))).unwrap();
     /// assert_eq!(store.dir(), dir.path());
     /// ```
     pub fn dir(&self) -> &Path {
@@ -142,7 +145,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.policy().ttl.as_secs(), 60);
     /// ```
     pub fn policy(&self) -> &Policy {
@@ -153,7 +156,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.slot_path(42), dir.path().join("planned-stop-42.json"));
     /// ```
     pub fn slot_path(&self, pid: u32) -> PathBuf {
@@ -169,7 +172,8 @@ impl MarkerStore {
     /// still good for another running process.
     ///
     /// ```
-    /// # use planned_stop::{Layout, Marker, MarkerStore};
+    /// # use planned_stop::Layout;
+    /// # use planned_stop::marker::{Marker, MarkerStore};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let slot = store.write(&Marker::new(4242, None, chrono::Utc::now())).unwrap();
@@ -213,7 +217,9 @@ impl MarkerStore {
     /// A slot that cannot be read is [`StoreError::Unreadable`]: no decision, try again later.
     ///
     /// ```
-    /// # use planned_stop::{Layout, MarkerStore, ProcessIdentity, Verdict};
+    /// # use planned_stop::ProcessIdentity;
+    /// # use planned_stop::Layout;
+    /// # use planned_stop::marker::{MarkerStore, Verdict};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let me = ProcessIdentity::current().unwrap();
@@ -238,7 +244,9 @@ impl MarkerStore {
     /// claimer won the race (exactly one claimer ever gets `Some`).
     ///
     /// ```
-    /// # use planned_stop::{Layout, Marker, MarkerStore, ProcessIdentity};
+    /// # use planned_stop::ProcessIdentity;
+    /// # use planned_stop::Layout;
+    /// # use planned_stop::marker::{Marker, MarkerStore};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let me = ProcessIdentity::current().unwrap();
@@ -291,7 +299,8 @@ impl MarkerStore {
     /// inspect` prints. In the single-file layout the owner is whoever the marker names.
     ///
     /// ```
-    /// # use planned_stop::{Layout, MarkerStore, Verdict};
+    /// # use planned_stop::Layout;
+    /// # use planned_stop::marker::{MarkerStore, Verdict};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.inspect(4242, chrono::Utc::now()), Ok(Verdict::Absent));
@@ -305,8 +314,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// store.write(&planned_stop::Marker::new(9, None, chrono::Utc::now())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// store.write(&planned_stop::marker::Marker::new(9, None, chrono::Utc::now())).unwrap();
     /// assert!(store.clear(9).unwrap());
     /// assert!(!store.clear(9).unwrap());
     /// ```

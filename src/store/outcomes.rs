@@ -20,7 +20,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.outcome_path(42), dir.path().join("planned-stop-42.outcome.json"));
     /// ```
     pub fn outcome_path(&self, pid: u32) -> PathBuf {
@@ -37,7 +37,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.presence_path(42), dir.path().join("planned-stop-42.watching.json"));
     /// ```
     pub fn presence_path(&self, pid: u32) -> PathBuf {
@@ -65,7 +65,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.read_presence(42), None);
     /// ```
     pub fn read_presence(&self, pid: u32) -> Option<Presence> {
@@ -83,7 +83,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// let me = planned_stop::ProcessIdentity::current().unwrap();
     /// assert!(!store.is_watched_by(&me));
     /// ```
@@ -115,7 +115,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.read_outcome(42), None);
     /// ```
     pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
@@ -129,9 +129,9 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert!(store.outcomes()?.is_empty());
-    /// # Ok::<(), planned_stop::StoreError>(())
+    /// # Ok::<(), planned_stop::marker::StoreError>(())
     /// ```
     ///
     /// # Errors
@@ -149,9 +149,9 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
     /// assert!(store.presences()?.is_empty());
-    /// # Ok::<(), planned_stop::StoreError>(())
+    /// # Ok::<(), planned_stop::marker::StoreError>(())
     /// ```
     ///
     /// # Errors

@@ -3,8 +3,8 @@
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
-use planned_stop::Clock;
-use planned_stop::{Drain, DrainReport, PlannedStop, RunnerStatus};
+use planned_stop::internals::{Clock, PlannedStop};
+use planned_stop::{Drain, DrainReport, RunnerStatus};
 use planned_stop::{RunnerState, StopVerdict};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -6,7 +6,8 @@ pub mod actors;
 pub mod process;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use planned_stop::{Marker, ProcessIdentity};
+use planned_stop::ProcessIdentity;
+use planned_stop::marker::Marker;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 

@@ -11,9 +11,9 @@ use tokio_postgres::Config;
 /// empty `url` takes everything from the environment).
 ///
 /// ```
-/// let config = planned_stop::pg_config("postgres://app@db.internal:6432/jobs").unwrap();
+/// let config = planned_stop::record::pg_config("postgres://app@db.internal:6432/jobs").unwrap();
 /// assert_eq!(config.get_dbname(), Some("jobs"));
-/// assert!(planned_stop::pg_config("postgres://[::1").is_err());
+/// assert!(planned_stop::record::pg_config("postgres://[::1").is_err());
 /// ```
 pub fn pg_config(url: &str) -> Result<Config, RecordError> {
     let mut config: Config = if url.trim().is_empty() {

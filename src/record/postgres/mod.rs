@@ -5,7 +5,7 @@
 //! scoped by a service name, so several services can share one database. The crate creates and
 //! versions its own schema at the first connection (idempotent, serialised by an advisory lock).
 //!
-//! Leases follow the same rules as every backend ([`crate::is_offered`]): an item's lease names
+//! Leases follow the same rules as every backend ([`crate::record::lease::is_offered`]): an item's lease names
 //! its owner (host, pid, start fingerprint). An owner on *this* host is looked up, so the items of
 //! a dead one are offered again at once; an owner on another host keeps its items until its lease
 //! expires. Rows are claimed with `SELECT … FOR UPDATE SKIP LOCKED`, so concurrent claimers never
@@ -15,7 +15,7 @@
 //! ([`PgRecordStore::spill_to`]) the items go to a [`FileRecordStore`] there and the outcome says
 //! `spilled`; the next lease on that host pushes them to the database first.
 //!
-//! TLS is the application's: [`PgRecordStore::with_connector`] takes a function that connects
+//! TLS is the application's: [`PgRecordStore::connector`] takes a function that connects
 //! however it likes (`postgres-native-tls`, `tokio-postgres-rustls`) and spawns the connection.
 
 mod config;
@@ -43,7 +43,7 @@ use tokio_postgres::{Client, Config, NoTls};
 pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A function that opens a connection: connects with `config`, spawns the connection task, and
-/// returns the client (see [`PgRecordStore::with_connector`]).
+/// returns the client (see [`PgRecordStore::connector`]).
 pub type Connector = Arc<
     dyn Fn(Config) -> Pin<Box<dyn Future<Output = Result<Client, tokio_postgres::Error>> + Send>>
         + Send
@@ -55,10 +55,10 @@ type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 /// The record store in PostgreSQL. See the module docs.
 ///
 /// ```no_run
-/// # async fn f() -> Result<(), planned_stop::RecordError> {
-/// use planned_stop::{PgRecordStore, RecordStore};
+/// # async fn f() -> Result<(), planned_stop::record::RecordError> {
+/// use planned_stop::record::{FileRecordStore, PgRecordStore, RecordStore, Sharing};
 /// let store = PgRecordStore::from_url("postgres://app@db/app", "billing-worker")?
-///     .spill_to(planned_stop::FileRecordStore::open("/var/lib/billing", false)?);
+///     .spill_to(FileRecordStore::open("/var/lib/billing", Sharing::Refused)?);
 /// store.connect().await?; // optional: fail early, create the schema now
 /// # Ok(()) }
 /// ```
@@ -120,7 +120,7 @@ impl PgRecordStore {
             client: Arc::new(tokio::sync::Mutex::new(None)),
             backends: Arc::default(),
             clock: Arc::new(SystemClock),
-            liveness: Arc::new(Owner::liveness_here),
+            liveness: Arc::new(crate::record::host::liveness_here),
             spill: None,
             timeout: DEFAULT_OPERATION_TIMEOUT,
         }
@@ -135,7 +135,7 @@ impl PgRecordStore {
     /// Connects through `connector` instead of a plain (`NoTls`) connection: the place for TLS.
     /// The function must spawn the connection task and return the client.
     #[must_use]
-    pub fn with_connector(mut self, connector: Connector) -> PgRecordStore {
+    pub fn connector(mut self, connector: Connector) -> PgRecordStore {
         self.connector = connector;
         self
     }
@@ -148,16 +148,22 @@ impl PgRecordStore {
         self
     }
 
-    /// Reads lease times from `clock` (tests).
+    /// Reads lease times from `clock` instead of the system clock. A test seam, with the `testing`
+    /// feature.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     #[must_use]
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> PgRecordStore {
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> PgRecordStore {
         self.clock = clock;
         self
     }
 
-    /// Decides whether a lease's owner runs with `probe` (tests).
+    /// Decides whether a lease's owner runs with `probe` instead of this host's process table. A
+    /// test seam, with the `testing` feature.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     #[must_use]
-    pub fn with_liveness(
+    pub fn liveness(
         mut self,
         probe: impl Fn(&Owner) -> Liveness + Send + Sync + 'static,
     ) -> PgRecordStore {
