@@ -24,13 +24,13 @@
 mod demo;
 mod records;
 mod serve;
+mod status;
 mod stop;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
 use planned_stop::Layout;
 use planned_stop::marker::{MarkerStore, Undecided, Verdict};
-use planned_stop::stopper::{Outcome, Phase};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -226,7 +226,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Stop(args) => stop::run(args),
         Command::Inspect(args) => inspect(args),
-        Command::Status(args) => status(args),
+        Command::Status(args) => status::status(args),
         Command::Clear(args) => clear(args),
         Command::Records(args) => records::run(args),
         Command::Demo => demo::run(),
@@ -457,190 +457,6 @@ fn inspect(args: InspectArgs) -> u8 {
     }
 }
 
-/// `status --pid N`: one process, with running / not running as the exit code.
-fn status_of_process(store: &MarkerStore, pid: u32, as_json: bool) -> u8 {
-    let identity = planned_stop::ProcessIdentity::of(pid);
-    let watching = identity.is_some_and(|id| store.is_watched_by(&id));
-    // Its own outcome: written by the process now at that pid, or the last one left there.
-    let outcome = store
-        .read_outcome(pid)
-        .filter(|o| identity.is_none_or(|id| o.is_from(&id)));
-    let code = if identity.is_some() {
-        EXIT_OK
-    } else {
-        EXIT_NOT_RUNNING
-    };
-    if as_json {
-        emit(json!({
-            "pid": pid,
-            "running": identity.is_some(),
-            "start": identity.map(|id| id.start),
-            "watching": watching,
-            "outcome": outcome.as_ref().map(outcome_json),
-            "code": code,
-        }));
-        return code;
-    }
-    let state = match (identity, watching) {
-        (Some(_), true) => "running, watching this directory".to_owned(),
-        (Some(_), false) => "running, but not announced as watching this directory".to_owned(),
-        (None, _) => "not running".to_owned(),
-    };
-    emit(format!("process {pid}: {state}"));
-    if let Some(o) = &outcome {
-        emit(format!(
-            "  last outcome here: {}, {}{}",
-            word(&o.phase),
-            word(&o.verdict),
-            o.exit_code
-                .map(|c| format!(", exit code {c}"))
-                .unwrap_or_default()
-        ));
-    }
-    code
-}
-
-fn status(args: StatusArgs) -> u8 {
-    let store = match args.layout.layout().and_then(existing_store) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
-    };
-    if let Some(pid) = args.pid {
-        return status_of_process(&store, pid, args.json);
-    }
-    let entries = match store.entries(Utc::now()) {
-        Ok(e) => e,
-        Err(e) => return fail(chain(&e)),
-    };
-    let outcomes = match store.outcomes() {
-        Ok(outcomes) => outcomes,
-        Err(e) => return fail(chain(&e)),
-    };
-    let presences = match store.presences() {
-        Ok(presences) => presences,
-        Err(e) => return fail(chain(&e)),
-    };
-    let found = match stop_records(&args) {
-        Ok(found) => found,
-        Err(e) => return fail(e),
-    };
-    if args.json {
-        let slots: Vec<_> = entries
-            .iter()
-            .map(|e| verdict_json(&e.path, &e.verdict))
-            .collect();
-        emit(json!({
-            "dir": path_json(store.dir()),
-            "slots": slots,
-            "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
-            "watching": presences.iter().map(|p| json!({
-                "pid": p.pid,
-                "start": p.start,
-                "since": p.since,
-                "owner_alive": planned_stop::ProcessIdentity::is_running(p.pid, p.start),
-            })).collect::<Vec<_>>(),
-            "stop_record": found.last_stop,
-            // No store was asked for: nothing is known about items (not "none").
-            "items": (args.state.is_some() || args.records.is_some())
-                .then(|| records::items_json(&found)),
-            "store_errors": found.errors,
-        }));
-        return records::report_errors(&found);
-    }
-    emit(format!("marker directory {}", store.dir().display()));
-    if entries.is_empty() {
-        emit("  no slots");
-    }
-    for e in &entries {
-        emit(format!(
-            "  {}: {}",
-            file_name(&e.path),
-            describe(&e.verdict)
-        ));
-    }
-    for p in &presences {
-        emit(format!(
-            "  watching: pid {} since {}{}",
-            p.pid,
-            when(p.since),
-            if planned_stop::ProcessIdentity::is_running(p.pid, p.start) {
-                ""
-            } else {
-                " (gone: killed or crashed)"
-            }
-        ));
-    }
-    for o in &outcomes {
-        emit(format!(
-            "  outcome of pid {}: {}, {}{}{}",
-            o.pid,
-            word(&o.phase),
-            word(&o.verdict),
-            o.exit_code
-                .map(|c| format!(", exit code {c}"))
-                .unwrap_or_default(),
-            if planned_stop::ProcessIdentity::is_running(o.pid, o.start) {
-                ""
-            } else if matches!(o.phase, Phase::Draining | Phase::Held) {
-                " (gone: killed before it finished)"
-            } else {
-                " (gone)"
-            }
-        ));
-    }
-    if let Some(r) = &found.last_stop {
-        emit(format!(
-            "stop record: pid {} stopped, {} ({}), {} unfinished item(s) to resume",
-            r.pid,
-            word(&r.verdict),
-            cause_words(&r.cause),
-            r.unfinished.len()
-        ));
-    }
-    if args.state.is_some() || args.records.is_some() {
-        let leased = found.items.iter().filter(|s| s.lease.is_some()).count();
-        emit(format!(
-            "unfinished items: {} pending, {leased} leased, {} spilled on this host",
-            found.items.len() - leased,
-            found.spilled.len()
-        ));
-        for s in &found.items {
-            emit(format!(
-                "  {}",
-                records::describe_item(s, chrono::Utc::now())
-            ));
-        }
-        for s in &found.spilled {
-            emit(format!(
-                "  {} [spilled]",
-                records::describe_item(s, chrono::Utc::now())
-            ));
-        }
-    }
-    records::report_errors(&found)
-}
-
-/// What the record store `status` was pointed at holds (nothing without `--state` or
-/// `--records`; a state directory that does not exist yet holds nothing). A store that cannot be
-/// read is in `errors`, so the marker directory is still shown.
-fn stop_records(args: &StatusArgs) -> Result<records::Found, String> {
-    let state = args.state.clone().filter(|d| d.exists());
-    if args.records.is_none() && state.is_none() {
-        return Ok(records::Found::default());
-    }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let names = records::StateArgs {
-        state,
-        records: args.records.clone(),
-        service: args.service.clone(),
-        allow_shared_state: true,
-    };
-    records::look(&runtime, &names)
-}
-
 fn clear(args: ClearArgs) -> u8 {
     let result = target_slot(&args.slot).and_then(|(layout, pid)| {
         let store = existing_store(layout)?;
@@ -702,18 +518,6 @@ fn owner_of(_: &Path) -> String {
 /// A moment as text: RFC 3339 in UTC, to the millisecond (not nine digits of nanoseconds).
 pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-/// An outcome file as `status --json` shows it: its fields plus `owner_alive`.
-fn outcome_json(outcome: &Outcome) -> serde_json::Value {
-    let mut value = serde_json::to_value(outcome).unwrap_or_default();
-    if let Some(fields) = value.as_object_mut() {
-        fields.insert(
-            "owner_alive".into(),
-            planned_stop::ProcessIdentity::is_running(outcome.pid, outcome.start).into(),
-        );
-    }
-    value
 }
 
 /// A verdict as one line of text.

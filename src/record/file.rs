@@ -25,18 +25,24 @@
 //! [`LOCK_WAIT`]: inside a tokio runtime (the actix `System`) it runs on the runtime's blocking
 //! threads, so the event loop never waits on a disk or a lock.
 
+mod contract;
+mod disk;
+mod summary;
+
+use disk::{older_than, write_unique};
+
+use summary::read_record_file;
+pub(crate) use summary::record_path;
+
 use super::lease::{self, Lease, Liveness, Owner};
-use super::store::{
-    ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem, lease_end, oldest_first,
-};
-use super::{MAX_RECORD_BYTES, RECORD_FILE_NAME, RecordError, StopRecord, json_problem};
+use super::store::{ItemState, Leased, ResumeItem, lease_end, oldest_first};
+use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
-use crate::store::files::{self as fsx, Found};
+use crate::store::files as fsx;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The directory of the item files inside the state directory.
@@ -267,61 +273,6 @@ impl FileRecordStore {
         let result = op();
         drop(file); // closing releases the lock
         result
-    }
-
-    /// Reads an item or lease file; `None` (with a warning naming the path, the size and why,
-    /// never the contents) when it is absent or cannot be trusted.
-    fn read_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Option<T> {
-        match fsx::read_private(path, MAX_FILE_BYTES) {
-            Found::Absent => None,
-            Found::Bytes(bytes) if bytes.len() <= MAX_FILE_BYTES => {
-                match serde_json::from_slice(&bytes) {
-                    Ok(value) => Some(value),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), bytes = bytes.len(),
-                            problem = %super::json_problem(&e),
-                            "not a record file; skipped (see `planned-stop records list`)");
-                        None
-                    }
-                }
-            }
-            found => {
-                tracing::warn!(path = %path.display(), found = %found.describe(MAX_FILE_BYTES),
-                    "not a private regular file of this user within the size limit; skipped (see \
-                     `planned-stop records list`)");
-                None
-            }
-        }
-    }
-
-    fn write_json<T: serde::Serialize>(&self, path: &Path, value: &T) -> Result<(), RecordError> {
-        self.write_json_as(path, value, true)
-    }
-
-    /// `durable: false` skips the fsyncs, for leases: a lease a power failure takes back only
-    /// makes its item offered again, which at-least-once allows.
-    fn write_json_as<T: serde::Serialize>(
-        &self,
-        path: &Path,
-        value: &T,
-        durable: bool,
-    ) -> Result<(), RecordError> {
-        let bytes = serde_json::to_vec(value).map_err(|e| RecordError::Invalid {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-        write_unique(path, &bytes, durable)
-    }
-
-    fn remove_file(&self, path: &Path) -> Result<(), RecordError> {
-        fsx::remove(path).map_err(RecordError::from)
-    }
-
-    /// Removes `path` for good: the directory is synced, so a power failure cannot bring the
-    /// file back (an operator's drop that returns would run the work again).
-    fn remove_durably(&self, path: &Path) -> Result<(), RecordError> {
-        self.remove_file(path)?;
-        fsx::sync_dir_of(path).map_err(RecordError::from)
     }
 
     /// The ids of every item file; removes a lease whose item is gone (acknowledged or dropped
@@ -619,173 +570,5 @@ impl FileRecordStore {
 
     fn valid(&self, id: &str) -> Option<()> {
         lease::is_valid_item_id(id).then_some(())
-    }
-}
-
-impl RecordStore for FileRecordStore {
-    fn persist<'a>(
-        &'a self,
-        stopper: &'a Owner,
-        record: &'a StopRecord,
-    ) -> RecordFuture<'a, Persisted> {
-        let (stopper, record) = (stopper.clone(), record.clone());
-        self.off_thread(move |s| {
-            s.persist_now(&stopper, &record)
-                .map(|()| Persisted::Durable)
-        })
-    }
-
-    fn lease<'a>(
-        &'a self,
-        owner: &'a Owner,
-        max: usize,
-        lease_for: Duration,
-    ) -> RecordFuture<'a, Vec<Leased>> {
-        let owner = owner.clone();
-        self.off_thread(move |s| s.lease_now(&owner, max, lease_for))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        owner: &'a Owner,
-        ids: &'a [String],
-        lease_for: Duration,
-    ) -> RecordFuture<'a, Vec<String>> {
-        let (owner, ids) = (owner.clone(), ids.to_vec());
-        self.off_thread(move |s| s.renew_now(&owner, &ids, lease_for))
-    }
-
-    fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {
-        let (owner, id) = (owner.clone(), id.to_owned());
-        self.off_thread(move |s| s.acknowledge_now(&owner, &id))
-    }
-
-    fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
-        let (owner, id) = (owner.cloned(), id.to_owned());
-        self.off_thread(move |s| s.release_now(owner.as_ref(), &id))
-    }
-
-    fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
-        let id = id.to_owned();
-        self.off_thread(move |s| s.remove_now(&id))
-    }
-
-    fn list(&self) -> RecordFuture<'_, Vec<ItemState>> {
-        self.off_thread(FileRecordStore::all)
-    }
-
-    fn last_stop(&self) -> RecordFuture<'_, Option<StopRecord>> {
-        self.off_thread(|s| FileRecordStore::read_last_stop(&s.dir))
-    }
-}
-
-impl FileRecordStore {
-    /// Runs `op` holding the directory's lock, on the tokio runtime's blocking threads when
-    /// polled inside one (the actix `System`: its event loop never waits on the disk or on
-    /// another process's lock), else right here.
-    fn off_thread<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&FileRecordStore) -> Result<T, RecordError> + Send + 'static,
-    ) -> RecordFuture<'static, T> {
-        let store = self.clone();
-        Box::pin(async move {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => runtime
-                    .spawn_blocking(move || store.locked(|| op(&store)))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(RecordError::backend_caused_by(
-                            "the state directory's worker thread failed",
-                            e,
-                        ))
-                    }),
-                Err(_) => store.locked(|| op(&store)),
-            }
-        })
-    }
-}
-
-/// Whether the file `entry` names was last modified more than `age` ago.
-fn older_than(entry: &fs::DirEntry, age: Duration) -> bool {
-    entry
-        .metadata()
-        .ok()
-        .and_then(|m| m.modified().ok())
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|elapsed| elapsed > age)
-}
-
-/// Writes `bytes` to `path` atomically through a temporary file whose name no leftover can
-/// take: created exclusively, with a new name on a collision.
-fn write_unique(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RecordError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let mut tries = 0;
-    loop {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let temp = dir.join(format!(
-            ".{name}.tmp-{}-{}-{nanos:x}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        match fsx::write_replacing(path, &temp, bytes, durable) {
-            Err(crate::marker::StoreError::Io { source, .. })
-                if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
-            {
-                tries += 1;
-            }
-            result => return result.map_err(RecordError::from),
-        }
-    }
-}
-
-/// The record's path in `state_dir`.
-pub(crate) fn record_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(RECORD_FILE_NAME)
-}
-
-fn read_record_file(path: &Path) -> Result<Option<StopRecord>, RecordError> {
-    use crate::store::files::read_private;
-    let invalid = |reason: String| RecordError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    match read_private(path, MAX_RECORD_BYTES as usize) {
-        Found::Absent => absent_unless_not_a_directory(path),
-        Found::Bytes(bytes) if bytes.len() as u64 > MAX_RECORD_BYTES => {
-            Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")))
-        }
-        Found::Bytes(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| invalid(json_problem(&e))),
-        Found::NotAFile(kind) => Err(invalid(format!("a {kind:?}, not a regular file"))),
-        Found::Foreign(uid) => Err(invalid(format!(
-            "owned by uid {uid}, not by this user: it is never trusted"
-        ))),
-        Found::Unreadable(kind) => Err(RecordError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source: io::Error::from(kind),
-        }),
-    }
-}
-
-/// "No record" for a record path that does not exist — unless the state directory itself exists
-/// as something else than a directory. Unix says so when opening (`ENOTDIR`); Windows answers
-/// "path not found", which must not read as "nothing to resume".
-fn absent_unless_not_a_directory(path: &Path) -> Result<Option<StopRecord>, RecordError> {
-    match path.parent().map(std::fs::metadata) {
-        Some(Ok(meta)) if !meta.is_dir() => Err(RecordError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source: io::Error::new(
-                io::ErrorKind::NotADirectory,
-                "the state directory is not a directory",
-            ),
-        }),
-        _ => Ok(None),
     }
 }

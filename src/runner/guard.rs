@@ -4,7 +4,7 @@
 //! The runner decides the exit code, but the process ends wherever `main` ends, and a blocked
 //! event loop starves the runner's own timers. The guards are armed only when the runner owns
 //! the process's exit (`RunnerConfig::owns_process_exit`, the default), and end the process
-//! through [`super::process_end::end`]:
+//! through [`super::process_end::end_forced`]:
 //!
 //! - the **drop guard**: a runner dropped before it stopped (`System::run` ended by someone
 //!   else, `main` returned early, a panic) writes an `aborted` outcome and exits with the

@@ -1,44 +1,15 @@
-//! [`PlannedStopService`]: the runner and the watcher wired together in a few lines.
-//!
-//! ```no_run
-//! use actix::prelude::*;
-//! use planned_stop::PlannedStopService;
-//! use planned_stop::Layout;
-//! use std::time::Duration;
-//!
-//! #[actix::main]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let service = PlannedStopService::builder(Layout::Slots("/run/my-app".into()))
-//!         .state_dir("/var/lib/my-app")
-//!         .drain_deadline(Duration::from_secs(20))
-//!         .start()?;
-//!     for leased in service.resume().await? {
-//!         // ... resume leased.item, then:
-//!         service.acknowledge(&leased).await?;
-//!     }
-//!     // ... start the application's actors, then:
-//!     service.ready();
-//!     Ok(())
-//! }
-//! ```
-//!
-//! [`PlannedStopService::builder`] opens the marker store (creating the directory 0700), reads this
-//! process's identity once, sweeps leftovers of dead processes, and starts a [`RunnerActor`] and a
-//! [`MarkerWatcherActor`] on the current actix system. The runner owns the end of the process
-//! ([`ServiceBuilder::owns_process_exit`]): once the stop concluded, the process ends with the
-//! verdict's exit code whatever `main` does.
+//! [`ServiceBuilder`]: what a service is configured with, and `start`, which wires the runner,
+//! the watcher, the record store and the lease keeper together.
 
-use crate::clock::{Clock, SystemClock};
+use super::{MIN_LEASE, ServiceHandle, StartError, keep_leases, log_panics};
+use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
-use crate::identity::{IdentityError, ProcessIdentity};
-use crate::lifecycle::{RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
-use crate::record::{FileRecordStore, Leased, Owner, RecordError, RecordStore, Sharing};
-use crate::runner::{
-    AddParticipant, Drain, DrainPhase, ExitCodes, OsSignal, Ready, RequestStop, RunnerActor,
-    RunnerConfig, RunnerStatus,
-};
-use crate::store::{Layout, MarkerStore, StoreError};
+use crate::identity::ProcessIdentity;
+use crate::lifecycle::{StopCause, StopVerdict};
+use crate::record::{FileRecordStore, RecordStore, Sharing};
+use crate::runner::{Drain, DrainPhase, ExitCodes, RunnerActor, RunnerConfig};
+use crate::store::{Layout, MarkerStore};
 use crate::verdict::Policy;
 use crate::watcher::{MarkerWatcherActor, OwnSlot};
 use actix::prelude::*;
@@ -46,79 +17,6 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
-
-/// Why the service could not start.
-///
-/// ```
-/// # let dir = tempfile::tempdir().unwrap();
-/// let err = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(dir.path().into())).start().unwrap_err();
-/// assert!(matches!(err, planned_stop::StartError::NoSystem));
-/// ```
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// This process's identity could not be read.
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
-    /// The marker store could not be opened.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The state directory (the record store) cannot be used.
-    #[error(transparent)]
-    Records(#[from] RecordError),
-    /// The signal handlers could not be installed.
-    #[error("cannot install signal handlers")]
-    Signals(#[source] std::io::Error),
-    /// `start` was called outside a running actix system.
-    #[error("PlannedStopService::start must be called inside a running actix System")]
-    NoSystem,
-    /// The lease is shorter than its renewal can keep ([`MIN_LEASE`]).
-    #[error(
-        "a lease of {lease:?} is shorter than {min:?}: leases are renewed every third of their \
-         length and a renewal may wait up to 3 s for the record store, so a shorter lease could \
-         lapse while its holder runs and hand its items to a second process; give \
-         ServiceBuilder::lease_for (serve --lease-ms) at least {min:?}"
-    )]
-    LeaseTooShort {
-        /// The lease asked for.
-        lease: Duration,
-        /// The shortest accepted.
-        min: Duration,
-    },
-}
-
-/// Entry point; see the module docs.
-#[derive(Debug, Clone, Copy)]
-pub struct PlannedStopService;
-
-impl PlannedStopService {
-    /// A builder with safe defaults: filesystem notifications plus 250 ms polling, 10 s drain, [`Policy::default`], exit codes
-    /// 0 / 1, a private marker directory.
-    ///
-    /// ```
-    /// let builder = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()));
-    /// let _builder = builder.poll_interval(std::time::Duration::from_millis(500));
-    /// ```
-    pub fn builder(layout: Layout) -> ServiceBuilder {
-        ServiceBuilder {
-            layout,
-            policy: Policy::default(),
-            allow_shared_dir: false,
-            poll_interval: Duration::from_millis(250),
-            runner: RunnerConfig::default(),
-            participants: Vec::new(),
-            clock: Arc::new(SystemClock),
-            identity: None,
-            handle_signals: true,
-            events: true,
-            records: Records::None,
-            allow_shared_state: false,
-            lease_for: DEFAULT_LEASE,
-            forced_exit: None,
-        }
-    }
-}
 
 /// Configures and starts the runner and the watcher.
 ///
@@ -132,20 +30,20 @@ impl PlannedStopService {
 /// ```
 #[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ServiceBuilder {
-    layout: Layout,
-    policy: Policy,
-    allow_shared_dir: bool,
-    poll_interval: Duration,
-    runner: RunnerConfig,
-    participants: Vec<(DrainPhase, String, Recipient<Drain>)>,
-    clock: Arc<dyn Clock>,
-    identity: Option<ProcessIdentity>,
-    handle_signals: bool,
-    events: bool,
-    records: Records,
-    allow_shared_state: bool,
-    lease_for: Duration,
-    forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
+    pub(super) layout: Layout,
+    pub(super) policy: Policy,
+    pub(super) allow_shared_dir: bool,
+    pub(super) poll_interval: Duration,
+    pub(super) runner: RunnerConfig,
+    pub(super) participants: Vec<(DrainPhase, String, Recipient<Drain>)>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) identity: Option<ProcessIdentity>,
+    pub(super) handle_signals: bool,
+    pub(super) events: bool,
+    pub(super) records: Records,
+    pub(super) allow_shared_state: bool,
+    pub(super) lease_for: Duration,
+    pub(super) forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
 }
 
 impl std::fmt::Debug for ServiceBuilder {
@@ -159,27 +57,14 @@ impl std::fmt::Debug for ServiceBuilder {
 
 /// Where the builder keeps records: opened at start, so a state directory that cannot be used
 /// fails the start rather than the stop.
-enum Records {
+pub(super) enum Records {
     None,
     Dir(PathBuf),
     Store(Arc<dyn RecordStore>),
 }
 
-/// How long a lease lasts by default (see [`ServiceBuilder::lease_for`]).
-const DEFAULT_LEASE: Duration = Duration::from_secs(300);
-
-/// The shortest lease a service accepts. Leases are renewed every third of their length
-/// (a third of the lease), and one renewal may wait up to 3 s for its store (the PostgreSQL
-/// store's operation timeout; the state directory's lock wait is 2 s): a lease must outlast one
-/// interval plus that wait, or it could lapse while its holder runs and another host's process
-/// would take the same items.
-pub const MIN_LEASE: Duration = Duration::from_secs(5);
-
-/// How often a service renews its leases: a third of `lease_for`. The one rule the service and
-/// [`MIN_LEASE`] share.
-pub(crate) fn renewal_interval(lease_for: Duration) -> Duration {
-    (lease_for / 3).min(Duration::from_secs(3600))
-}
+/// The shortest poll interval taken (see [`ServiceBuilder::poll_interval`]).
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 impl ServiceBuilder {
     /// Whether to install handlers for SIGTERM, SIGINT and SIGHUP (console events on Windows) that
@@ -615,360 +500,5 @@ impl ServiceBuilder {
             held,
             unexpected_code,
         })
-    }
-}
-
-/// The running service: tell it when the application is ready, ask it to stop, watch its status.
-#[derive(Debug, Clone)]
-pub struct ServiceHandle {
-    pub(crate) runner: Addr<RunnerActor>,
-    status: watch::Receiver<RunnerStatus>,
-    store: MarkerStore,
-    own: ProcessIdentity,
-    owner: Owner,
-    records: Option<Arc<dyn RecordStore>>,
-    lease_for: Duration,
-    /// The items this process leased and has not acknowledged or released: renewed while it runs.
-    held: Held,
-    unexpected_code: i32,
-}
-
-type Held = Arc<std::sync::Mutex<BTreeSet<String>>>;
-
-/// Renews this process's leases every third of the lease (a failed renewal is retried within
-/// 500 ms) until the stop has concluded, so an item is only offered to another host's process
-/// once this one stops renewing (it died, or its event loop is wedged).
-fn keep_leases(
-    store: Arc<dyn RecordStore>,
-    owner: Owner,
-    held: Held,
-    lease_for: Duration,
-    status: watch::Receiver<RunnerStatus>,
-) {
-    let every = renewal_interval(lease_for);
-    // After a failed renewal, try again soon rather than a whole interval later: a store that
-    // was briefly unreachable must not cost a live holder its leases.
-    let retry = (every / 8).clamp(Duration::from_millis(50), Duration::from_millis(500));
-    actix::spawn(async move {
-        let mut wait = every;
-        loop {
-            actix::clock::sleep(wait).await;
-            wait = every;
-            // Until the stop has concluded (its record persisted): the items it hands back are
-            // still this process's while the persist runs.
-            if status.borrow().exit_code.is_some() {
-                return;
-            }
-            let ids: Vec<String> = held
-                .lock()
-                .map(|h| h.iter().cloned().collect())
-                .unwrap_or_default();
-            if ids.is_empty() {
-                continue;
-            }
-            match store.renew(&owner, &ids, lease_for).await {
-                Ok(kept) if kept.len() < ids.len() => {
-                    let lost: Vec<&String> = ids.iter().filter(|id| !kept.contains(id)).collect();
-                    tracing::warn!(
-                        ?lost,
-                        "leases lost (released by an operator, or taken over after they lapsed); those items are someone else's now"
-                    );
-                    if let Ok(mut h) = held.lock() {
-                        h.retain(|id| kept.contains(id));
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    wait = retry;
-                    tracing::warn!(error = %ErrorChain(&e), retry_ms = retry.as_millis() as u64,
-                        "cannot renew the leases; retrying soon")
-                }
-            }
-        }
-    });
-}
-
-/// Logs every panic through `tracing` as well (once per process, chained to the hook that was
-/// installed before), so a panic that ends the process — the runner's and the watcher's guards
-/// exit non-zero — is in the service's logs, not only on stderr.
-fn log_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            tracing::error!(panic = %info, "panic");
-            previous(info);
-        }));
-    });
-}
-
-/// The shortest poll interval taken (see [`ServiceBuilder::poll_interval`]).
-const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
-
-/// `code` as a process exit code; one that does not fit in a byte is a failure, never 0.
-fn exit_code_of(code: i32) -> std::process::ExitCode {
-    std::process::ExitCode::from(crate::runner::process_end::status_of(code))
-}
-
-impl ServiceHandle {
-    /// Resolves to the process's exit code once the runner has stopped: what `main` returns in
-    /// async layouts (`#[actix::main]`, `#[actix_web::main]`), where returning early would end
-    /// the process before the drain. If the runner is gone without stopping, it resolves to the
-    /// unexpected code.
-    ///
-    /// ```no_run
-    /// use planned_stop::PlannedStopService;
-    /// use planned_stop::Layout;
-    ///
-    /// #[actix::main]
-    /// async fn main() -> std::process::ExitCode {
-    ///     let service = match PlannedStopService::builder(Layout::Slots("/run/app".into())).start() {
-    ///         Ok(service) => service,
-    ///         Err(e) => {
-    ///             eprintln!("{e}");
-    ///             return std::process::ExitCode::from(2);
-    ///         }
-    ///     };
-    ///     // ... start the application's actors, then:
-    ///     service.ready();
-    ///     service.stopped().await // 0 after a planned stop, 1 after an unexpected one
-    /// }
-    /// ```
-    pub fn stopped(
-        &self,
-    ) -> impl std::future::Future<Output = std::process::ExitCode> + 'static + use<> {
-        let mut status = self.status.clone();
-        let unexpected = self.unexpected_code;
-        async move {
-            loop {
-                let stopped = {
-                    let now = status.borrow_and_update();
-                    // The exit code comes with the final outcome, once the record is persisted.
-                    (now.state == RunnerState::Stopped && now.exit_code.is_some())
-                        .then_some(now.exit_code)
-                };
-                if let Some(code) = stopped {
-                    return exit_code_of(code.unwrap_or(unexpected));
-                }
-                if status.changed().await.is_err() {
-                    return exit_code_of(unexpected);
-                }
-            }
-        }
-    }
-
-    /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
-    /// on now.
-    pub fn ready(&self) {
-        self.runner.do_send(Ready);
-    }
-
-    /// Asks the runner to stop: [`StopRequest::Planned`] (exit 0 by default),
-    /// [`StopRequest::Unexpected`], or [`StopRequest::Force`] to cut a drain in progress short.
-    pub fn request_stop(&self, request: StopRequest) {
-        self.runner.do_send(RequestStop(request));
-    }
-
-    /// Feeds an OS signal to the runner, as the signal listener does for real signals (an
-    /// application that listens for signals itself, with `handle_signals(false)`).
-    pub fn signal(&self, signal: SignalKind) {
-        self.runner.do_send(OsSignal(signal));
-    }
-
-    /// The runner's current status.
-    pub fn status(&self) -> RunnerStatus {
-        self.status.borrow().clone()
-    }
-
-    /// A receiver that sees every status change.
-    pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
-        self.status.clone()
-    }
-
-    /// Registers a drain participant in `phase` after the service started (an actor created
-    /// later, a server started later). Refused, with a warning in the log, once a stop has been
-    /// accepted: the participant would miss its phase.
-    pub fn add_participant(
-        &self,
-        phase: DrainPhase,
-        name: impl Into<String>,
-        recipient: Recipient<Drain>,
-    ) {
-        self.runner.do_send(AddParticipant {
-            phase,
-            name: name.into(),
-            recipient,
-        });
-    }
-
-    /// The marker store.
-    pub fn store(&self) -> &MarkerStore {
-        &self.store
-    }
-
-    /// This process's identity, as read at start-up.
-    pub fn identity(&self) -> ProcessIdentity {
-        self.own
-    }
-
-    /// Leases every item earlier stops left unfinished in the record store, oldest first, to
-    /// this process: resume each, then [`ServiceHandle::acknowledge`] it once the work is taken
-    /// over for good (or hand it back at the next stop with [`DrainReport::handed_back`]). An
-    /// item this process neither acknowledges nor hands back is offered again once it is gone,
-    /// so a crash loses nothing. Empty without a record store.
-    ///
-    /// [`DrainReport::handed_back`]: crate::DrainReport::handed_back
-    ///
-    /// ```
-    /// # use planned_stop::{DrainReport, PlannedStopService, StopRequest};
-    /// # use planned_stop::Layout;
-    /// # use actix::prelude::*;
-    /// # struct Jobs;
-    /// # impl Actor for Jobs { type Context = Context<Self>; }
-    /// # impl Handler<planned_stop::Drain> for Jobs {
-    /// #     type Result = DrainReport;
-    /// #     fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> DrainReport {
-    /// #         DrainReport::unfinished(["job-7"])
-    /// #     }
-    /// # }
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// let life = |dir: &std::path::Path| {
-    ///     actix::System::new().block_on(async {
-    ///         let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
-    ///             .state_dir(dir.join("state"))
-    ///             // Two lives in one process: the first must not end it.
-    ///             .owns_process_exit(false)
-    ///             .handle_signals(false)
-    ///             .participant("jobs", Jobs.start().recipient())
-    ///             .start()
-    ///             .unwrap();
-    ///         let resumed = service.resume().await.unwrap();
-    ///         for item in &resumed {
-    ///             // ... take the work over, then:
-    ///             service.acknowledge(item).await.unwrap();
-    ///         }
-    ///         service.ready();
-    ///         service.request_stop(StopRequest::Planned);
-    ///         service.stopped().await;
-    ///         resumed.iter().map(|l| l.item.item_as::<String>().unwrap()).collect::<Vec<_>>()
-    ///     })
-    /// };
-    /// assert!(life(dir.path()).is_empty(), "the first life has nothing to resume");
-    /// assert_eq!(life(dir.path()), ["job-7"], "the second resumes what the first left");
-    /// ```
-    pub fn resume(
-        &self,
-    ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static + use<> {
-        let store = self.records.clone();
-        let owner = self.owner.clone();
-        let lease_for = self.lease_for;
-        let held = self.held.clone();
-        async move {
-            let leased = match store {
-                Some(store) => store.lease(&owner, usize::MAX, lease_for).await?,
-                None => Vec::new(),
-            };
-            if let Ok(mut h) = held.lock() {
-                h.extend(leased.iter().map(|l| l.item.id.clone()));
-            }
-            Ok(leased)
-        }
-    }
-
-    /// This process has taken `item` over for good: it is never offered again.
-    pub fn acknowledge(
-        &self,
-        item: &Leased,
-    ) -> impl std::future::Future<Output = Result<(), RecordError>> + 'static + use<> {
-        let store = self.records.clone();
-        let owner = self.owner.clone();
-        let id = item.item.id.clone();
-        let held = self.held.clone();
-        async move {
-            let result = match store {
-                Some(store) => store.acknowledge(&owner, &id).await,
-                None => Err(RecordError::UnknownItem { id: id.clone() }),
-            };
-            // Done, or not ours (any more): either way nothing to renew.
-            if !matches!(result, Err(RecordError::Backend { .. }))
-                && let Ok(mut h) = held.lock()
-            {
-                h.remove(&id);
-            }
-            result
-        }
-    }
-
-    /// Gives `item` up without resuming it: it is offered again at once, to whoever leases next.
-    pub fn release(
-        &self,
-        item: &Leased,
-    ) -> impl std::future::Future<Output = Result<bool, RecordError>> + 'static + use<> {
-        let store = self.records.clone();
-        let owner = self.owner.clone();
-        let id = item.item.id.clone();
-        let held = self.held.clone();
-        async move {
-            let result = match store {
-                Some(store) => store.release(Some(&owner), &id).await,
-                None => Err(RecordError::UnknownItem { id: id.clone() }),
-            };
-            if !matches!(result, Err(RecordError::Backend { .. }))
-                && let Ok(mut h) = held.lock()
-            {
-                h.remove(&id);
-            }
-            result
-        }
-    }
-
-    /// The record store, if one is configured.
-    pub fn record_store(&self) -> Option<&Arc<dyn RecordStore>> {
-        self.records.as_ref()
-    }
-
-    /// This process as the owner of its leases.
-    pub fn owner(&self) -> &Owner {
-        &self.owner
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Installing the signal handlers is the last fallible step of `start`: when it fails, no
-    /// runner is left behind (one used to be running already, and its drop guard ended the
-    /// process about 30 s later when the application went on without it).
-    #[test]
-    fn a_start_that_fails_on_signals_leaves_no_runner() {
-        let dir = tempfile::tempdir().unwrap();
-        System::new().block_on(async {
-            crate::signals::FAIL_NEXT.set(true);
-            let before = crate::runner::LIVE.get();
-            let result = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-                // Off, so a runner left behind shows in the count instead of ending the tests.
-                .owns_process_exit(false)
-                .start();
-            assert!(matches!(result, Err(StartError::Signals(_))), "{result:?}");
-            for _ in 0..16 {
-                tokio::task::yield_now().await;
-            }
-            assert_eq!(
-                crate::runner::LIVE.get(),
-                before,
-                "a runner was left behind"
-            );
-            // The application retries without signal handlers, and that service works.
-            let handle = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
-                .owns_process_exit(false)
-                .handle_signals(false)
-                .start()
-                .unwrap();
-            assert_eq!(crate::runner::LIVE.get(), before + 1);
-            handle.ready();
-            handle.request_stop(StopRequest::Planned);
-            assert_eq!(handle.stopped().await, std::process::ExitCode::SUCCESS);
-        });
     }
 }

@@ -1,0 +1,175 @@
+//! What `planned-stop stop` tells its caller: each ending as a line for a person or an event for
+//! a script, and the kill at the deadline.
+
+use super::StopArgs;
+use crate::cli::{
+    EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, chain, emit,
+};
+use planned_stop::marker::MarkerStore;
+use planned_stop::stopper::{self, DrainSummary, StopperError, WaitOutcome};
+use serde_json::json;
+use std::time::Duration;
+
+/// `--kill`: the target is still running at the deadline; end it with SIGKILL, as systemd does
+/// when TimeoutStopSec runs out, and say so.
+pub(super) fn kill_at_deadline(
+    args: &StopArgs,
+    store: &MarkerStore,
+    target: &planned_stop::ProcessIdentity,
+    was: &str,
+    mut extra: serde_json::Value,
+) -> u8 {
+    match stopper::kill(target) {
+        Ok(true) => {}
+        Ok(false) => {
+            // Gone between the deadline and the kill: what it left says the rest.
+            let after = stopper::wait(store, target, Duration::ZERO, |_, _| {});
+            extra["after"] = json!(format!("{after:?}"));
+        }
+        Err(e) => return report_error(args, e),
+    }
+    let gone = stopper::wait(store, target, Duration::from_secs(5), |_, _| {});
+    let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
+    extra["was"] = json!(was);
+    extra["phase"] = json!(outcome.as_ref().map(|o| o.phase));
+    extra["gone"] = json!(!matches!(
+        gone,
+        WaitOutcome::StillDraining { .. } | WaitOutcome::NotAccepted | WaitOutcome::Held { .. }
+    ));
+    report(
+        args,
+        "killed_at_deadline",
+        EXIT_KILLED_AT_DEADLINE,
+        format!(
+            "process {} was still running at the deadline ({was}); ended with SIGKILL (--kill): \
+             its drain was cut, and work it had not recorded is lost",
+            args.pid()
+        ),
+        extra,
+    );
+    EXIT_KILLED_AT_DEADLINE
+}
+
+/// What made a drain not clean, in words.
+pub(super) fn describe(drain: &DrainSummary) -> String {
+    let mut parts = Vec::new();
+    if !drain.unanswered.is_empty() {
+        parts.push(format!(
+            "no answer from {} (their in-memory work is unknown)",
+            drain.unanswered.join(", ")
+        ));
+    }
+    if drain.forced {
+        parts.push("forced".to_owned());
+    }
+    if !drain.notes.is_empty() {
+        parts.push(drain.notes.join("; "));
+    }
+    if parts.is_empty() {
+        parts.push("a participant answered after its deadline".to_owned());
+    }
+    parts.join("; ")
+}
+
+/// The warning for a target that has not announced watching the directory.
+pub(super) fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
+    format!(
+        "process {pid} has not announced that it watches {dir} (there is no {presence} of it): \
+         if --dir is wrong or it is not a planned-stop service, nothing reads this marker, which \
+         expires unread. A service still starting, or a program that reads the markers \
+         without announcing (a port of the protocol), reads it anyway",
+        pid = args.pid(),
+        dir = store.dir().display(),
+        presence = store.presence_path(args.pid()).display(),
+    )
+}
+
+/// A target that is gone but left a final outcome here (and, with `--start`, has that
+/// fingerprint): a repeated stop answers what happened, as `systemctl stop` does for a stopped
+/// unit — 0 when it stopped as planned.
+pub(super) fn already_stopped(
+    args: &StopArgs,
+    store: &MarkerStore,
+) -> Option<(&'static str, u8, String, serde_json::Value)> {
+    let outcome = store.read_outcome(args.pid()).filter(|o| {
+        o.pid == args.pid()
+            && o.phase.is_final()
+            && !planned_stop::ProcessIdentity::is_running(o.pid, o.start)
+            && args.start.is_none_or(|start| start == o.start)
+    })?;
+    let extra = json!({
+        "exit_code": outcome.exit_code,
+        "verdict": outcome.verdict,
+        "phase": outcome.phase,
+        "finished_at": outcome.finished_at,
+        "accepted_request_id": outcome.request_id,
+    });
+    let planned = outcome.phase == planned_stop::stopper::Phase::Stopped
+        && outcome.verdict == planned_stop::StopVerdict::Planned;
+    Some(if planned {
+        (
+            "already_stopped",
+            EXIT_OK,
+            format!(
+                "process {} had already stopped as planned (exit code {}); nothing to do",
+                args.pid(),
+                outcome.exit_code.unwrap_or_default()
+            ),
+            extra,
+        )
+    } else {
+        (
+            "already_gone",
+            EXIT_GONE,
+            format!(
+                "process {} is gone; its last outcome here says it ended {} with exit code {}",
+                args.pid(),
+                crate::cli::word(&outcome.phase),
+                outcome
+                    .exit_code
+                    .map_or("?".to_owned(), |code| code.to_string())
+            ),
+            extra,
+        )
+    })
+}
+
+pub(super) fn report_error(args: &StopArgs, error: StopperError) -> u8 {
+    let (kind, code) = match &error {
+        StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),
+        StopperError::WrongIdentity { .. } => ("refused", EXIT_REFUSED),
+        StopperError::NotWatching { .. } => ("refused_not_watching", EXIT_REFUSED),
+        StopperError::Signal { .. } => ("signal_failed", EXIT_USAGE),
+        _ => ("error", EXIT_USAGE),
+    };
+    if args.json {
+        report(
+            args,
+            kind,
+            code,
+            chain(&error),
+            json!({ "request_id": args.request_id }),
+        );
+    } else {
+        eprintln!("planned-stop: {}", chain(&error));
+    }
+    code
+}
+
+pub(super) fn report(
+    args: &StopArgs,
+    kind: &str,
+    code: u8,
+    text: String,
+    extra: serde_json::Value,
+) {
+    if args.json {
+        let mut out = json!({ "outcome": kind, "pid": args.pid, "code": code, "message": text });
+        if let (Some(out), serde_json::Value::Object(extra)) = (out.as_object_mut(), extra) {
+            out.extend(extra);
+        }
+        emit(out);
+    } else {
+        emit(text);
+    }
+}

@@ -1,0 +1,260 @@
+//! [`ServiceHandle`]: what the application holds once the service runs — ready, stop, resume,
+//! the status and the exit code `main` returns.
+
+use crate::identity::ProcessIdentity;
+use crate::lifecycle::{RunnerState, SignalKind, StopRequest};
+use crate::record::{Leased, Owner, RecordError, RecordStore};
+use crate::runner::{
+    AddParticipant, Drain, DrainPhase, OsSignal, Ready, RequestStop, RunnerActor, RunnerStatus,
+};
+use crate::store::MarkerStore;
+use actix::prelude::*;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The running service: tell it when the application is ready, ask it to stop, watch its status.
+#[derive(Debug, Clone)]
+pub struct ServiceHandle {
+    pub(crate) runner: Addr<RunnerActor>,
+    pub(super) status: watch::Receiver<RunnerStatus>,
+    pub(super) store: MarkerStore,
+    pub(super) own: ProcessIdentity,
+    pub(super) owner: Owner,
+    pub(super) records: Option<Arc<dyn RecordStore>>,
+    pub(super) lease_for: Duration,
+    /// The items this process leased and has not acknowledged or released: renewed while it runs.
+    pub(super) held: Held,
+    pub(super) unexpected_code: i32,
+}
+
+pub(super) type Held = Arc<std::sync::Mutex<BTreeSet<String>>>;
+
+/// `code` as a process exit code; one that does not fit in a byte is a failure, never 0.
+fn exit_code_of(code: i32) -> std::process::ExitCode {
+    std::process::ExitCode::from(crate::runner::process_end::status_of(code))
+}
+
+impl ServiceHandle {
+    /// Resolves to the process's exit code once the runner has stopped: what `main` returns in
+    /// async layouts (`#[actix::main]`, `#[actix_web::main]`), where returning early would end
+    /// the process before the drain. If the runner is gone without stopping, it resolves to the
+    /// unexpected code.
+    ///
+    /// ```no_run
+    /// use planned_stop::PlannedStopService;
+    /// use planned_stop::Layout;
+    ///
+    /// #[actix::main]
+    /// async fn main() -> std::process::ExitCode {
+    ///     let service = match PlannedStopService::builder(Layout::Slots("/run/app".into())).start() {
+    ///         Ok(service) => service,
+    ///         Err(e) => {
+    ///             eprintln!("{e}");
+    ///             return std::process::ExitCode::from(2);
+    ///         }
+    ///     };
+    ///     // ... start the application's actors, then:
+    ///     service.ready();
+    ///     service.stopped().await // 0 after a planned stop, 1 after an unexpected one
+    /// }
+    /// ```
+    pub fn stopped(
+        &self,
+    ) -> impl std::future::Future<Output = std::process::ExitCode> + 'static + use<> {
+        let mut status = self.status.clone();
+        let unexpected = self.unexpected_code;
+        async move {
+            loop {
+                let stopped = {
+                    let now = status.borrow_and_update();
+                    // The exit code comes with the final outcome, once the record is persisted.
+                    (now.state == RunnerState::Stopped && now.exit_code.is_some())
+                        .then_some(now.exit_code)
+                };
+                if let Some(code) = stopped {
+                    return exit_code_of(code.unwrap_or(unexpected));
+                }
+                if status.changed().await.is_err() {
+                    return exit_code_of(unexpected);
+                }
+            }
+        }
+    }
+
+    /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
+    /// on now.
+    pub fn ready(&self) {
+        self.runner.do_send(Ready);
+    }
+
+    /// Asks the runner to stop: [`StopRequest::Planned`] (exit 0 by default),
+    /// [`StopRequest::Unexpected`], or [`StopRequest::Force`] to cut a drain in progress short.
+    pub fn request_stop(&self, request: StopRequest) {
+        self.runner.do_send(RequestStop(request));
+    }
+
+    /// Feeds an OS signal to the runner, as the signal listener does for real signals (an
+    /// application that listens for signals itself, with `handle_signals(false)`).
+    pub fn signal(&self, signal: SignalKind) {
+        self.runner.do_send(OsSignal(signal));
+    }
+
+    /// The runner's current status.
+    pub fn status(&self) -> RunnerStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver that sees every status change.
+    pub fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
+        self.status.clone()
+    }
+
+    /// Registers a drain participant in `phase` after the service started (an actor created
+    /// later, a server started later). Refused, with a warning in the log, once a stop has been
+    /// accepted: the participant would miss its phase.
+    pub fn add_participant(
+        &self,
+        phase: DrainPhase,
+        name: impl Into<String>,
+        recipient: Recipient<Drain>,
+    ) {
+        self.runner.do_send(AddParticipant {
+            phase,
+            name: name.into(),
+            recipient,
+        });
+    }
+
+    /// The marker store.
+    pub fn store(&self) -> &MarkerStore {
+        &self.store
+    }
+
+    /// This process's identity, as read at start-up.
+    pub fn identity(&self) -> ProcessIdentity {
+        self.own
+    }
+
+    /// Leases every item earlier stops left unfinished in the record store, oldest first, to
+    /// this process: resume each, then [`ServiceHandle::acknowledge`] it once the work is taken
+    /// over for good (or hand it back at the next stop with [`DrainReport::handed_back`]). An
+    /// item this process neither acknowledges nor hands back is offered again once it is gone,
+    /// so a crash loses nothing. Empty without a record store.
+    ///
+    /// [`DrainReport::handed_back`]: crate::DrainReport::handed_back
+    ///
+    /// ```
+    /// # use planned_stop::{DrainReport, PlannedStopService, StopRequest};
+    /// # use planned_stop::Layout;
+    /// # use actix::prelude::*;
+    /// # struct Jobs;
+    /// # impl Actor for Jobs { type Context = Context<Self>; }
+    /// # impl Handler<planned_stop::Drain> for Jobs {
+    /// #     type Result = DrainReport;
+    /// #     fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> DrainReport {
+    /// #         DrainReport::unfinished(["job-7"])
+    /// #     }
+    /// # }
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let life = |dir: &std::path::Path| {
+    ///     actix::System::new().block_on(async {
+    ///         let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+    ///             .state_dir(dir.join("state"))
+    ///             // Two lives in one process: the first must not end it.
+    ///             .owns_process_exit(false)
+    ///             .handle_signals(false)
+    ///             .participant("jobs", Jobs.start().recipient())
+    ///             .start()
+    ///             .unwrap();
+    ///         let resumed = service.resume().await.unwrap();
+    ///         for item in &resumed {
+    ///             // ... take the work over, then:
+    ///             service.acknowledge(item).await.unwrap();
+    ///         }
+    ///         service.ready();
+    ///         service.request_stop(StopRequest::Planned);
+    ///         service.stopped().await;
+    ///         resumed.iter().map(|l| l.item.item_as::<String>().unwrap()).collect::<Vec<_>>()
+    ///     })
+    /// };
+    /// assert!(life(dir.path()).is_empty(), "the first life has nothing to resume");
+    /// assert_eq!(life(dir.path()), ["job-7"], "the second resumes what the first left");
+    /// ```
+    pub fn resume(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static + use<> {
+        let store = self.records.clone();
+        let owner = self.owner.clone();
+        let lease_for = self.lease_for;
+        let held = self.held.clone();
+        async move {
+            let leased = match store {
+                Some(store) => store.lease(&owner, usize::MAX, lease_for).await?,
+                None => Vec::new(),
+            };
+            if let Ok(mut h) = held.lock() {
+                h.extend(leased.iter().map(|l| l.item.id.clone()));
+            }
+            Ok(leased)
+        }
+    }
+
+    /// This process has taken `item` over for good: it is never offered again.
+    pub fn acknowledge(
+        &self,
+        item: &Leased,
+    ) -> impl std::future::Future<Output = Result<(), RecordError>> + 'static + use<> {
+        let store = self.records.clone();
+        let owner = self.owner.clone();
+        let id = item.item.id.clone();
+        let held = self.held.clone();
+        async move {
+            let result = match store {
+                Some(store) => store.acknowledge(&owner, &id).await,
+                None => Err(RecordError::UnknownItem { id: id.clone() }),
+            };
+            // Done, or not ours (any more): either way nothing to renew.
+            if !matches!(result, Err(RecordError::Backend { .. }))
+                && let Ok(mut h) = held.lock()
+            {
+                h.remove(&id);
+            }
+            result
+        }
+    }
+
+    /// Gives `item` up without resuming it: it is offered again at once, to whoever leases next.
+    pub fn release(
+        &self,
+        item: &Leased,
+    ) -> impl std::future::Future<Output = Result<bool, RecordError>> + 'static + use<> {
+        let store = self.records.clone();
+        let owner = self.owner.clone();
+        let id = item.item.id.clone();
+        let held = self.held.clone();
+        async move {
+            let result = match store {
+                Some(store) => store.release(Some(&owner), &id).await,
+                None => Err(RecordError::UnknownItem { id: id.clone() }),
+            };
+            if !matches!(result, Err(RecordError::Backend { .. }))
+                && let Ok(mut h) = held.lock()
+            {
+                h.remove(&id);
+            }
+            result
+        }
+    }
+
+    /// The record store, if one is configured.
+    pub fn record_store(&self) -> Option<&Arc<dyn RecordStore>> {
+        self.records.as_ref()
+    }
+
+    /// This process as the owner of its leases.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+}

@@ -1,0 +1,246 @@
+//! [`PlannedStopService`]: the runner and the watcher wired together in a few lines.
+//!
+//! ```no_run
+//! use actix::prelude::*;
+//! use planned_stop::PlannedStopService;
+//! use planned_stop::Layout;
+//! use std::time::Duration;
+//!
+//! #[actix::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let service = PlannedStopService::builder(Layout::Slots("/run/my-app".into()))
+//!         .state_dir("/var/lib/my-app")
+//!         .drain_deadline(Duration::from_secs(20))
+//!         .start()?;
+//!     for leased in service.resume().await? {
+//!         // ... resume leased.item, then:
+//!         service.acknowledge(&leased).await?;
+//!     }
+//!     // ... start the application's actors, then:
+//!     service.ready();
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`PlannedStopService::builder`] opens the marker store (creating the directory 0700), reads this
+//! process's identity once, sweeps leftovers of dead processes, and starts a [`RunnerActor`](crate::runner::RunnerActor) and a
+//! [`MarkerWatcherActor`](crate::watcher::MarkerWatcherActor) on the current actix system. The runner owns the end of the process
+//! ([`ServiceBuilder::owns_process_exit`]): once the stop concluded, the process ends with the
+//! verdict's exit code whatever `main` does.
+
+mod builder;
+mod handle;
+
+pub use builder::ServiceBuilder;
+pub use handle::ServiceHandle;
+
+use builder::Records;
+use handle::Held;
+
+use crate::clock::SystemClock;
+use crate::error_chain::ErrorChain;
+use crate::identity::IdentityError;
+use crate::record::{Owner, RecordError, RecordStore};
+use crate::runner::{RunnerConfig, RunnerStatus};
+use crate::store::{Layout, StoreError};
+use crate::verdict::Policy;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Why the service could not start.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// let err = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(dir.path().into())).start().unwrap_err();
+/// assert!(matches!(err, planned_stop::StartError::NoSystem));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// This process's identity could not be read.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The marker store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The state directory (the record store) cannot be used.
+    #[error(transparent)]
+    Records(#[from] RecordError),
+    /// The signal handlers could not be installed.
+    #[error("cannot install signal handlers")]
+    Signals(#[source] std::io::Error),
+    /// `start` was called outside a running actix system.
+    #[error("PlannedStopService::start must be called inside a running actix System")]
+    NoSystem,
+    /// The lease is shorter than its renewal can keep ([`MIN_LEASE`]).
+    #[error(
+        "a lease of {lease:?} is shorter than {min:?}: leases are renewed every third of their \
+         length and a renewal may wait up to 3 s for the record store, so a shorter lease could \
+         lapse while its holder runs and hand its items to a second process; give \
+         ServiceBuilder::lease_for (serve --lease-ms) at least {min:?}"
+    )]
+    LeaseTooShort {
+        /// The lease asked for.
+        lease: Duration,
+        /// The shortest accepted.
+        min: Duration,
+    },
+}
+
+/// Entry point; see the module docs.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedStopService;
+
+impl PlannedStopService {
+    /// A builder with safe defaults: filesystem notifications plus 250 ms polling, 10 s drain, [`Policy::default`], exit codes
+    /// 0 / 1, a private marker directory.
+    ///
+    /// ```
+    /// let builder = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()));
+    /// let _builder = builder.poll_interval(std::time::Duration::from_millis(500));
+    /// ```
+    pub fn builder(layout: Layout) -> ServiceBuilder {
+        ServiceBuilder {
+            layout,
+            policy: Policy::default(),
+            allow_shared_dir: false,
+            poll_interval: Duration::from_millis(250),
+            runner: RunnerConfig::default(),
+            participants: Vec::new(),
+            clock: Arc::new(SystemClock),
+            identity: None,
+            handle_signals: true,
+            events: true,
+            records: Records::None,
+            allow_shared_state: false,
+            lease_for: DEFAULT_LEASE,
+            forced_exit: None,
+        }
+    }
+}
+
+/// How long a lease lasts by default (see [`ServiceBuilder::lease_for`]).
+const DEFAULT_LEASE: Duration = Duration::from_secs(300);
+
+/// The shortest lease a service accepts. Leases are renewed every third of their length
+/// (a third of the lease), and one renewal may wait up to 3 s for its store (the PostgreSQL
+/// store's operation timeout; the state directory's lock wait is 2 s): a lease must outlast one
+/// interval plus that wait, or it could lapse while its holder runs and another host's process
+/// would take the same items.
+pub const MIN_LEASE: Duration = Duration::from_secs(5);
+
+/// How often a service renews its leases: a third of `lease_for`. The one rule the service and
+/// [`MIN_LEASE`] share.
+pub(crate) fn renewal_interval(lease_for: Duration) -> Duration {
+    (lease_for / 3).min(Duration::from_secs(3600))
+}
+
+/// Renews this process's leases every third of the lease (a failed renewal is retried within
+/// 500 ms) until the stop has concluded, so an item is only offered to another host's process
+/// once this one stops renewing (it died, or its event loop is wedged).
+fn keep_leases(
+    store: Arc<dyn RecordStore>,
+    owner: Owner,
+    held: Held,
+    lease_for: Duration,
+    status: watch::Receiver<RunnerStatus>,
+) {
+    let every = renewal_interval(lease_for);
+    // After a failed renewal, try again soon rather than a whole interval later: a store that
+    // was briefly unreachable must not cost a live holder its leases.
+    let retry = (every / 8).clamp(Duration::from_millis(50), Duration::from_millis(500));
+    actix::spawn(async move {
+        let mut wait = every;
+        loop {
+            actix::clock::sleep(wait).await;
+            wait = every;
+            // Until the stop has concluded (its record persisted): the items it hands back are
+            // still this process's while the persist runs.
+            if status.borrow().exit_code.is_some() {
+                return;
+            }
+            let ids: Vec<String> = held
+                .lock()
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default();
+            if ids.is_empty() {
+                continue;
+            }
+            match store.renew(&owner, &ids, lease_for).await {
+                Ok(kept) if kept.len() < ids.len() => {
+                    let lost: Vec<&String> = ids.iter().filter(|id| !kept.contains(id)).collect();
+                    tracing::warn!(
+                        ?lost,
+                        "leases lost (released by an operator, or taken over after they lapsed); those items are someone else's now"
+                    );
+                    if let Ok(mut h) = held.lock() {
+                        h.retain(|id| kept.contains(id));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    wait = retry;
+                    tracing::warn!(error = %ErrorChain(&e), retry_ms = retry.as_millis() as u64,
+                        "cannot renew the leases; retrying soon")
+                }
+            }
+        }
+    });
+}
+
+/// Logs every panic through `tracing` as well (once per process, chained to the hook that was
+/// installed before), so a panic that ends the process — the runner's and the watcher's guards
+/// exit non-zero — is in the service's logs, not only on stderr.
+fn log_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            tracing::error!(panic = %info, "panic");
+            previous(info);
+        }));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::StopRequest;
+    use actix::System;
+
+    /// Installing the signal handlers is the last fallible step of `start`: when it fails, no
+    /// runner is left behind (one used to be running already, and its drop guard ended the
+    /// process about 30 s later when the application went on without it).
+    #[test]
+    fn a_start_that_fails_on_signals_leaves_no_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        System::new().block_on(async {
+            crate::signals::FAIL_NEXT.set(true);
+            let before = crate::runner::LIVE.get();
+            let result = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+                // Off, so a runner left behind shows in the count instead of ending the tests.
+                .owns_process_exit(false)
+                .start();
+            assert!(matches!(result, Err(StartError::Signals(_))), "{result:?}");
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(
+                crate::runner::LIVE.get(),
+                before,
+                "a runner was left behind"
+            );
+            // The application retries without signal handlers, and that service works.
+            let handle = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+                .owns_process_exit(false)
+                .handle_signals(false)
+                .start()
+                .unwrap();
+            assert_eq!(crate::runner::LIVE.get(), before + 1);
+            handle.ready();
+            handle.request_stop(StopRequest::Planned);
+            assert_eq!(handle.stopped().await, std::process::ExitCode::SUCCESS);
+        });
+    }
+}
