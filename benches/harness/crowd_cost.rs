@@ -4,7 +4,7 @@
 //! `/proc/PID/task/*/schedstat`) the services spent, less what they spent idle over the same time.
 //!
 //! ```text
-//! cargo build --release && cargo run --release --example crowd_cost -- 200 200
+//! cargo build --release && cargo bench --bench crowd_cost -- 200 200
 //! ```
 //!
 //! Linux only (it reads `/proc`). Results go to `docs/performance.md` by hand.
@@ -39,7 +39,7 @@ fn total(children: &[Child]) -> u64 {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = common::args().skip(1);
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
     let m: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
     assert!(

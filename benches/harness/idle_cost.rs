@@ -5,7 +5,7 @@
 //! `/proc`).
 //!
 //! ```sh
-//! cargo build --release && cargo run --release --example idle_cost -- 60
+//! cargo build --release && cargo bench --bench idle_cost -- 60
 //! ```
 
 #[cfg(target_os = "linux")]
@@ -43,11 +43,11 @@ fn main() {
 
 #[cfg(target_os = "linux")]
 fn main() {
-    if let Some(mode) = std::env::args().nth(1).filter(|m| m.starts_with("child-")) {
+    if let Some(mode) = common::args().nth(1).filter(|m| m.starts_with("child-")) {
         child(&mode);
         return;
     }
-    let secs: u64 = std::env::args()
+    let secs: u64 = common::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(60);
@@ -120,7 +120,7 @@ fn child(mode: &str) {
         }
     }
 
-    let dir = PathBuf::from(std::env::args().nth(2).unwrap()).join(mode);
+    let dir = PathBuf::from(common::args().nth(2).unwrap()).join(mode);
     let system = System::new();
     system.block_on(async {
         let service = |events: bool, poll: u64| {

@@ -2,7 +2,7 @@
 //! every request it accepted?
 //!
 //! ```sh
-//! cargo run --release --example web_load --features actix-web -- [SECONDS_BEFORE] [CLIENTS]
+//! cargo bench --bench web_load --features actix-web -- [SECONDS_BEFORE] [CLIENTS]
 //! ```
 //!
 //! The example re-runs itself as the server (a child process: the runner owns that process's
@@ -14,6 +14,8 @@
 //! after the listener closed, or reset while still in the kernel's accept queue, were never
 //! accepted and are counted apart. Latency p50/p99 is reported for the requests sent before the
 //! stop and for those sent during the drain.
+
+mod common;
 
 use actix_web::{App, HttpServer, get};
 use planned_stop::Layout;
@@ -114,7 +116,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn main() -> std::io::Result<std::process::ExitCode> {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = common::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
         return serve(&args[2]);
     }

@@ -15,7 +15,7 @@
 //!    stopper process, its refusal and its exit. Everything above includes this once.
 //!
 //! ```sh
-//! cargo build --release && cargo run --release --example stop_latency -- 200
+//! cargo build --release && cargo bench --bench stop_latency -- 200
 //! ```
 //!
 //! Each round starts a fresh `planned-stop serve --jobs 0` (nothing to drain) per set-up, waits for
@@ -33,7 +33,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = common::args().skip(1).collect();
     let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let disk = args.iter().any(|a| a == "--disk");
     let binary = common::planned_stop_binary();

@@ -1,7 +1,7 @@
 //! End-to-end latency of planned stops of real `planned-stop serve` processes.
 //!
 //! ```sh
-//! cargo build --release && cargo run --release --example latency -- 200
+//! cargo build --release && cargo bench --bench latency -- 200
 //! ```
 //!
 //! For each delivery mode (polling every 100 ms, every 500 ms, and event-driven) it stops N
@@ -69,7 +69,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let n: usize = std::env::args()
+    let n: usize = common::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(200);

@@ -2,7 +2,7 @@
 //! because the server closed it, with planned-stop and with plain actix-web, side by side.
 //!
 //! ```sh
-//! cargo run --release --example keepalive_drain --features actix-web -- [ROUNDS] [CONNECTIONS] [GRACE_MS]
+//! cargo bench --bench keepalive_drain --features actix-web -- [ROUNDS] [CONNECTIONS] [GRACE_MS]
 //! ```
 //!
 //! A client that behaves like a load balancer's connection pool: CONNECTIONS (default 16)
@@ -30,6 +30,8 @@
 //! said `Connection: close`; refused connects (the listener was closed: a balancer routes those
 //! elsewhere, nothing was lost); latency p50/p99 before the stop and during it; stop to exit.
 //! docs/performance.md has the figures.
+
+mod common;
 
 use actix_web::{App, HttpServer, get};
 use planned_stop::Layout;
@@ -344,7 +346,7 @@ fn round(
 }
 
 fn main() -> std::io::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = common::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
         serve(&args[2], &args[3])?;
         return Ok(());
