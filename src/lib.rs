@@ -167,6 +167,13 @@ pub mod internals {
         (runner, status)
     }
 
+    /// Resolves once the runner behind `handle` has handled everything sent to it before (the
+    /// handle's requests, signals, readiness); at once when the runner is gone. A test waits on
+    /// it before asserting that a message changed nothing.
+    pub async fn runner_caught_up(handle: &crate::ServiceHandle) {
+        let _ = handle.runner.send(crate::runner::CaughtUp).await;
+    }
+
     /// The runner's address behind a service's handle: a test sends it what only the crate's own
     /// pieces send (a [`PlannedStop`] as the watcher would).
     pub fn runner_of(handle: &crate::ServiceHandle) -> actix::Addr<RunnerActor> {

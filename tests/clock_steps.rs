@@ -6,7 +6,6 @@ mod common;
 use chrono::{DateTime, TimeDelta, Utc};
 use common::actors::*;
 use planned_stop::Layout;
-use planned_stop::RunnerStatus;
 use planned_stop::internals::{Clock, OwnSlot};
 use planned_stop::marker::{Marker, MarkerStore, Verdict};
 use planned_stop::{ProcessIdentity, RunnerState};
@@ -134,8 +133,7 @@ fn a_clock_step_past_the_ttl_turns_our_pending_marker_stale_not_into_a_stop() {
             !store.slot_path(me.pid).exists(),
             "expired by the step and removed"
         );
-        w.runner
-            .send_modify(|s: &mut RunnerStatus| s.state = RunnerState::Running);
+        w.set_state(RunnerState::Running);
         advance(poll * 3).await;
         assert!(w.watcher.connected());
         w.deliveries()

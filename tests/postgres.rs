@@ -306,29 +306,24 @@ mod fleet {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(text.contains("mistyped --service"), "{text}");
         assert!(!text.contains("no unfinished items"), "{text}");
-        for verb in ["release", "drop"] {
-            let out = run(&[
+        let on_item = |verb: &str, service: &str| {
+            let args = [
                 "records",
                 verb,
                 "--records",
                 url.as_str(),
                 "--service",
-                &typo,
-                "item-000000",
-            ]);
+                service,
+            ];
+            run(&[&args[..], &["item-000000"]].concat())
+        };
+        for verb in ["release", "drop"] {
+            let out = on_item(verb, &typo);
             assert_eq!(out.status.code(), Some(15), "{verb}: {out:?}");
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             assert!(err.contains("mistyped --service"), "{verb}: {err}");
             // Under the known name, the same unknown id is only an unknown item.
-            let out = run(&[
-                "records",
-                verb,
-                "--records",
-                url.as_str(),
-                "--service",
-                &service,
-                "item-000000",
-            ]);
+            let out = on_item(verb, &service);
             assert_eq!(out.status.code(), Some(11), "{verb}: {out:?}");
         }
     }

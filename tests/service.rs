@@ -14,7 +14,6 @@ use planned_stop::{
     PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle, SignalKind, StopCause,
     StopRequest, StopVerdict,
 };
-use std::rc::Rc;
 use std::time::Duration;
 use tempfile::TempDir;
 
@@ -103,7 +102,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
         assert!(!f.slot_exists(), "the runner claimed (consumed) the marker");
         advance(Duration::from_millis(20)).await;
         h.signal(SignalKind::Terminate);
-        settle().await;
+        caught_up(&h).await;
         assert_eq!(h.status().verdict, Some(StopVerdict::Planned));
         assert!(control.finish(&[]));
         code_of(h.stopped().await)
@@ -163,7 +162,7 @@ fn unmarked_sigterm_is_unexpected_and_a_later_marker_does_not_change_it() {
         h.ready();
         advance(POLL).await;
         h.signal(SignalKind::Terminate);
-        settle().await;
+        caught_up(&h).await;
         assert_eq!(h.status().verdict, Some(StopVerdict::Unexpected));
         f.write_marker("too-late");
         advance(POLL * 3).await;
@@ -184,7 +183,7 @@ fn sigterm_with_our_marker_in_place_is_planned() {
     let code = sys.block_on(async {
         let h = f.start(vec![]);
         h.ready();
-        settle().await;
+        caught_up(&h).await;
         // systemd's ExecStop case: the marker must not trigger the watcher, the SIGTERM follows.
         let m = Marker::new(f.me.pid, Some(f.me.start), Utc::now()).with_trigger_watcher(false);
         f.store().write(&m).unwrap();
@@ -252,7 +251,6 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
         let code = code_of(h.stopped().await);
         // An answer after the runner stopped changes nothing.
         assert!(slow_control.finish(&["too late"]));
-        settle().await;
         code
     });
     assert_eq!(code, 0, "planned, even though the drain ran out of time");
@@ -295,9 +293,8 @@ fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
         let (p, _control) = ParticipantControl::start();
         let h = f.start(vec![("jobs", p)]);
         h.ready();
-        settle().await;
         h.signal(SignalKind::Interrupt);
-        settle().await;
+        caught_up(&h).await;
         assert_eq!(state(&h), RunnerState::Draining);
         let started = tokio::time::Instant::now();
         h.signal(SignalKind::Interrupt);
@@ -346,18 +343,17 @@ fn a_status_subscriber_sees_states_only_move_forward() {
     let states = sys.block_on(async {
         let h = f.start(vec![]);
         let mut rx = h.subscribe();
-        let seen = Rc::new(std::cell::RefCell::new(vec![rx.borrow().state]));
-        let seen2 = seen.clone();
-        actix::spawn(async move {
-            while rx.changed().await.is_ok() {
-                let state = rx.borrow().state;
-                seen2.borrow_mut().push(state);
-            }
-        });
+        let mut seen = vec![rx.borrow_and_update().state];
         h.ready();
-        code_of(h.stopped().await);
-        settle().await;
-        seen.borrow().clone()
+        // Every published status, until the stop has concluded (its exit code is known).
+        while rx.changed().await.is_ok() {
+            let now = rx.borrow_and_update().clone();
+            seen.push(now.state);
+            if now.exit_code.is_some() {
+                break;
+            }
+        }
+        seen
     });
     assert!(states.windows(2).all(|w| w[0] <= w[1]), "{states:?}");
     assert_eq!(states.last(), Some(&RunnerState::Stopped));
@@ -392,7 +388,7 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
             .start()
             .unwrap();
         h.ready();
-        settle().await;
+        caught_up(&h).await;
         let before = tokio::time::Instant::now();
         f.write_marker("event");
         // The notification arrives from the OS on another thread: wait for it in real time,
@@ -403,7 +399,8 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
                 std::time::Instant::now() < deadline,
                 "no notification arrived"
             );
-            settle().await;
+            // Let the watcher take the notification; the clock does not move meanwhile.
+            tokio::task::yield_now().await;
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(
@@ -470,7 +467,7 @@ fn the_phase_deadline_warning_names_the_silent_participant() {
         let h = f.start(vec![("silent-jobs", silent), ("quick-jobs", quick)]);
         h.ready();
         h.request_stop(StopRequest::Planned);
-        settle().await;
+        control.wait_asked().await;
         assert!(control.finish(&[]));
         code_of(h.stopped().await)
     });
@@ -528,7 +525,7 @@ fn a_participant_that_is_gone_does_not_delay_the_exit() {
     let code = sys.block_on(async {
         let h = f.start(vec![("gone", Gone.start().recipient())]);
         h.ready();
-        settle().await;
+        caught_up(&h).await;
         let before = tokio::time::Instant::now();
         h.request_stop(StopRequest::Planned);
         let code = code_of(h.stopped().await);
@@ -572,8 +569,9 @@ fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
         let h = f.start(vec![]);
         let marker = Marker::new(f.me.pid, Some(f.me.start), Utc::now()).with_request_id("held-1");
         planned_stop::internals::runner_of(&h)
-            .do_send(planned_stop::internals::PlannedStop::from(&marker));
-        settle().await;
+            .send(planned_stop::internals::PlannedStop::from(&marker))
+            .await
+            .unwrap();
         assert_eq!(state(&h), RunnerState::Starting);
         h.ready();
         code_of(h.stopped().await)
@@ -593,12 +591,12 @@ fn participants_can_join_after_start_but_not_once_draining() {
         let (early, early_control) = ParticipantControl::start();
         h.add_participant(planned_stop::DrainPhase::Work, "early", early);
         h.ready();
-        settle().await;
         h.request_stop(StopRequest::Planned);
-        settle().await;
+        early_control.wait_asked().await;
         let (late, late_control) = ParticipantControl::start();
         h.add_participant(planned_stop::DrainPhase::Final, "late", late);
-        settle().await;
+        // The late participant was refused (or it would be asked once the work phase ends).
+        caught_up(&h).await;
         assert!(early_control.finish(&["e-1"]));
         let code = code_of(h.stopped().await);
         (early_control.asked(), late_control.asked(), code)
@@ -638,9 +636,14 @@ fn an_earlier_phase_timer_does_not_end_the_next_phase() {
             .unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
-        settle().await;
-        assert!(fast_control.finish(&[]), "the ingress was asked first");
-        settle().await;
+        fast_control.wait_asked().await;
+        assert!(
+            slow_control.asked().is_empty(),
+            "the ingress is asked first"
+        );
+        assert!(fast_control.finish(&[]));
+        // The ingress answered: the work phase begins.
+        slow_control.wait_asked().await;
         // Past the ingress phase's deadline (1 s + the answer grace): the work phase goes on.
         advance(Duration::from_secs(2)).await;
         assert_eq!(
@@ -710,9 +713,8 @@ proptest::proptest! {
                 .start()
                 .unwrap();
             h.ready();
-            settle().await;
             h.request_stop(StopRequest::Planned);
-            settle().await;
+            control.wait_asked().await;
             control.finish(&["job"]);
             code_of(h.stopped().await)
         });
@@ -1125,8 +1127,8 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
             let h = b.start().unwrap();
             h.ready();
             h.request_stop(StopRequest::Planned);
-            settle().await;
             if let Some(control) = control {
+                control.wait_asked().await;
                 assert!(control.finish(&["job-41"]));
             }
             code_of(h.stopped().await)

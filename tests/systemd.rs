@@ -42,7 +42,7 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
             .start()
             .unwrap();
         h.ready();
-        settle().await;
+        caught_up(&h).await;
         let store = MarkerStore::open(Layout::Slots(markers.clone())).unwrap();
         store
             .write(&Marker::new(me.pid, Some(me.start), Utc::now()))

@@ -96,7 +96,7 @@ fn test_watcher_does_not_fire_when_marker_absent() {
                 "the watcher keeps polling while no marker is there"
             );
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             assert!(!w.watcher.connected());
             assert_eq!(
                 w.deliveries(),
@@ -117,7 +117,7 @@ fn test_watcher_skips_when_runner_already_draining() {
             let w = on_file(&marker, RunnerState::Draining, POLL, mode);
             advance(Duration::from_millis(200)).await;
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             assert_eq!(
                 w.deliveries(),
                 vec![],
@@ -156,7 +156,7 @@ fn test_watcher_skips_when_runner_not_started() {
                 "watcher fired before runner was running"
             );
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             assert_eq!(w.deliveries(), vec![]);
             assert!(!w.watcher.connected());
         });
@@ -178,7 +178,7 @@ fn test_watcher_responds_to_stop_event_promptly() {
             advance(Duration::from_millis(50)).await;
             let before = tokio::time::Instant::now();
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             // Not "within a poll interval": at once, without the clock moving at all.
             assert_eq!(tokio::time::Instant::now(), before);
             assert!(
@@ -263,7 +263,7 @@ fn test_watcher_tolerates_marker_path_resolution_errors() {
             );
             assert!(w.watcher.connected());
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             assert!(
                 !w.watcher.connected(),
                 "watcher should still honour the stop after errors"
@@ -296,7 +296,7 @@ fn test_watcher_does_not_fire_for_foreign_pid_marker() {
             let w = on_file(&marker, RunnerState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await;
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             assert!(!w.watcher.connected());
             assert_eq!(
                 w.deliveries(),
@@ -325,7 +325,7 @@ fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
             );
             assert!(!marker.exists(), "stale marker should have been cleaned up");
             w.stop_event();
-            settle().await;
+            w.watcher_gone().await;
             assert!(!w.watcher.connected());
             assert_eq!(
                 w.deliveries(),

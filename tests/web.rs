@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+use common::{EVENT_TIMEOUT, wait_for, wait_until};
 const ROUNDS: usize = 20;
 
 /// The ways an application's `main` is written.
@@ -200,14 +200,10 @@ impl App {
     }
 
     fn exit_code(&mut self) -> Option<i32> {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "the application did not exit");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for("the application did not exit", || {
+            self.child.try_wait().unwrap()
+        })
+        .code()
     }
 
     fn outcome_phase(&self) -> Option<Phase> {
@@ -227,6 +223,20 @@ impl Drop for App {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Waits until readiness answers 503: the stop has been accepted.
+fn until_draining(port: u16, what: impl std::fmt::Display) {
+    wait_until(what, || {
+        http_get(port, "/ready").map(|(code, _)| code) == Some(503)
+    });
+}
+
+/// Waits until connections to `port` are refused: the listener has closed.
+fn until_listener_closed(port: u16) {
+    wait_until("the listener never closed", || {
+        TcpStream::connect(("127.0.0.1", port)).is_err()
+    });
 }
 
 /// One HTTP/1.1 request over a fresh connection; the status code, or `None` when the connection
@@ -448,37 +458,25 @@ fn a_planned_stop_finishes_in_flight_requests_and_refuses_new_connections() {
         },
     );
     // Readiness says `starting` until the application is ready, then `ready`.
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        match http_get(app.port, "/ready") {
-            Some((200, body)) if body == "ready" => break,
-            Some((503, body)) if body == "starting" => {}
-            other => panic!("readiness while starting: {other:?}"),
-        }
-        assert!(Instant::now() < deadline, "never ready");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("never ready", || match http_get(app.port, "/ready") {
+        Some((200, body)) if body == "ready" => true,
+        Some((503, body)) if body == "starting" => false,
+        other => panic!("readiness while starting: {other:?}"),
+    });
     let port = app.port;
     let slow = std::thread::spawn(move || http_get(port, "/slow"));
     app.expect("slow-started");
     app.planned_stop();
     // Readiness answers 503 "draining" while the listener is still open (the grace).
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
+    wait_until("readiness never said draining", || {
         match http_get(app.port, "/ready") {
-            Some((503, body)) if body == "draining" => break,
-            Some((200, _)) => {}
+            Some((503, body)) if body == "draining" => true,
+            Some((200, _)) => false,
             other => panic!("readiness during the grace: {other:?}"),
         }
-        assert!(Instant::now() < deadline, "readiness never said draining");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    });
     // Then the listener closes: connections are refused, not accepted and dropped.
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    while TcpStream::connect(("127.0.0.1", app.port)).is_ok() {
-        assert!(Instant::now() < deadline, "the listener never closed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_listener_closed(app.port);
     assert_eq!(slow.join().unwrap(), Some((200, "slow done".into())));
     assert_eq!(app.exit_code(), Some(0));
     let record = FileRecordStore::read_last_stop(&app.state_dir())
@@ -554,11 +552,7 @@ fn a_pooled_connection_is_told_to_close_during_the_grace() {
             "round {round}: kept alive while running"
         );
         app.planned_stop();
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        while http_get(app.port, "/ready").map(|(c, _)| c) != Some(503) {
-            assert!(Instant::now() < deadline, "round {round}: never draining");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        until_draining(app.port, format!("round {round}: never draining"));
         let (code, close, body) = exchange(&mut pooled, "/");
         assert_eq!(code, 200, "round {round}: answered during the grace");
         assert_eq!(body, "hello");
@@ -1091,21 +1085,14 @@ fn an_http2_connection_is_served_until_the_ingress_deadline_without_goaway() {
         let connection = tokio::spawn(connection);
         assert_eq!(h2_get(&mut client, port).await.unwrap(), 200, "before");
         app.planned_stop();
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        while http_get(port, "/ready").map(|(c, _)| c) != Some(503) {
-            assert!(Instant::now() < deadline, "never draining");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_draining(port, "never draining");
         let accepted = Instant::now();
         assert_eq!(
             h2_get(&mut client, port).await.unwrap(),
             200,
             "in the grace"
         );
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            assert!(Instant::now() < deadline, "the listener never closed");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_listener_closed(port);
         assert_eq!(
             h2_get(&mut client, port).await.unwrap(),
             200,

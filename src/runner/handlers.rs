@@ -37,6 +37,13 @@ impl Handler<HeldStop> for RunnerActor {
     }
 }
 
+#[cfg(feature = "internals")]
+impl Handler<super::messages::CaughtUp> for RunnerActor {
+    type Result = ();
+
+    fn handle(&mut self, _: super::messages::CaughtUp, _: &mut Context<Self>) {}
+}
+
 impl Handler<Ready> for RunnerActor {
     type Result = ();
 

@@ -48,6 +48,14 @@ impl From<&Marker> for PlannedStop {
     }
 }
 
+/// Answered once the runner has handled every message sent to it before this one (a mailbox is
+/// first in, first out): the crate's tests wait on it instead of guessing how many scheduler
+/// turns the runner needs. Changes nothing.
+#[cfg(feature = "internals")]
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct CaughtUp;
+
 /// The application is ready to serve (`Starting → Running`). A planned stop held during start-up is
 /// acted on now.
 #[derive(Debug, Clone, Copy, Message)]

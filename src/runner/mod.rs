@@ -30,6 +30,8 @@ pub(crate) mod process_end;
 
 pub(crate) use crate::lifecycle::DrainPhase;
 pub use config::{ExitCodes, RunnerConfig};
+#[cfg(feature = "internals")]
+pub(crate) use messages::CaughtUp;
 pub(crate) use messages::{AddParticipant, HeldStop};
 pub use messages::{Drain, DrainReport, OsSignal, PlannedStop, Ready, RequestStop, RunnerStatus};
 

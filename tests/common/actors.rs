@@ -22,6 +22,13 @@ pub fn paused_system() -> actix::SystemRunner {
     })
 }
 
+/// Resolves once the runner behind `h` has handled every message sent to it so far: what a test
+/// waits on before asserting that a request, a signal or readiness changed (or did not change)
+/// the runner's status.
+pub async fn caught_up(h: &planned_stop::ServiceHandle) {
+    planned_stop::internals::runner_caught_up(h).await;
+}
+
 /// Lets every ready task run (messages, watch notifications, fired timers) without moving time.
 pub async fn settle() {
     for _ in 0..64 {
@@ -130,10 +137,21 @@ impl Handler<PlannedStop> for Recorder {
 }
 
 /// A drain participant that answers only when the test says so, with the given unfinished items.
-#[derive(Default)]
 pub struct Participant {
     pub pending: Arc<Mutex<Option<oneshot::Sender<DrainReport>>>>,
     pub asked: Arc<Mutex<Vec<(Duration, StopVerdict)>>>,
+    /// How many drain requests have arrived: what [`ParticipantControl::wait_asked`] waits on.
+    pub asks: Arc<watch::Sender<usize>>,
+}
+
+impl Default for Participant {
+    fn default() -> Self {
+        Participant {
+            pending: Arc::default(),
+            asked: Arc::default(),
+            asks: Arc::new(watch::channel(0).0),
+        }
+    }
 }
 
 impl Actor for Participant {
@@ -149,6 +167,7 @@ impl Handler<Drain> for Participant {
             .push((drain.within, drain.verdict));
         let (tx, rx) = oneshot::channel();
         *self.pending.lock().unwrap() = Some(tx);
+        self.asks.send_modify(|n| *n += 1);
         Box::pin(async move { rx.await.unwrap_or_default() })
     }
 }
@@ -158,6 +177,7 @@ impl Handler<Drain> for Participant {
 pub struct ParticipantControl {
     pub pending: Arc<Mutex<Option<oneshot::Sender<DrainReport>>>>,
     pub asked: Arc<Mutex<Vec<(Duration, StopVerdict)>>>,
+    pub asks: watch::Receiver<usize>,
 }
 
 impl ParticipantControl {
@@ -167,6 +187,7 @@ impl ParticipantControl {
         let control = ParticipantControl {
             pending: p.pending.clone(),
             asked: p.asked.clone(),
+            asks: p.asks.subscribe(),
         };
         (p.start().recipient(), control)
     }
@@ -174,6 +195,16 @@ impl ParticipantControl {
     /// The drain requests received so far (deadline, verdict).
     pub fn asked(&self) -> Vec<(Duration, StopVerdict)> {
         self.asked.lock().unwrap().clone()
+    }
+
+    /// Waits until the participant has been asked to drain (its answer is pending). On the paused
+    /// clock a request that never comes fails the test once an hour of virtual time has passed.
+    pub async fn wait_asked(&self) {
+        let mut asks = self.asks.clone();
+        tokio::time::timeout(Duration::from_secs(3600), asks.wait_for(|n| *n > 0))
+            .await
+            .expect("the participant was never asked to drain")
+            .expect("the participant is gone");
     }
 
     /// Answers the drain request, if one is waiting. Returns whether one was.
@@ -250,7 +281,11 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
 pub struct Watched {
     pub watcher: Addr<planned_stop::internals::MarkerWatcherActor>,
     pub seen: Arc<Mutex<Vec<Delivery>>>,
+    /// The runner status the watcher follows; only the watcher holds its receiver, so the
+    /// channel closes when the watcher has stopped ([`Watched::watcher_gone`]).
     pub runner: watch::Sender<RunnerStatus>,
+    /// The same status, for the recorder (which must not keep the watcher's channel open).
+    recorder_status: watch::Sender<RunnerStatus>,
 }
 
 impl Watched {
@@ -266,10 +301,11 @@ impl Watched {
         )>,
     ) -> Watched {
         let (runner, rx) = watch::channel(status(state));
+        let (recorder_status, recorder_rx) = watch::channel(status(state));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorder = Recorder {
             seen: seen.clone(),
-            state: rx.clone(),
+            state: recorder_rx,
             forward: None,
         }
         .start();
@@ -287,12 +323,28 @@ impl Watched {
             watcher: watcher.start(),
             seen,
             runner,
+            recorder_status,
         }
     }
 
     /// The seed's `stop_event.set()`: the runner has stopped.
     pub fn stop_event(&self) {
-        self.runner.send_modify(|s| s.state = RunnerState::Stopped);
+        self.set_state(RunnerState::Stopped);
+    }
+
+    /// Sets the runner state the watcher (and the recorder) see.
+    pub fn set_state(&self, state: RunnerState) {
+        self.runner.send_modify(|s| s.state = state);
+        self.recorder_status.send_modify(|s| s.state = state);
+    }
+
+    /// Resolves once the watcher has stopped (it dropped its end of the status channel). On the
+    /// paused clock a watcher that never stops fails the test once an hour of virtual time has
+    /// passed.
+    pub async fn watcher_gone(&self) {
+        tokio::time::timeout(Duration::from_secs(3600), self.runner.closed())
+            .await
+            .expect("the watcher never stopped");
     }
 
     /// Every `PlannedStop` delivered so far.

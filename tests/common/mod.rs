@@ -5,6 +5,8 @@
 pub mod actors;
 pub mod process;
 
+pub use process::EVENT_TIMEOUT;
+
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::ProcessIdentity;
 use planned_stop::marker::Marker;
@@ -166,5 +168,25 @@ impl Lcg {
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
         (self.0 >> 33) % n.max(1)
+    }
+}
+
+/// Checks `done` every few milliseconds until it holds; fails the test with `what` after
+/// [`EVENT_TIMEOUT`]. For what a test can only see from outside — an HTTP answer, a refused
+/// connection, a log line, a child's exit — never for what an explicit event announces.
+pub fn wait_until(what: impl std::fmt::Display, mut done: impl FnMut() -> bool) {
+    wait_for(what, || done().then_some(()))
+}
+
+/// Asks `probe` every few milliseconds until it answers; fails the test with `what` after
+/// [`EVENT_TIMEOUT`].
+pub fn wait_for<T>(what: impl std::fmt::Display, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        if let Some(answer) = probe() {
+            return answer;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }

@@ -170,14 +170,9 @@ impl Serve {
     /// Waits until the watcher has logged `n` probes with verdict `kind` in all (count from the
     /// start: with notifications a probe may come before the caller looks).
     pub fn wait_probes_total(&self, kind: &str, n: usize) {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        while self.probes(kind) < n {
-            assert!(
-                Instant::now() < deadline,
-                "fewer than {n} {kind} probes logged"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        super::wait_until(format!("fewer than {n} {kind} probes logged"), || {
+            self.probes(kind) >= n
+        });
     }
 
     /// Waits until the watcher has logged `n` *more* probes with verdict `kind` — for verdicts that
@@ -215,14 +210,7 @@ impl Serve {
 
     /// Waits for the process to exit; returns its exit code.
     pub fn exit_code(&mut self) -> Option<i32> {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "serve did not exit");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        super::wait_for("serve did not exit", || self.child.try_wait().unwrap()).code()
     }
 
     /// Everything the process wrote to stderr, once it has exited (waits for the exit, then for
@@ -238,18 +226,10 @@ impl Serve {
     /// Waits until a stderr line contains `needle` (the line is the event: it may be read after
     /// a stdout event the caller has already seen); returns all of stderr so far.
     pub fn wait_stderr(&self, needle: &str) -> String {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        loop {
+        super::wait_for(format!("no stderr line with {needle:?}"), || {
             let text = self.stderr.lock().unwrap().join("\n");
-            if text.contains(needle) {
-                return text;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no stderr line with {needle:?}: {text}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+            text.contains(needle).then_some(text)
+        })
     }
 
     /// Whether the process is still running.
