@@ -44,6 +44,12 @@
 //!
 //! `docs/api.md` in the repository lists the whole surface by module.
 //!
+//! Backend rules, the runner's own messages and the test seams are not part of it:
+//!
+//! ```compile_fail,E0432
+//! use planned_stop::{Clock, PlannedStop, RunnerActor, is_offered};
+//! ```
+//!
 //! ## Cargo features
 //!
 //! - `cli` (default): the `planned-stop` command-line tool. A library user sets

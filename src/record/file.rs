@@ -66,6 +66,12 @@ const ITEM: &str = ".item.json";
 const LEASE: &str = ".lease.json";
 
 /// Whether a state directory that group or others can write is accepted.
+///
+/// A choice with a name rather than a positional `true`:
+///
+/// ```compile_fail,E0308
+/// planned_stop::record::FileRecordStore::open("/var/lib/app", true);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Sharing {
     /// Refused (the default): whoever can write there could plant work for the service to

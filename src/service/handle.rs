@@ -15,6 +15,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// The running service: tell it when the application is ready, ask it to stop, watch its status.
+///
+/// It does not hand out the runner's address: a `PlannedStop` says "this process's marker was
+/// claimed", which only the watcher may say. An application asks with
+/// [`ServiceHandle::request_stop`] (or feeds a signal with [`ServiceHandle::signal`]).
+///
+/// ```compile_fail,E0599
+/// fn send(handle: &planned_stop::ServiceHandle) {
+///     let _ = handle.runner();
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ServiceHandle {
     pub(crate) runner: Addr<RunnerActor>,

@@ -30,6 +30,11 @@ pub async fn caught_up(h: &planned_stop::ServiceHandle) {
 }
 
 /// Lets every ready task run (messages, watch notifications, fired timers) without moving time.
+/// Used only where no single event marks the end of a step: after moving the paused clock
+/// ([`advance`]), and between the state-machine test's steps, whose consequences fan out to the
+/// runner, the watcher and a participant in an order the model leaves open. Everywhere else a
+/// test waits for its own event: [`caught_up`], [`until`], [`ParticipantControl::wait_asked`],
+/// [`Watched::watcher_gone`].
 pub async fn settle() {
     for _ in 0..64 {
         tokio::task::yield_now().await;
