@@ -118,7 +118,7 @@ impl SignalKind {
 #[serde(rename_all = "snake_case", tag = "kind", content = "signal")]
 #[non_exhaustive]
 pub enum StopCause {
-    /// The marker watcher delivered a [`crate::runner::PlannedStop`].
+    /// The marker watcher delivered a planned stop (it found this process's marker).
     Marker,
     /// An OS signal or console event.
     Signal(SignalKind),

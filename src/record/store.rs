@@ -146,8 +146,10 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
         record: &'a StopRecord,
     ) -> RecordFuture<'a, Persisted>;
 
-    /// Leases to `owner` up to `max` of the items on offer ([`crate::record::lease::is_offered`]), oldest first,
-    /// until `lease_for` from now.
+    /// Leases to `owner` up to `max` of the items on offer, oldest first, until `lease_for` from
+    /// now. On offer: a pending item; a leased one whose owner is known dead, or whose owner
+    /// cannot be checked from here (another host) once its lease has expired. An owner known
+    /// alive keeps its items. (The conformance suite, `planned_stop::testing`, holds a store to this.)
     fn lease<'a>(
         &'a self,
         owner: &'a Owner,
@@ -167,7 +169,8 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     ) -> RecordFuture<'a, Vec<String>>;
 
     /// `owner` has taken item `id` over for good: it is removed, never offered again. Refused
-    /// ([`RecordError::NotHolder`]) unless `owner` holds its lease ([`crate::record::lease::holds`]).
+    /// ([`RecordError::NotHolder`]) unless `owner` holds its lease: the lease names it (a lapsed
+    /// lease still does, until someone else leases the item).
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()>;
 
     /// Makes item `id` pending again. With `Some(owner)`, only if `owner` holds its lease; with
