@@ -91,7 +91,7 @@ pub fn oversized(item: &serde_json::Value) -> Option<usize> {
 #[non_exhaustive]
 pub struct Unfinished {
     /// The item's id in the record store: given by the runner when the stop is recorded, or the
-    /// id it had when it was resumed and handed back again ([`crate::DrainReport::handed_back`]).
+    /// id it had when it was resumed and handed back again ([`crate::DrainReport::with_handed_back`]).
     /// `None` only in records of an earlier version.
     #[serde(default)]
     pub id: Option<String>,
@@ -100,7 +100,7 @@ pub struct Unfinished {
     /// The item as the participant handed it back: any JSON value (a job id string, an object).
     pub item: serde_json::Value,
     /// `true` when the item was resumed from the record store and is handed back under the id
-    /// the store gave it ([`crate::DrainReport::handed_back`]); `false` for new work. A store
+    /// the store gave it ([`crate::DrainReport::with_handed_back`]); `false` for new work. A store
     /// writes a handed-back item again only while the stopper still holds its lease: one that
     /// was acknowledged, dropped by an operator or taken by someone else meanwhile stays as it is.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -119,7 +119,7 @@ impl Unfinished {
     }
 
     /// A resumed item handed back under the id its store gave it.
-    pub fn handed_back(item: &ResumeItem) -> Unfinished {
+    pub fn with_handed_back(item: &ResumeItem) -> Unfinished {
         Unfinished {
             id: Some(item.id.clone()),
             participant: item.participant.clone(),

@@ -363,7 +363,7 @@ impl Handler<Drain> for Ingress {
                     // Answer now, at the deadline; the forced stop finishes in the background.
                     actix::spawn(async move { server.stop(false).await });
                     DrainReport::done()
-                        .cut_short("in-flight HTTP requests were cut at the ingress deadline")
+                        .with_cut_short("in-flight HTTP requests were cut at the ingress deadline")
                 }
             }
         })
@@ -563,7 +563,7 @@ impl Handler<Drain> for LongLivedDrain {
             let report = DrainReport::done().with_note(note);
             match closed {
                 Ok(Ok(_)) => report,
-                _ => report.cut_short(format!(
+                _ => report.with_cut_short(format!(
                     "{} {} connections were cut at the ingress deadline",
                     c.open, shared.kind
                 )),

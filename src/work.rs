@@ -3,7 +3,7 @@
 //! Why this exists: an item resumed from an earlier stop must be acknowledged when its *work
 //! completes* — acknowledged when it is merely queued in memory, a crash before the job finishes
 //! loses it — and at a drain it must be handed back under its own id
-//! ([`DrainReport::handed_back`]) while new work is handed back as a new item
+//! ([`DrainReport::with_handed_back`]) while new work is handed back as a new item
 //! ([`DrainReport::unfinished`]). Doing that by hand means tracking each job's origin and reaching
 //! the [`ServiceHandle`] from inside the participant. A `WorkSet` does both, so there is one way
 //! to write a participant that loses nothing:
@@ -170,6 +170,6 @@ impl<T: Serialize + DeserializeOwned> WorkSet<T> {
                 None => new.push(job.work),
             }
         }
-        DrainReport::unfinished(new).handed_back(resumed)
+        DrainReport::unfinished(new).with_handed_back(resumed)
     }
 }

@@ -169,7 +169,7 @@ impl Handler<Drain> for Job {
                     &self.who,
                     json!({"event": "handed_back", "id": leased.item.id}),
                 );
-                DrainReport::done().handed_back([leased])
+                DrainReport::done().with_handed_back([leased])
             }
             None => {
                 self.log.event(

@@ -149,7 +149,7 @@ impl Handler<Drain> for Job {
                         DrainReport::default()
                     } else if let Some((leased, _)) = job.leased.clone() {
                         job.done = true;
-                        DrainReport::default().handed_back([leased])
+                        DrainReport::default().with_handed_back([leased])
                     } else {
                         DrainReport::unfinished([job.name.clone()])
                     };

@@ -138,7 +138,7 @@ impl Drain {
 
 /// A participant's answer to [`Drain`]: [`DrainReport::done`], or [`DrainReport::unfinished`]
 /// with the items to resume, plus notes for people ([`DrainReport::with_note`]) and, when it had
-/// to cut work it could neither finish nor hand back, [`DrainReport::cut_short`].
+/// to cut work it could neither finish nor hand back, [`DrainReport::with_cut_short`].
 #[derive(Debug, Clone, Default, PartialEq, MessageResponse)]
 #[non_exhaustive]
 pub struct DrainReport {
@@ -150,7 +150,7 @@ pub struct DrainReport {
     /// the drain did not complete in time.
     pub cut: bool,
     /// Items this process leased from an earlier stop and hands back unfinished, under their ids
-    /// (see [`DrainReport::handed_back`]).
+    /// (see [`DrainReport::with_handed_back`]).
     pub handed_back: Vec<crate::record::ResumeItem>,
 }
 
@@ -188,11 +188,11 @@ impl DrainReport {
     ///
     /// ```
     /// # fn leased() -> Vec<planned_stop::record::Leased> { Vec::new() }
-    /// let report = planned_stop::DrainReport::done().handed_back(leased());
+    /// let report = planned_stop::DrainReport::done().with_handed_back(leased());
     /// assert!(report.handed_back.is_empty());
     /// ```
     #[must_use]
-    pub fn handed_back(
+    pub fn with_handed_back(
         mut self,
         items: impl IntoIterator<Item = crate::record::Leased>,
     ) -> DrainReport {
@@ -209,7 +209,7 @@ impl DrainReport {
 
     /// Says that work was cut at the deadline that could not be handed back, and what.
     #[must_use]
-    pub fn cut_short(mut self, what: impl Into<String>) -> DrainReport {
+    pub fn with_cut_short(mut self, what: impl Into<String>) -> DrainReport {
         self.cut = true;
         self.notes.push(what.into());
         self

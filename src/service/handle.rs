@@ -149,11 +149,11 @@ impl ServiceHandle {
 
     /// Leases every item earlier stops left unfinished in the record store, oldest first, to
     /// this process: resume each, then [`ServiceHandle::acknowledge`] it once the work is taken
-    /// over for good (or hand it back at the next stop with [`DrainReport::handed_back`]). An
+    /// over for good (or hand it back at the next stop with [`DrainReport::with_handed_back`]). An
     /// item this process neither acknowledges nor hands back is offered again once it is gone,
     /// so a crash loses nothing. Empty without a record store.
     ///
-    /// [`DrainReport::handed_back`]: crate::DrainReport::handed_back
+    /// [`DrainReport::with_handed_back`]: crate::DrainReport::with_handed_back
     ///
     /// ```
     /// # use planned_stop::{DrainReport, PlannedStopService, StopRequest};

@@ -136,7 +136,7 @@ fn late_cut_or_forced_drains_are_not_in_time() {
     // Cut: in time, but work was cut that could not be handed back.
     let mut cut = run(t0, 10);
     cut.advance(&[Ingress], &config, t0, wall(0), false);
-    let report = DrainReport::done().cut_short("2 in-flight requests cut");
+    let report = DrainReport::done().with_cut_short("2 in-flight requests cut");
     cut.answer(0, "http", Ingress, Some(report), t0);
     assert!(!cut.drained_in_time(&["http"]));
     assert_eq!(cut.notes[0].note, "2 in-flight requests cut");
