@@ -38,13 +38,15 @@ windows:
     bash ci/windows.sh
 
 # Mutation testing (installs cargo-mutants if missing): the pure modules against their unit and
-# property tests, then the lifecycle, the watcher and the runner against the actor tests (the
-# state machine at 200 cases a mutant). About an hour on 2 cores; the report is in
-# docs/reliability.md. `just mutants-iterate` re-tests only what the last run missed.
+# property tests; the lifecycle, the watcher and the runner against the actor tests (the state
+# machine at 200 cases a mutant); the record store's lease rules and file store against its
+# tests. About three hours on 2 cores; the report is in docs/reliability.md.
+# `just mutants-iterate` re-tests only what the last run missed.
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants {{args}} -o target/mutants-pure --file src/marker.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
+    cargo mutants {{args}} -o target/mutants-pure --file src/marker/schema.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
+    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
 
 mutants-iterate:
     just mutants --iterate
