@@ -150,6 +150,7 @@ async fn main() -> std::io::Result<ExitCode> {
             .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
             .app_data(actix_web::web::Data::new(sockets.clone()))
             .service(planned_stop::web::readiness("/ready", &ready))
+            .service(planned_stop::web::status("/status", &ready))
             .service(hello)
             .route("/ws", actix_web::web::get().to(echo))
     })

@@ -102,6 +102,56 @@ pub fn readiness(path: &str, service: &ServiceHandle) -> Resource {
     })
 }
 
+/// A status endpoint at `path`: this process's planned-stop state as JSON, for a person or a
+/// monitoring system looking at one instance — what `planned-stop status` shows of a process,
+/// from inside it. Always `200`; readiness is [`readiness`]'s job.
+///
+/// ```json
+/// {"pid": 4242, "start": 123456, "state": "draining", "verdict": "planned",
+///  "drain_phase": "ingress", "exit_code": null, "items_held": ["a1b2-4242-…-000000"],
+///  "outcome": {"phase": "accepted", "request_id": "deploy-7", "…": "…"}}
+/// ```
+///
+/// `state` is `starting`, `running`, `draining` or `stopped`; `verdict` `planned`, `unexpected`
+/// or `record_lost` once there is one; `drain_phase` the phase running now (`ingress`, `work`,
+/// `final`), `null` outside the drain; `items_held` the resume items this process leased and has
+/// not acknowledged or released; `outcome` the acknowledgement or final outcome a stopper reads
+/// from the outcome file, `null` before a stop.
+///
+/// ```no_run
+/// # use actix_web::{App, HttpServer};
+/// # fn f(stop: planned_stop::ServiceHandle) {
+/// let server = HttpServer::new(move || {
+///     App::new()
+///         .service(planned_stop::web::readiness("/ready", &stop))
+///         .service(planned_stop::web::status("/status", &stop))
+/// });
+/// # }
+/// ```
+pub fn status(path: &str, service: &ServiceHandle) -> Resource {
+    let service = service.clone();
+    actix_web::web::resource(path).to(move || {
+        let body = status_json(&service);
+        async move { HttpResponse::Ok().json(body) }
+    })
+}
+
+/// The body of [`status`].
+fn status_json(service: &ServiceHandle) -> serde_json::Value {
+    let status = service.status();
+    let own = service.identity();
+    serde_json::json!({
+        "pid": own.pid,
+        "start": own.start,
+        "state": status.state,
+        "verdict": status.verdict,
+        "drain_phase": status.drain_phase,
+        "exit_code": status.exit_code,
+        "items_held": service.items_held(),
+        "outcome": status.outcome.as_deref(),
+    })
+}
+
 fn state_name(state: RunnerState) -> &'static str {
     match state {
         RunnerState::Starting => "starting",

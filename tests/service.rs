@@ -1402,3 +1402,42 @@ fn work_is_acknowledged_on_completion_and_handed_back_whatever_its_origin() {
     planned_stop(&five);
     assert_eq!(five.wait().unwrap().code(), Some(0));
 }
+
+/// `items_held` (what the status endpoint shows) lists what this process leased and has not
+/// given up: a resumed item until it is acknowledged or released.
+#[test]
+fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
+    let f = Fixture::new();
+    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
+    let items = ["item-1", "item-2"]
+        .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
+    let record = planned_stop::testing::stop_record(1, Utc::now(), items.to_vec());
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(store.persist(
+            &planned_stop::record::Owner::new("elsewhere", 1, 1),
+            &record,
+        ))
+        .unwrap();
+    paused_system().block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
+            .state_dir(f.state())
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        assert!(h.items_held().is_empty(), "nothing leased yet");
+        let leased = h.resume().await.unwrap();
+        assert_eq!(h.items_held(), ["item-1", "item-2"]);
+        h.acknowledge(&leased[0]).await.unwrap();
+        assert_eq!(h.items_held(), ["item-2"]);
+        assert!(h.release(&leased[1]).await.unwrap());
+        assert!(h.items_held().is_empty());
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+}

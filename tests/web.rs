@@ -241,6 +241,52 @@ fn until_listener_closed(port: u16) {
 
 /// One HTTP/1.1 request over a fresh connection; the status code, or `None` when the connection
 /// was refused or closed without an answer.
+/// The status endpoint says what `planned-stop status` says of this process, from inside it:
+/// running with nothing decided; then, through the grace, draining, planned, in the ingress
+/// phase, with the outcome a stopper reads.
+#[test]
+fn the_status_endpoint_follows_a_planned_stop() {
+    let mut app = App::start(
+        AppLayout::ActixWebMain,
+        &AppOptions {
+            grace_ms: 1_000,
+            ..options()
+        },
+    );
+    let port = app.port;
+    let running = wait_for("never running", || {
+        let now = status_of(port);
+        (now["state"] == "running").then_some(now)
+    });
+    assert_eq!(running["pid"], app.child.id(), "{running}");
+    assert_eq!(running["verdict"], serde_json::Value::Null, "{running}");
+    assert_eq!(running["drain_phase"], serde_json::Value::Null, "{running}");
+    assert_eq!(running["outcome"], serde_json::Value::Null, "{running}");
+    assert_eq!(running["items_held"], serde_json::json!([]), "{running}");
+    app.planned_stop();
+    let draining = wait_for("never in a drain phase", || {
+        let now = status_of(port);
+        (now["drain_phase"] != serde_json::Value::Null).then_some(now)
+    });
+    assert_eq!(draining["state"], "draining", "{draining}");
+    assert_eq!(draining["verdict"], "planned", "{draining}");
+    assert_eq!(
+        draining["drain_phase"], "ingress",
+        "the grace is the ingress phase: {draining}"
+    );
+    assert_eq!(draining["outcome"]["phase"], "draining", "{draining}");
+    assert_eq!(draining["exit_code"], serde_json::Value::Null, "{draining}");
+    until_listener_closed(port);
+    assert_eq!(app.exit_code(), Some(0));
+}
+
+/// `GET /status` as JSON.
+fn status_of(port: u16) -> serde_json::Value {
+    let (code, body) = http_get(port, "/status").expect("the status endpoint answers");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
@@ -865,6 +911,7 @@ fn helper_web_app() {
                 .route("/sse", actix_web::web::get().to(sse_endpoint))
                 .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
                 .service(planned_stop::web::readiness("/ready", &ready))
+                .service(planned_stop::web::status("/status", &ready))
                 .service(slow_endpoint)
                 .service(hello_endpoint)
                 .service(quit_endpoint)

@@ -22,6 +22,8 @@ impl RunnerActor {
         let Some(run) = self.drain.take() else {
             return;
         };
+        self.status
+            .send_if_modified(|status| status.drain_phase.take().is_some());
         // A marker a racing stopper wrote after the one accepted would otherwise stay behind for
         // this pid once the process is gone: consume it now.
         if let Some(late) = self.claim() {

@@ -235,6 +235,8 @@ pub struct RunnerStatus {
     /// The acknowledgement (once a stop is accepted) and then the final outcome, as written to the
     /// outcome file next to the marker slot.
     pub outcome: Option<Arc<Outcome>>,
+    /// The drain phase running now: `None` before the drain and once it has ended.
+    pub drain_phase: Option<DrainPhase>,
 }
 
 impl RunnerStatus {
@@ -249,6 +251,7 @@ impl RunnerStatus {
             verdict: None,
             exit_code: None,
             outcome: None,
+            drain_phase: None,
         }
     }
 }

@@ -272,6 +272,8 @@ impl RunnerActor {
             within_ms = within.as_millis() as u64,
             "drain phase begins"
         );
+        self.status
+            .send_if_modified(|status| status.drain_phase.replace(phase) != Some(phase));
         let verdict = self.lifecycle.verdict().unwrap_or(StopVerdict::Unexpected);
         for index in members {
             let participant = &self.participants[index];

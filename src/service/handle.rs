@@ -111,6 +111,15 @@ impl ServiceHandle {
         self.runner.do_send(OsSignal(signal));
     }
 
+    /// The ids of the items this process leased and has neither acknowledged nor released (nor
+    /// lost to an operator or a lapse): those its lease keeper renews, oldest id first.
+    pub fn items_held(&self) -> Vec<String> {
+        self.held
+            .lock()
+            .map(|held| held.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The runner's current status.
     pub fn status(&self) -> RunnerStatus {
         self.status.borrow().clone()
