@@ -1441,3 +1441,65 @@ fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
         h.stopped().await;
     });
 }
+
+/// Every log line of a stop, from its acceptance to its conclusion, is inside one span that
+/// carries its request id, cause and verdict, so they can be found together; nothing logged
+/// before the stop is.
+#[test]
+fn every_log_line_of_a_stop_is_inside_its_span() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let f = Fixture::new();
+    let sys = paused_system();
+    let code = sys.block_on(async {
+        let (p, control) = ParticipantControl::start();
+        let h = f.start(vec![("jobs", p)]);
+        h.ready();
+        caught_up(&h).await;
+        f.write_marker("deploy-9");
+        advance(POLL).await;
+        control.wait_asked().await;
+        // A signal during the stop belongs to it too.
+        h.signal(SignalKind::Terminate);
+        caught_up(&h).await;
+        assert!(control.finish(&["job-1"]));
+        code_of(h.stopped().await)
+    });
+    assert_eq!(code, 0);
+    let span = r#" in planned_stop{ request_id="deploy-9" cause=Marker verdict=Planned}"#;
+    let lines: Vec<String> = logs
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, l)| l.clone())
+        .collect();
+    let accepted = lines
+        .iter()
+        .position(|l| l.starts_with("stop accepted"))
+        .expect("the stop was accepted");
+    assert!(
+        lines[..accepted]
+            .iter()
+            .all(|l| !l.contains("planned_stop{")),
+        "nothing before the stop is in its span: {lines:#?}"
+    );
+    let outside: Vec<&String> = lines[accepted..]
+        .iter()
+        .filter(|l| !l.ends_with(span))
+        .collect();
+    assert!(outside.is_empty(), "outside the stop's span: {outside:#?}");
+    for message in [
+        "stop accepted",
+        "drain phase begins",
+        "signal received",
+        "stop request ignored",
+        "stopped ",
+    ] {
+        let line = lines[accepted..]
+            .iter()
+            .find(|l| l.starts_with(message))
+            .unwrap_or_else(|| panic!("no {message:?} line: {lines:#?}"));
+        assert!(line.ends_with(span), "{line}");
+    }
+}

@@ -16,6 +16,7 @@ impl RunnerActor {
     /// gets an id, an item no store may hold is kept out and makes the stop `record_lost`), and
     /// the stop record, handed to the record store within the persist deadline.
     pub(super) fn finish(&mut self, ctx: &mut Context<Self>) {
+        let _in_stop = self.in_stop();
         let Some(verdict) = self.lifecycle.stopped() else {
             return;
         };
@@ -122,6 +123,11 @@ impl RunnerActor {
                         };
                     (record, result)
                 };
+                // The store's own log lines (a retry, a spill) belong to this stop too.
+                let persisting = tracing::Instrument::instrument(
+                    persisting,
+                    self.stop_span.clone().unwrap_or_else(tracing::Span::none),
+                );
                 ctx.wait(
                     persisting
                         .into_actor(self)
@@ -150,6 +156,7 @@ impl RunnerActor {
         persisted: Result<Persisted, RecordError>,
         ctx: &mut Context<Self>,
     ) {
+        let _in_stop = self.in_stop();
         let mut spilled = false;
         let unrecorded = std::mem::take(&mut self.unrecorded);
         let phase = match persisted {

@@ -61,6 +61,7 @@ impl Handler<PlannedStop> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
+        let _in_stop = self.in_stop();
         let step = self.lifecycle.planned_stop();
         match step {
             Step::Hold => self.held = Some(stop),
@@ -80,6 +81,7 @@ impl Handler<OsSignal> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, OsSignal(kind): OsSignal, ctx: &mut Context<Self>) {
+        let _in_stop = self.in_stop();
         tracing::info!(signal = ?kind, "signal received");
         let claimed = if self.lifecycle.awaits_classification() {
             self.claim()
@@ -100,6 +102,7 @@ impl Handler<RequestStop> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, request: RequestStop, ctx: &mut Context<Self>) {
+        let _in_stop = self.in_stop();
         let step = self.lifecycle.request(request.0);
         self.act(step, Requester::default(), ctx);
     }
@@ -109,6 +112,7 @@ impl Handler<AddParticipant> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, add: AddParticipant, _: &mut Context<Self>) {
+        let _in_stop = self.in_stop();
         if self.lifecycle.state() >= RunnerState::Draining {
             tracing::warn!(participant = %add.name, "too late to join the drain: already stopping");
             return;

@@ -74,6 +74,9 @@ pub struct RunnerActor {
     unrecorded: Vec<Unfinished>,
     /// The participants of a drain that have not answered yet, for the overrun watchdog's log.
     awaiting: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The span of the stop under way, from its acceptance to its conclusion: every log line of
+    /// one stop carries its request id, cause and verdict, so they can be found together.
+    stop_span: Option<tracing::Span>,
 }
 
 impl std::fmt::Debug for RunnerActor {
@@ -117,6 +120,7 @@ impl RunnerActor {
             pending: Arc::default(),
             unrecorded: Vec::new(),
             awaiting: Arc::default(),
+            stop_span: None,
         }
     }
 
@@ -186,6 +190,8 @@ impl RunnerActor {
     }
 
     fn act(&mut self, step: Step, requester: Requester, ctx: &mut Context<Self>) {
+        // A request that comes during a stop (ignored, or forcing it) is part of that stop.
+        let _in_stop = self.in_stop();
         match step {
             Step::Ignore(why) => tracing::debug!(why, "stop request ignored"),
             Step::Hold => tracing::info!("planned stop received while starting; held until ready"),
@@ -210,6 +216,14 @@ impl RunnerActor {
         ctx: &mut Context<Self>,
     ) {
         let within = drain::clamp(self.config.drain_deadline);
+        let span = tracing::info_span!(
+            "planned_stop",
+            request_id = requester.request_id.as_deref(),
+            cause = ?cause,
+            verdict = ?verdict,
+        );
+        self.stop_span = Some(span.clone());
+        let _in_stop = span.entered();
         tracing::info!(
             ?cause,
             ?verdict,
@@ -251,6 +265,7 @@ impl RunnerActor {
     /// Ends the running phase (`timed_out` says how) and asks the next one's participants, or
     /// finishes when no phase is left.
     fn next_phase(&mut self, timed_out: bool, ctx: &mut Context<Self>) {
+        let _in_stop = self.in_stop();
         let phases: Vec<DrainPhase> = self.participants.iter().map(|p| p.phase).collect();
         let wall = self.clock.now();
         let Some(run) = self.drain.as_mut() else {
@@ -292,6 +307,7 @@ impl RunnerActor {
         ctx.run_later(
             within.saturating_add(self.config.answer_grace),
             move |act, ctx| {
+                let _in_stop = act.in_stop();
                 if act.lifecycle.state() == RunnerState::Draining
                     && act.drain.as_ref().is_some_and(|r| r.is_current(generation))
                 {
@@ -313,6 +329,11 @@ impl RunnerActor {
         );
     }
 
+    /// Enters the span of the stop under way, if there is one (see `stop_span`).
+    pub(super) fn in_stop(&self) -> Option<tracing::span::EnteredSpan> {
+        self.stop_span.clone().map(tracing::Span::entered)
+    }
+
     fn on_answer(
         &mut self,
         index: usize,
@@ -321,6 +342,7 @@ impl RunnerActor {
         answer: Result<DrainReport, MailboxError>,
         ctx: &mut Context<Self>,
     ) {
+        let _in_stop = self.in_stop();
         if self.lifecycle.state() != RunnerState::Draining {
             return;
         }

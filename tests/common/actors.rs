@@ -259,25 +259,58 @@ impl LogCapture {
     }
 }
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCapture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        #[derive(Default)]
-        struct Message(String, String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
-                } else {
-                    self.1 += &format!(" {}={value:?}", field.name());
+/// An event's or a span's fields: the message, and every other field as ` name=value`.
+#[derive(Default)]
+struct Fields(String, String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        } else {
+            self.1 += &format!(" {}={value:?}", field.name());
+        }
+    }
+}
+
+/// A span's name and fields, kept with the span: `planned_stop{ request_id=Some("r") ...}`.
+struct SpanText(String);
+
+impl<S> tracing_subscriber::Layer<S> for LogCapture
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            let text = format!("{}{{{}}}", span.name(), fields.1);
+            span.extensions_mut().insert(SpanText(text));
+        }
+    }
+
+    /// Records the event as its message, its fields, and ` in SPAN{fields}` for each span it
+    /// is inside, outermost first.
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let mut m = Fields::default();
+        event.record(&mut m);
+        let mut line = m.0 + &m.1;
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope.from_root() {
+                if let Some(text) = span.extensions().get::<SpanText>() {
+                    line += &format!(" in {}", text.0);
                 }
             }
         }
-        let mut m = Message::default();
-        event.record(&mut m);
         self.0
             .lock()
             .unwrap()
-            .push((*event.metadata().level(), m.0 + &m.1));
+            .push((*event.metadata().level(), line));
     }
 }
 
