@@ -17,8 +17,7 @@
 
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
-use planned_stop::Layout;
-use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, WorkSet};
+use planned_stop::{Drain, DrainPhase, DrainReport, Layout, PlannedStopService, WorkSet};
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::Duration;

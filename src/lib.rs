@@ -75,8 +75,7 @@
 //!
 //! ```
 //! use chrono::Utc;
-//! use planned_stop::ProcessIdentity;
-//! use planned_stop::Layout;
+//! use planned_stop::{Layout, ProcessIdentity};
 //! use planned_stop::marker::{Marker, MarkerStore, Verdict};
 //!
 //! # let dir = tempfile::tempdir().unwrap();

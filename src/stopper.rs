@@ -139,8 +139,7 @@ impl Default for StopOptions {
 /// A stop request that was written.
 ///
 /// ```
-/// # use planned_stop::ProcessIdentity;
-/// # use planned_stop::Layout;
+/// # use planned_stop::{Layout, ProcessIdentity};
 /// # use planned_stop::marker::MarkerStore;
 /// # let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();

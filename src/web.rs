@@ -21,8 +21,7 @@
 //!
 //! ```no_run
 //! use actix_web::{App, HttpServer, get};
-//! use planned_stop::PlannedStopService;
-//! use planned_stop::Layout;
+//! use planned_stop::{Layout, PlannedStopService};
 //!
 //! #[get("/")]
 //! async fn hello() -> &'static str {

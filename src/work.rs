@@ -52,8 +52,7 @@ pub struct Unreadable {
 /// The jobs of a participant, new and resumed; see the module docs.
 ///
 /// ```
-/// # use planned_stop::{PlannedStopService, StopRequest, WorkSet};
-/// # use planned_stop::Layout;
+/// # use planned_stop::{Layout, PlannedStopService, StopRequest, WorkSet};
 /// # let dir = tempfile::tempdir().unwrap();
 /// actix::System::new().block_on(async {
 ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))

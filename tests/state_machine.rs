@@ -33,12 +33,11 @@ mod common;
 use actix::prelude::*;
 use chrono::TimeDelta;
 use common::actors::*;
-use planned_stop::Layout;
-use planned_stop::RunnerStatus;
 use planned_stop::internals::{
     Clock, MarkerWatcherActor, OsSignal, OwnSlot, PlannedStop, Ready, RunnerActor, RunnerConfig,
 };
 use planned_stop::marker::{Marker, MarkerStore};
+use planned_stop::{Layout, RunnerStatus};
 use planned_stop::{ProcessIdentity, RunnerState, SignalKind, StopVerdict};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};

@@ -5,9 +5,8 @@ mod common;
 
 use chrono::{TimeDelta, Utc};
 use common::*;
-use planned_stop::Layout;
-use planned_stop::ProcessIdentity;
 use planned_stop::marker::{Marker, MarkerStore, StoreError, SweepReport, Verdict};
+use planned_stop::{Layout, ProcessIdentity};
 use std::fs;
 use std::io::{BufRead, BufReader};
 

@@ -11,9 +11,8 @@
 
 mod common;
 
-use planned_stop::Layout;
-use planned_stop::ProcessIdentity;
 use planned_stop::marker::{Marker, MarkerStore};
+use planned_stop::{Layout, ProcessIdentity};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -109,8 +109,7 @@ fn main() {
 #[cfg(target_os = "linux")]
 fn child(mode: &str) {
     use actix::prelude::*;
-    use planned_stop::Layout;
-    use planned_stop::PlannedStopService;
+    use planned_stop::{Layout, PlannedStopService};
 
     struct Nop;
     impl Actor for Nop {

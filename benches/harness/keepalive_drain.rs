@@ -34,10 +34,9 @@
 mod common;
 
 use actix_web::{App, HttpServer, get};
-use planned_stop::Layout;
-use planned_stop::PlannedStopService;
 use planned_stop::marker::MarkerStore;
 use planned_stop::stopper::{self, StopOptions};
+use planned_stop::{Layout, PlannedStopService};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};

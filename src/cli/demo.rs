@@ -8,10 +8,9 @@
 
 use super::{EXIT_OK, EXIT_UNEXPECTED, chain, emit};
 use chrono::Utc;
-use planned_stop::Layout;
-use planned_stop::ProcessIdentity;
 use planned_stop::marker::{Marker, MarkerStore, Verdict};
 use planned_stop::stopper::{self, StopOptions};
+use planned_stop::{Layout, ProcessIdentity};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -18,9 +18,9 @@ use actix::clock::Instant;
 use actix::prelude::*;
 use clap::Args;
 use planned_stop::record::Leased;
-use planned_stop::{Drain, DrainReport, RunnerStatus};
-use planned_stop::{PlannedStopService, ServiceHandle};
-use planned_stop::{RunnerState, StopVerdict};
+use planned_stop::{
+    Drain, DrainReport, PlannedStopService, RunnerState, RunnerStatus, ServiceHandle, StopVerdict,
+};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// ```
-/// use planned_stop::ExitCodes;
-/// use planned_stop::{SignalKind, StopCause, StopVerdict};
+/// use planned_stop::{ExitCodes, SignalKind, StopCause, StopVerdict};
 /// let codes = ExitCodes::default().with(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 75);
 /// assert_eq!(codes.code(StopCause::Marker, StopVerdict::Planned), 0);
 /// assert_eq!(codes.code(StopCause::Signal(SignalKind::Terminate), StopVerdict::Unexpected), 1);

@@ -21,8 +21,7 @@ use std::time::Duration;
 /// Configures and starts the runner and the watcher.
 ///
 /// ```
-/// use planned_stop::{PlannedStopService, StopCause, StopVerdict};
-/// use planned_stop::Layout;
+/// use planned_stop::{Layout, PlannedStopService, StopCause, StopVerdict};
 /// let _builder = PlannedStopService::builder(Layout::Slots("/run/app".into()))
 ///     .state_dir("/var/lib/app")
 ///     .drain_deadline(std::time::Duration::from_secs(20))
@@ -152,8 +151,7 @@ impl ServiceBuilder {
     /// The marker policy (TTL, skew, start slack).
     ///
     /// ```
-    /// use planned_stop::PlannedStopService;
-    /// use planned_stop::Layout;
+    /// use planned_stop::{Layout, PlannedStopService};
     /// use planned_stop::marker::Policy;
     /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).policy(policy);
@@ -177,8 +175,7 @@ impl ServiceBuilder {
     /// Exit codes by verdict and cause.
     ///
     /// ```
-    /// use planned_stop::{ExitCodes, PlannedStopService};
-    /// use planned_stop::Layout;
+    /// use planned_stop::{ExitCodes, Layout, PlannedStopService};
     /// let mut codes = ExitCodes::default();
     /// codes.unexpected = 75;
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).exit_codes(codes);
@@ -191,8 +188,7 @@ impl ServiceBuilder {
     /// Overrides one exit code: `code` when a stop with `cause` reaches `verdict`.
     ///
     /// ```
-    /// use planned_stop::{PlannedStopService, SignalKind, StopCause, StopVerdict};
-    /// use planned_stop::Layout;
+    /// use planned_stop::{Layout, PlannedStopService, SignalKind, StopCause, StopVerdict};
     /// // A SIGHUP is a clean stop for this application.
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
     ///     .exit_code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
@@ -206,8 +202,7 @@ impl ServiceBuilder {
     ///
     /// ```
     /// use actix::prelude::*;
-    /// use planned_stop::{Drain, DrainReport, PlannedStopService};
-    /// use planned_stop::Layout;
+    /// use planned_stop::{Drain, DrainReport, Layout, PlannedStopService};
     /// struct Jobs;
     /// impl Actor for Jobs { type Context = Context<Self>; }
     /// impl Handler<Drain> for Jobs {
@@ -240,8 +235,7 @@ impl ServiceBuilder {
     /// one a phase may use all that is left.
     ///
     /// ```
-    /// use planned_stop::{DrainPhase, PlannedStopService};
-    /// use planned_stop::Layout;
+    /// use planned_stop::{DrainPhase, Layout, PlannedStopService};
     /// use std::time::Duration;
     /// // 25 s in all; the HTTP server gets at most 10 of them, the workers what remains.
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
@@ -346,8 +340,7 @@ impl ServiceBuilder {
     /// application).
     ///
     /// ```
-    /// # use planned_stop::{PlannedStopService, RunnerState, StopRequest};
-    /// # use planned_stop::Layout;
+    /// # use planned_stop::{Layout, PlannedStopService, RunnerState, StopRequest};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let code = actix::System::new().block_on(async {
     ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))

@@ -53,8 +53,7 @@ impl ServiceHandle {
     /// unexpected code.
     ///
     /// ```no_run
-    /// use planned_stop::PlannedStopService;
-    /// use planned_stop::Layout;
+    /// use planned_stop::{Layout, PlannedStopService};
     ///
     /// #[actix::main]
     /// async fn main() -> std::process::ExitCode {
@@ -165,8 +164,7 @@ impl ServiceHandle {
     /// [`DrainReport::with_handed_back`]: crate::DrainReport::with_handed_back
     ///
     /// ```
-    /// # use planned_stop::{DrainReport, PlannedStopService, StopRequest};
-    /// # use planned_stop::Layout;
+    /// # use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
     /// # use actix::prelude::*;
     /// # struct Jobs;
     /// # impl Actor for Jobs { type Context = Context<Self>; }

@@ -2,8 +2,7 @@
 //!
 //! ```no_run
 //! use actix::prelude::*;
-//! use planned_stop::PlannedStopService;
-//! use planned_stop::Layout;
+//! use planned_stop::{Layout, PlannedStopService};
 //! use std::time::Duration;
 //!
 //! #[actix::main]

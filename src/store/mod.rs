@@ -56,8 +56,7 @@ use std::path::{Path, PathBuf};
 ///
 /// ```
 /// use chrono::Utc;
-/// use planned_stop::ProcessIdentity;
-/// use planned_stop::Layout;
+/// use planned_stop::{Layout, ProcessIdentity};
 /// use planned_stop::marker::{Marker, MarkerStore, Verdict};
 ///
 /// let dir = tempfile::tempdir().unwrap();
@@ -217,8 +216,7 @@ impl MarkerStore {
     /// A slot that cannot be read is [`StoreError::Unreadable`]: no decision, try again later.
     ///
     /// ```
-    /// # use planned_stop::ProcessIdentity;
-    /// # use planned_stop::Layout;
+    /// # use planned_stop::{Layout, ProcessIdentity};
     /// # use planned_stop::marker::{MarkerStore, Verdict};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
@@ -244,8 +242,7 @@ impl MarkerStore {
     /// claimer won the race (exactly one claimer ever gets `Some`).
     ///
     /// ```
-    /// # use planned_stop::ProcessIdentity;
-    /// # use planned_stop::Layout;
+    /// # use planned_stop::{Layout, ProcessIdentity};
     /// # use planned_stop::marker::{Marker, MarkerStore};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();

@@ -4,8 +4,7 @@
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use planned_stop::internals::{Clock, PlannedStop};
-use planned_stop::{Drain, DrainReport, RunnerStatus};
-use planned_stop::{RunnerState, StopVerdict};
+use planned_stop::{Drain, DrainReport, RunnerState, RunnerStatus, StopVerdict};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
