@@ -485,3 +485,38 @@ fn a_store_opened_to_look_creates_and_removes_nothing() {
 /// written without a sync as empty — and opens a store on it.
 mod crash;
 mod lease;
+
+/// What a process that died while writing left (a temporary file) and acknowledgements are kept
+/// for a day, then removed: the listing sweeps the one, a persist the other; younger ones stay.
+#[test]
+fn leftovers_and_acknowledgements_older_than_a_day_are_swept_and_younger_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let aged = |path: std::path::PathBuf, age: Duration| {
+        fs::File::create(&path)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - age)
+            .unwrap();
+        path
+    };
+    let (day, hour) = (Duration::from_secs(24 * 3600), Duration::from_secs(3600));
+    let items = store.dir().join(file::ITEMS_DIR_NAME);
+    let acked = store.dir().join(file::ACKED_DIR_NAME);
+    let old_temp = aged(items.join(".item-1.item.json.tmp-7-1-0"), 2 * day);
+    let young_temp = aged(items.join(".item-2.item.json.tmp-7-1-0"), 2 * hour);
+    let old_ack = aged(acked.join("item-3.item.json"), 2 * day);
+    let young_ack = aged(acked.join("item-4.item.json"), 2 * hour);
+
+    block_on(store.list()).unwrap();
+    assert!(!old_temp.exists(), "a leftover older than a day is removed");
+    assert!(young_temp.exists(), "two hours is younger than a day");
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    assert!(
+        !old_ack.exists(),
+        "an acknowledgement older than a day is removed"
+    );
+    assert!(
+        young_ack.exists(),
+        "a younger one is kept (records list shows it)"
+    );
+}
