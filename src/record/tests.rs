@@ -361,7 +361,8 @@ fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
     let mut at_limit = record();
     // A JSON string of exactly MAX_ITEM_BYTES: the quotes and the text.
     at_limit.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 2));
-    at_limit.unfinished[0].participant = "p".repeat(200);
+    // A long participant name too: the envelope has room for it (64 KiB past the item).
+    at_limit.unfinished[0].participant = "p".repeat(10_000);
     assert_eq!(oversized(&at_limit.unfinished[0].item), None);
     block_on(store.persist(&owner(42), &at_limit)).unwrap();
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
