@@ -69,8 +69,8 @@ pub struct RunnerActor {
     /// the record is persisted: whatever ends the process meanwhile (the overrun watchdog, the
     /// drop guard) logs them first, so no item is lost without a trace.
     pending: Pending,
-    /// Items over [`MAX_ITEM_BYTES`](crate::record::MAX_ITEM_BYTES): never written, so the stop ends `record_lost` with them in
-    /// its ERROR log line.
+    /// Items over [`MAX_ITEM_BYTES`](crate::record::MAX_ITEM_BYTES): never written, so the stop
+    /// ends `record_lost` with them in its ERROR log line.
     unrecorded: Vec<Unfinished>,
     /// The participants of a drain that have not answered yet, for the overrun watchdog's log.
     awaiting: Arc<std::sync::Mutex<Vec<String>>>,

@@ -111,7 +111,7 @@ impl ServiceHandle {
     }
 
     /// The ids of the items this process leased and has neither acknowledged nor released (nor
-    /// lost to an operator or a lapse): those its lease keeper renews, oldest id first.
+    /// lost to an operator or a lapse): those its lease keeper renews, in id order.
     pub fn items_held(&self) -> Vec<String> {
         self.held
             .lock()
