@@ -1193,19 +1193,10 @@ fn helper_blocked_persist() {
 fn a_failed_renewal_is_retried_soon() {
     let f = Fixture::new();
     let store = Faulty::new(&f.state(), Fault::FirstRenewalFails);
-    let record = planned_stop::testing::stop_record(
-        1,
-        Utc::now(),
+    left_by_another_process(
+        &store.inner,
         vec![serde_json::json!({"id": "item-1", "participant": "jobs", "item": "job-1"})],
     );
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(store.inner.persist(
-            &planned_stop::record::Owner::new("elsewhere", 1, 1),
-            &record,
-        ))
-        .unwrap();
     let lease = Duration::from_secs(6); // renewed every 2 s
     paused_system().block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
@@ -1411,15 +1402,7 @@ fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
     let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
     let items = ["item-1", "item-2"]
         .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
-    let record = planned_stop::testing::stop_record(1, Utc::now(), items.to_vec());
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(store.persist(
-            &planned_stop::record::Owner::new("elsewhere", 1, 1),
-            &record,
-        ))
-        .unwrap();
+    left_by_another_process(&store, items.to_vec());
     paused_system().block_on(async {
         let h = PlannedStopService::builder(Layout::Slots(f.markers()))
             .owns_process_exit(false)
@@ -1502,4 +1485,18 @@ fn every_log_line_of_a_stop_is_inside_its_span() {
             .unwrap_or_else(|| panic!("no {message:?} line: {lines:#?}"));
         assert!(line.ends_with(span), "{line}");
     }
+}
+
+/// Persists `items` in `store` as a stop of another process left them, before the service under
+/// test starts (outside any runtime of the test's).
+fn left_by_another_process(store: &dyn RecordStore, items: Vec<serde_json::Value>) {
+    let record = planned_stop::testing::stop_record(1, Utc::now(), items);
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(store.persist(
+            &planned_stop::record::Owner::new("elsewhere", 1, 1),
+            &record,
+        ))
+        .unwrap();
 }
