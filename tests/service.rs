@@ -6,6 +6,7 @@ mod common;
 use actix::prelude::*;
 use chrono::Utc;
 use common::actors::*;
+use common::faulty::{Fault, Faulty, left_by_another_process};
 use planned_stop::Layout;
 use planned_stop::marker::{Marker, MarkerStore};
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
@@ -1005,100 +1006,6 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
     assert_eq!(leased[0].item.item, "small");
 }
 
-/// What a [`Faulty`] record store does wrong.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Fault {
-    /// Its persist never ends (a database that does not answer, a store without a timeout).
-    PersistHangs,
-    /// Its persist blocks the thread it runs on (the event loop): only the watchdog can help.
-    PersistBlocks,
-    /// Its first renewal fails (a database unreachable for a moment).
-    FirstRenewalFails,
-}
-
-/// A file store with one fault; it records when each renewal came (on the paused clock).
-#[derive(Debug)]
-struct Faulty {
-    inner: planned_stop::record::FileRecordStore,
-    fault: Fault,
-    renewals: std::sync::Mutex<Vec<tokio::time::Instant>>,
-}
-
-impl Faulty {
-    fn new(state: &std::path::Path, fault: Fault) -> std::sync::Arc<Faulty> {
-        std::sync::Arc::new(Faulty {
-            inner: FileRecordStore::open(state, Sharing::Refused).unwrap(),
-            fault,
-            renewals: std::sync::Mutex::default(),
-        })
-    }
-}
-
-impl RecordStore for Faulty {
-    fn persist<'a>(
-        &'a self,
-        s: &'a planned_stop::record::Owner,
-        r: &'a StopRecord,
-    ) -> planned_stop::record::RecordFuture<'a, planned_stop::record::Persisted> {
-        match self.fault {
-            Fault::PersistHangs => Box::pin(std::future::pending()),
-            Fault::PersistBlocks => Box::pin(async {
-                std::thread::sleep(common::HELPER_LIFETIME);
-                Ok(planned_stop::record::Persisted::Durable)
-            }),
-            Fault::FirstRenewalFails => self.inner.persist(s, r),
-        }
-    }
-    fn lease<'a>(
-        &'a self,
-        o: &'a planned_stop::record::Owner,
-        m: usize,
-        d: Duration,
-    ) -> planned_stop::record::RecordFuture<'a, Vec<planned_stop::record::Leased>> {
-        self.inner.lease(o, m, d)
-    }
-    fn renew<'a>(
-        &'a self,
-        o: &'a planned_stop::record::Owner,
-        ids: &'a [String],
-        d: Duration,
-    ) -> planned_stop::record::RecordFuture<'a, Vec<String>> {
-        let mut renewals = self.renewals.lock().unwrap();
-        renewals.push(tokio::time::Instant::now());
-        if self.fault == Fault::FirstRenewalFails && renewals.len() == 1 {
-            return Box::pin(async {
-                Err(planned_stop::record::RecordError::backend(
-                    "unreachable for a moment",
-                ))
-            });
-        }
-        self.inner.renew(o, ids, d)
-    }
-    fn acknowledge<'a>(
-        &'a self,
-        o: &'a planned_stop::record::Owner,
-        id: &'a str,
-    ) -> planned_stop::record::RecordFuture<'a, ()> {
-        self.inner.acknowledge(o, id)
-    }
-    fn release<'a>(
-        &'a self,
-        o: Option<&'a planned_stop::record::Owner>,
-        id: &'a str,
-    ) -> planned_stop::record::RecordFuture<'a, bool> {
-        self.inner.release(o, id)
-    }
-    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::record::RecordFuture<'a, bool> {
-        self.inner.remove(id)
-    }
-    fn list(&self) -> planned_stop::record::RecordFuture<'_, Vec<planned_stop::record::ItemState>> {
-        self.inner.list()
-    }
-    fn last_stop(&self) -> planned_stop::record::RecordFuture<'_, Option<StopRecord>> {
-        self.inner.last_stop()
-    }
-}
-
 /// Issue 22.2: a persist that never ends cannot hang the stop, with participants or without
 /// (a stop with none publishes `Stopped` before it persists): it ends `record_lost` at the
 /// persist deadline, with the items in the ERROR log line.
@@ -1485,18 +1392,4 @@ fn every_log_line_of_a_stop_is_inside_its_span() {
             .unwrap_or_else(|| panic!("no {message:?} line: {lines:#?}"));
         assert!(line.ends_with(span), "{line}");
     }
-}
-
-/// Persists `items` in `store` as a stop of another process left them, before the service under
-/// test starts (outside any runtime of the test's).
-fn left_by_another_process(store: &dyn RecordStore, items: Vec<serde_json::Value>) {
-    let record = planned_stop::testing::stop_record(1, Utc::now(), items);
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(store.persist(
-            &planned_stop::record::Owner::new("elsewhere", 1, 1),
-            &record,
-        ))
-        .unwrap();
 }

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{EVENT_TIMEOUT, wait_for, wait_until};
+use common::{EVENT_TIMEOUT, http_get, wait_for, wait_until};
 const ROUNDS: usize = 20;
 
 /// The ways an application's `main` is written.
@@ -285,21 +285,6 @@ fn status_of(port: u16) -> serde_json::Value {
     let (code, body) = http_get(port, "/status").expect("the status endpoint answers");
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
-    Some((status, body))
 }
 
 fn options() -> AppOptions {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod faulty;
 pub mod process;
 
 pub use process::EVENT_TIMEOUT;
@@ -189,4 +190,22 @@ pub fn wait_for<T>(what: impl std::fmt::Display, mut probe: impl FnMut() -> Opti
         assert!(std::time::Instant::now() < deadline, "{what}");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// `GET path` over a new HTTP/1.1 connection to 127.0.0.1:`port` (closed after the answer): the
+/// status and the body, or `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    Some((status, body))
 }
