@@ -1,9 +1,10 @@
 //! An actix-web application whose stops go through planned-stop.
 //!
 //! ```sh
-//! cargo run --example actix_web --features actix-web
+//! cargo run --example actix_web --features actix-web,metrics
 //! # in another shell, with the pid it prints:
 //! planned-stop stop --pid PID --dir /tmp/planned-stop-actix-web/run --wait 30
+//! curl http://127.0.0.1:9090/metrics   # the stops, drains and items as Prometheus numbers
 //! ```
 //!
 //! `planned_stop::web::serve` owns the server's signals (actix-web's own would stop the `System`
@@ -14,13 +15,27 @@
 //! job resumed from the previous life is acknowledged when it *completes*, and on a drain every
 //! job still running is handed back the way its origin needs — so a crash mid-job loses nothing.
 //! `/ws` is a WebSocket echo whose sessions receive a Close frame with 1001 (Going Away) at a stop.
+//!
+//! Metrics: a Prometheus recorder takes what the `metrics` feature records (docs/operations.md,
+//! "Metrics"), served at `/metrics` by an admin listener of its own — not the ingress, so it
+//! answers during the drain, and after the stop until one scrape has read the stop's last numbers
+//! (within the exit grace).
+//!
+//! The environment can move it (the tests run it this way): `EXAMPLE_DIR` (the base directory),
+//! `EXAMPLE_ADDR` and `EXAMPLE_METRICS_ADDR` (port 0 picks a free one; the addresses are printed),
+//! `EXAMPLE_JOB_SECS` (how long a job takes).
 
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use planned_stop::{Drain, DrainPhase, DrainReport, Layout, PlannedStopService, WorkSet};
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long `/metrics` stays up after a stop for a last scrape, at most.
+const LAST_SCRAPE: Duration = Duration::from_secs(5);
 
 /// Work the application resumes at its next start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,8 +43,8 @@ struct Job {
     id: u32,
 }
 
-/// The jobs: each takes 20 s; on a stop, what is still running is handed back.
-struct Jobs(WorkSet<Job>);
+/// The jobs: each takes `.1`; on a stop, what is still running is handed back.
+struct Jobs(WorkSet<Job>, Duration);
 
 impl Actor for Jobs {
     type Context = Context<Self>;
@@ -55,7 +70,7 @@ impl Handler<Run> for Jobs {
             },
         };
         tracing::info!(job = ?self.0.get(id), resumed = self.0.is_resumed(id), "job started");
-        ctx.run_later(Duration::from_secs(20), move |jobs, ctx| {
+        ctx.run_later(self.1, move |jobs, ctx| {
             // Done: a resumed job is acknowledged now, never offered again.
             let completing = jobs.0.complete(id);
             ctx.spawn(actix::fut::wrap_future(async move {
@@ -110,6 +125,48 @@ async fn echo(
     Ok(response)
 }
 
+/// The admin listener: `/metrics` from the Prometheus recorder, on a `System` of its own so it
+/// outlives the application's (which the runner stops at the end of the stop). `scrapes` counts
+/// the scrapes begun, so `main` knows when one began after the stop.
+fn admin(
+    addr: String,
+    metrics: PrometheusHandle,
+    scrapes: watch::Sender<u64>,
+) -> std::io::Result<(actix_web::dev::ServerHandle, std::net::SocketAddr)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let scrapes = actix_web::web::Data::new(scrapes);
+            let server = HttpServer::new(move || {
+                let metrics = metrics.clone();
+                App::new().app_data(scrapes.clone()).route(
+                    "/metrics",
+                    actix_web::web::get().to(
+                        move |scrapes: actix_web::web::Data<watch::Sender<u64>>| {
+                            scrapes.send_modify(|n| *n += 1);
+                            metrics.run_upkeep();
+                            std::future::ready(metrics.render())
+                        },
+                    ),
+                )
+            })
+            .workers(1)
+            .disable_signals()
+            .shutdown_timeout(1)
+            .bind(addr);
+            let server = match server {
+                Ok(server) => server,
+                Err(e) => return tx.send(Err(e)).unwrap_or(()),
+            };
+            let bound = server.addrs()[0];
+            let server = server.run();
+            let _ = tx.send(Ok((server.handle(), bound)));
+            let _ = server.await;
+        })
+    });
+    rx.recv().map_err(std::io::Error::other)?
+}
+
 #[actix_web::main]
 async fn main() -> std::io::Result<ExitCode> {
     // The warnings the docs call loud go somewhere: install a subscriber.
@@ -118,11 +175,33 @@ async fn main() -> std::io::Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let base = std::env::temp_dir().join("planned-stop-actix-web");
+    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
+        || std::env::temp_dir().join("planned-stop-actix-web"),
+        std::path::PathBuf::from,
+    );
+    let job_secs = env("EXAMPLE_JOB_SECS", "20").parse().unwrap_or(20);
+    // Metrics: installed before the service starts, so it records from the first state on.
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            &[0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(std::io::Error::other)?;
+    let (scrapes, mut scraped) = watch::channel(0);
+    let (admin, metrics_addr) = admin(
+        env("EXAMPLE_METRICS_ADDR", "127.0.0.1:9090"),
+        metrics,
+        scrapes,
+    )?;
     // planned-stop: the runner, the watcher and the previous life's resume list.
     let stop = match PlannedStopService::builder(Layout::Slots(base.join("run")))
         .state_dir(base.join("state"))
         .drain_deadline(Duration::from_secs(25))
+        // Room for the last scrape after the stop (below); the process ends with the stop's
+        // exit code after this even if `main` has not returned.
+        .exit_grace(LAST_SCRAPE + Duration::from_secs(2))
         .start()
     {
         Ok(stop) => stop,
@@ -132,7 +211,7 @@ async fn main() -> std::io::Result<ExitCode> {
         }
     };
     // The participant needs the handle: registered now, before `ready` (a stop waits for it).
-    let jobs = Jobs(WorkSet::new(&stop)).start();
+    let jobs = Jobs(WorkSet::new(&stop), Duration::from_secs(job_secs)).start();
     stop.add_participant(DrainPhase::Work, "jobs", jobs.clone().recipient());
     for leased in stop.resume().await.map_err(std::io::Error::other)? {
         jobs.do_send(Run::Resumed(leased));
@@ -153,13 +232,19 @@ async fn main() -> std::io::Result<ExitCode> {
             .service(hello)
             .route("/ws", actix_web::web::get().to(echo))
     })
-    .bind(("127.0.0.1", 8080))?;
+    .bind(env("EXAMPLE_ADDR", "127.0.0.1:8080"))?;
+    let addr = server.addrs()[0];
     stop.ready();
-    println!(
-        "serving http://127.0.0.1:8080 as pid {}",
-        std::process::id()
-    );
-    planned_stop::web::serve(server, &stop)
+    println!("metrics http://{metrics_addr}/metrics");
+    println!("serving http://{addr} as pid {}", std::process::id());
+    let code = planned_stop::web::serve(server, &stop)
         .grace(Duration::from_secs(2))
-        .await
+        .await;
+    // The stop has concluded and its last numbers are recorded: keep `/metrics` up until a
+    // scrape begun from now on has been answered (a graceful stop of the admin listener finishes
+    // it), or for `LAST_SCRAPE` at most.
+    let before = *scraped.borrow_and_update();
+    let _ = actix_web::rt::time::timeout(LAST_SCRAPE, scraped.wait_for(|n| *n > before)).await;
+    admin.stop(true).await;
+    code
 }

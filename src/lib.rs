@@ -59,6 +59,10 @@
 //! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
 //!   readiness that says `draining`, and the exit code `main` returns.
 //! - `postgres`: `record::PgRecordStore`, the record store every replica of a fleet reaches.
+//! - `metrics`: stops by cause and verdict, drain durations per phase, the fate of every
+//!   handed-back item, leases and the runner's state, recorded through the `metrics` facade into
+//!   the exporter the application installs (the names are in `docs/operations.md`). Nothing of it
+//!   is compiled without the feature.
 //! - `testing`: `testing`, the conformance suite a third-party [`record::RecordStore`] runs to
 //!   show it follows the same rules as the crate's own stores, and the test seams: the builder's
 //!   and the stores' `clock`, the stores' `liveness`, the builder's `identity`.
@@ -116,6 +120,7 @@ pub mod stopper;
 mod store;
 #[cfg(all(unix, feature = "systemd"))]
 mod systemd;
+mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

@@ -142,7 +142,6 @@ impl RunnerActor {
                          record_store); the unfinished items are only in this log line"
                     );
                 }
-                self.unrecorded.clear();
                 self.conclude(record, Ok(Persisted::Durable), ctx);
             }
         }
@@ -159,8 +158,16 @@ impl RunnerActor {
         let _in_stop = self.in_stop();
         let mut spilled = false;
         let unrecorded = std::mem::take(&mut self.unrecorded);
+        let store = self.config.records.is_some();
+        let fates = crate::telemetry::item_fates(
+            record.unfinished.len(),
+            unrecorded.len(),
+            store.then_some(&persisted),
+        );
         let phase = match persisted {
-            Ok(_) if !unrecorded.is_empty() => {
+            // Without a store every item is only in the log line `finish` wrote, and the exit
+            // code stays the verdict's: the application chose to keep nothing.
+            Ok(_) if !unrecorded.is_empty() && store => {
                 record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
                 tracing::error!(
                     code = record.exit_code,
@@ -181,7 +188,7 @@ impl RunnerActor {
                         "the record store was unreachable; the unfinished items are kept on this \
                          host until the next start here pushes them"
                     );
-                } else if self.config.records.is_some() {
+                } else if store {
                     tracing::info!(
                         unfinished = record.unfinished.len(),
                         "stop record and unfinished items persisted"
@@ -204,6 +211,7 @@ impl RunnerActor {
         if let Ok(mut pending) = self.pending.lock() {
             *pending = None;
         }
+        crate::telemetry::stop_concluded(&record, fates);
         let code = record.exit_code;
         tracing::info!(
             verdict = ?record.verdict,

@@ -36,6 +36,8 @@ pub(crate) struct Requester {
     pub(crate) reason: Option<String>,
     pub(crate) stopper_pid: Option<u32>,
     pub(crate) action: crate::marker::StopAction,
+    /// When the marker that asked was written, when one did.
+    pub(crate) written_at: Option<DateTime<Utc>>,
 }
 
 impl From<super::PlannedStop> for Requester {
@@ -45,6 +47,7 @@ impl From<super::PlannedStop> for Requester {
             reason: s.reason,
             stopper_pid: s.stopper_pid,
             action: s.action,
+            written_at: Some(s.written_at),
         }
     }
 }

@@ -145,12 +145,18 @@ impl RunnerActor {
     }
 
     fn publish(&self) {
+        let state = self.lifecycle.state();
+        let mut moved = false;
         self.status.send_if_modified(|status| {
             let before = status.clone();
-            status.state = self.lifecycle.state();
+            moved = status.state != state;
+            status.state = state;
             status.verdict = self.lifecycle.verdict();
             *status != before
         });
+        if moved {
+            crate::telemetry::state(state);
+        }
     }
 
     /// Writes the outcome file and publishes it with the status.
@@ -233,6 +239,7 @@ impl RunnerActor {
             "stop accepted; draining"
         );
         let accepted_at = self.clock.now();
+        crate::telemetry::stop_accepted(cause, verdict, requester.written_at, accepted_at);
         self.publish_outcome(Outcome {
             pid: self.own.pid,
             start: self.own.start,
@@ -355,7 +362,10 @@ impl RunnerActor {
             awaiting.remove(at);
         }
         let report = match answer {
-            Ok(report) => Some(report),
+            Ok(report) => {
+                crate::telemetry::participant_answered(name, phase, report.cut);
+                Some(report)
+            }
             Err(e) => {
                 tracing::warn!(participant = %name, error = %e, "drain participant is gone; counted as answered");
                 None
@@ -371,6 +381,7 @@ impl Actor for RunnerActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        crate::telemetry::state(self.lifecycle.state());
         self.publish();
         // actix polls a context once while dropping it (a System torn down before the actor
         // ever ran): there is no timer then, and the drop guard below takes over.

@@ -416,6 +416,7 @@ impl ServiceBuilder {
             actor.add_participant(phase, name, recipient);
         }
         let status = actor.subscribe();
+        crate::telemetry::describe();
         if owns_exit {
             log_panics();
             if let Some(hook) = self.forced_exit {

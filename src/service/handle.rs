@@ -211,6 +211,7 @@ impl ServiceHandle {
                 Some(store) => store.lease(&owner, usize::MAX, lease_for).await?,
                 None => Vec::new(),
             };
+            crate::telemetry::leased(leased.len());
             if let Ok(mut h) = held.lock() {
                 h.extend(leased.iter().map(|l| l.item.id.clone()));
             }
@@ -232,6 +233,9 @@ impl ServiceHandle {
                 Some(store) => store.acknowledge(&owner, &id).await,
                 None => Err(RecordError::UnknownItem { id: id.clone() }),
             };
+            if result.is_ok() {
+                crate::telemetry::acknowledged();
+            }
             // Done, or not ours (any more): either way nothing to renew.
             if !matches!(result, Err(RecordError::Backend { .. }))
                 && let Ok(mut h) = held.lock()

@@ -169,6 +169,7 @@ fn keep_leases(
             match store.renew(&owner, &ids, lease_for).await {
                 Ok(kept) if kept.len() < ids.len() => {
                     let lost: Vec<&String> = ids.iter().filter(|id| !kept.contains(id)).collect();
+                    crate::telemetry::renewed(ids.len() - lost.len(), lost.len());
                     tracing::warn!(
                         ?lost,
                         "leases lost (released by an operator, or taken over after they lapsed); those items are someone else's now"
@@ -177,8 +178,9 @@ fn keep_leases(
                         h.retain(|id| kept.contains(id));
                     }
                 }
-                Ok(_) => {}
+                Ok(_) => crate::telemetry::renewed(ids.len(), 0),
                 Err(e) => {
+                    crate::telemetry::renewal_failed();
                     wait = retry;
                     tracing::warn!(error = %ErrorChain(&e), retry_ms = retry.as_millis() as u64,
                         "cannot renew the leases; retrying soon")
