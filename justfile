@@ -48,6 +48,12 @@ mutants *args:
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
 
+# The watcher's tick without and with the `metrics` feature (a Prometheus recorder installed),
+# compared by criterion in one run (docs/performance.md).
+metrics-cost:
+    cargo bench --bench probe -- watcher_tick --save-baseline metrics-off
+    cargo bench --bench probe --features metrics -- watcher_tick --baseline metrics-off
+
 mutants-iterate:
     just mutants --iterate
 

@@ -1,7 +1,8 @@
 //! The watcher's hot path: one probe of the slot (absent, ours, foreign, malformed), the parse of a
 //! typical marker, the identity read, and one watcher tick including the actor message.
 //!
-//! `cargo bench --bench probe`; figures in docs/performance.md.
+//! `cargo bench --bench probe`; figures in docs/performance.md. `just metrics-cost` compares the
+//! watcher tick without and with the `metrics` feature.
 
 use actix::prelude::*;
 use chrono::Utc;
@@ -92,7 +93,14 @@ impl Handler<PlannedStop> for Sink {
     }
 }
 
+/// With the `metrics` feature, a Prometheus recorder is installed first, as an application
+/// installs it, so whatever the tick recorded would cost what it costs in production; `just
+/// metrics-cost` runs this bench without and with the feature and criterion compares the two.
 fn watcher_tick(c: &mut Criterion) {
+    #[cfg(feature = "metrics")]
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
     let (_dir, store, me) = store();
     store.write(&typical(&me)).unwrap();
     let probe = OwnSlot { store, own: me };
