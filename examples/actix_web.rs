@@ -4,7 +4,7 @@
 //! cargo run --example actix_web --features actix-web,metrics
 //! # in another shell, with the pid it prints:
 //! planned-stop stop --pid PID --dir /tmp/planned-stop-actix-web/run --wait 30
-//! curl http://127.0.0.1:9090/metrics   # the stops, drains and items as Prometheus numbers
+//! curl http://127.0.0.1:9090/metrics   # while it runs: the stops, drains and items as numbers
 //! ```
 //!
 //! `planned_stop::web::serve` owns the server's signals (actix-web's own would stop the `System`
