@@ -349,6 +349,32 @@ fn items_no_store_holds_are_counted_lost() {
     }
 }
 
+/// Items a store keeps on this host because its own place was unreachable are counted as
+/// spilled, not persisted and not lost.
+#[test]
+fn items_kept_in_the_fallback_are_counted_spilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Faulty::new(dir.path(), Fault::PersistSpills);
+    let scrape = recorded(async || {
+        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            .owns_process_exit(false)
+            .record_store(store.clone())
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .participant(
+                "jobs",
+                Holding(vec!["a".into(), "b".into()]).start().recipient(),
+            )
+            .start()
+            .unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        assert_eq!(common::actors::code_of(h.stopped().await), 0);
+    });
+    assert_eq!(scrape.items()[..4], [2.0, 0.0, 2.0, 0.0], "{scrape:?}");
+}
+
 /// A renewal that fails is counted, and so is each lease kept; an item an operator releases
 /// while this process holds it is a lease lost at the next renewal.
 #[test]

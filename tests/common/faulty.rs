@@ -14,6 +14,9 @@ pub enum Fault {
     PersistBlocks,
     /// Its first renewal fails (a database unreachable for a moment).
     FirstRenewalFails,
+    /// Its own place is unreachable at the persist: the items go to its fallback on this host
+    /// (a database store's spill directory; here the inner file store).
+    PersistSpills,
 }
 
 /// A file store with one fault; it records when each renewal came (on the paused clock).
@@ -47,6 +50,12 @@ impl RecordStore for Faulty {
                 Ok(planned_stop::record::Persisted::Durable)
             }),
             Fault::FirstRenewalFails => self.inner.persist(s, r),
+            Fault::PersistSpills => Box::pin(async {
+                self.inner.persist(s, r).await?;
+                Ok(planned_stop::record::Persisted::Spilled {
+                    reason: "the database is unreachable".into(),
+                })
+            }),
         }
     }
     fn lease<'a>(
