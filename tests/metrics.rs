@@ -155,9 +155,9 @@ impl Drop for Example {
 }
 
 /// The series of one scrape in Prometheus's text format, by name and labels as printed
-/// (`planned_stop_stops_total{cause="marker",verdict="planned"}`).
+/// (`planned_stop_stops_total{cause="marker",verdict="planned"}`), and its `# HELP` lines.
 #[derive(Debug)]
-struct Scrape(BTreeMap<String, f64>);
+struct Scrape(BTreeMap<String, f64>, Vec<String>);
 
 impl Scrape {
     fn parse(text: &str) -> Scrape {
@@ -169,7 +169,12 @@ impl Scrape {
                 (series.to_owned(), value.parse().expect("a number"))
             })
             .collect();
-        Scrape(series)
+        let help = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .map(str::to_owned)
+            .collect();
+        Scrape(series, help)
     }
 
     /// The value of `series`; 0 when it was never recorded.
@@ -212,6 +217,15 @@ fn a_planned_stop_and_the_resume_are_in_the_numbers() {
     assert_eq!(
         running.get("planned_stop_stops_total{cause=\"marker\",verdict=\"planned\"}"),
         0.0
+    );
+    // The service described its metrics at its start: the exporter explains each one it shows.
+    assert!(
+        running
+            .1
+            .iter()
+            .any(|h| h.starts_with("planned_stop_state the runner's state")),
+        "{:?}",
+        running.1
     );
 
     first.planned_stop(base.path());
@@ -301,17 +315,26 @@ fn recorded(body: impl AsyncFnOnce()) -> Scrape {
     Scrape::parse(&handle.render())
 }
 
-/// A participant that hands back what it holds at a drain.
-struct Holding(Vec<String>);
+/// A participant that answers a drain with the report it was given.
+struct Answering(Option<DrainReport>);
 
-impl Actor for Holding {
+impl Answering {
+    /// One that hands back `items`.
+    fn holding(items: &[&str]) -> Recipient<planned_stop::Drain> {
+        Answering(Some(DrainReport::unfinished(items.to_vec())))
+            .start()
+            .recipient()
+    }
+}
+
+impl Actor for Answering {
     type Context = Context<Self>;
 }
 
-impl Handler<planned_stop::Drain> for Holding {
+impl Handler<planned_stop::Drain> for Answering {
     type Result = DrainReport;
     fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> DrainReport {
-        DrainReport::unfinished(std::mem::take(&mut self.0))
+        self.0.take().unwrap_or_else(DrainReport::done)
     }
 }
 
@@ -322,13 +345,13 @@ fn items_no_store_holds_are_counted_lost() {
     for with_store in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let scrape = recorded(async || {
-            let held = vec!["x".repeat(2 << 20), "small".to_owned()];
+            let big = "x".repeat(2 << 20);
             let mut builder = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
                 .owns_process_exit(false)
                 .handle_signals(false)
                 .events(false)
                 .clock(TokioClock::new())
-                .participant("jobs", Holding(held).start().recipient());
+                .participant("jobs", Answering::holding(&[&big, "small"]));
             if with_store {
                 builder = builder.state_dir(dir.path().join("state"));
             }
@@ -362,10 +385,7 @@ fn items_kept_in_the_fallback_are_counted_spilled() {
             .handle_signals(false)
             .events(false)
             .clock(TokioClock::new())
-            .participant(
-                "jobs",
-                Holding(vec!["a".into(), "b".into()]).start().recipient(),
-            )
+            .participant("jobs", Answering::holding(&["a", "b"]))
             .start()
             .unwrap();
         h.ready();
@@ -373,6 +393,35 @@ fn items_kept_in_the_fallback_are_counted_spilled() {
         assert_eq!(common::actors::code_of(h.stopped().await), 0);
     });
     assert_eq!(scrape.items()[..4], [2.0, 0.0, 2.0, 0.0], "{scrape:?}");
+}
+
+/// An answer that says work was cut short is counted for its participant and phase; one that
+/// does not is not.
+#[test]
+fn answers_that_cut_work_short_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let scrape = recorded(async || {
+        let cut = DrainReport::done().with_cut_short("two uploads were cut");
+        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            .owns_process_exit(false)
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .participant("uploads", Answering(Some(cut)).start().recipient())
+            .participant("jobs", Answering::holding(&[]))
+            .start()
+            .unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    let cut = "planned_stop_participants_cut_total{participant=\"uploads\",phase=\"work\"}";
+    assert_eq!(scrape.get(cut), 1.0, "{scrape:?}");
+    let all = scrape
+        .0
+        .keys()
+        .filter(|k| k.starts_with("planned_stop_participants_cut"));
+    assert_eq!(all.count(), 1, "only the participant that cut: {scrape:?}");
 }
 
 /// A renewal that fails is counted, and so is each lease kept; an item an operator releases
