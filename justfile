@@ -40,13 +40,15 @@ windows:
 # Mutation testing (installs cargo-mutants if missing): the pure modules against their unit and
 # property tests; the lifecycle, the watcher and the runner against the actor tests (the state
 # machine at 200 cases a mutant); the record store's lease rules and file store against its
-# tests. About three hours on 2 cores; the report is in docs/reliability.md.
+# tests; the metrics against tests/metrics.rs. About three hours on 2 cores; the report is in
+# docs/reliability.md.
 # `just mutants-iterate` re-tests only what the last run missed.
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
     cargo mutants {{args}} -o target/mutants-pure --file src/marker/schema.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
+    cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs -- --lib --test metrics
 
 # The watcher's tick without and with the `metrics` feature (a Prometheus recorder installed),
 # compared by criterion in one run (docs/performance.md).
