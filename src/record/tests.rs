@@ -521,3 +521,20 @@ fn leftovers_and_acknowledgements_older_than_a_day_are_swept_and_younger_ones_ke
         "a younger one is kept (records list shows it)"
     );
 }
+
+/// What a file that does not parse is reported as: the kind of error and where, never a word of
+/// the file (serde_json's own message quotes the input).
+#[test]
+fn a_json_problem_says_where_and_not_what() {
+    let e = serde_json::from_str::<StopRecord>("{\n  \"pid\": \"secret-token\"\n}").unwrap_err();
+    let problem = json_problem(&e);
+    assert!(
+        problem.starts_with("not valid JSON of this kind (Data error at line 2, column"),
+        "{problem}"
+    );
+    assert!(!problem.contains("secret"), "{problem}");
+    assert!(
+        e.to_string().contains("secret"),
+        "serde_json's own message would have said it"
+    );
+}
