@@ -11,7 +11,7 @@
 mod common;
 
 use actix::prelude::*;
-use common::actors::{TokioClock, advance, paused_system};
+use common::actors::{Answering, TokioClock, advance, paused_system};
 use common::faulty::{Fault, Faulty, left_by_another_process};
 use common::{EVENT_TIMEOUT, http_get, wait_for};
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -313,29 +313,6 @@ fn recorded(body: impl AsyncFnOnce()) -> Scrape {
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || paused_system().block_on(body()));
     Scrape::parse(&handle.render())
-}
-
-/// A participant that answers a drain with the report it was given.
-struct Answering(Option<DrainReport>);
-
-impl Answering {
-    /// One that hands back `items`.
-    fn holding(items: &[&str]) -> Recipient<planned_stop::Drain> {
-        Answering(Some(DrainReport::unfinished(items.to_vec())))
-            .start()
-            .recipient()
-    }
-}
-
-impl Actor for Answering {
-    type Context = Context<Self>;
-}
-
-impl Handler<planned_stop::Drain> for Answering {
-    type Result = DrainReport;
-    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> DrainReport {
-        self.0.take().unwrap_or_else(DrainReport::done)
-    }
 }
 
 /// An item over the size limit is lost (the stop ends `record_lost`), the small one persisted;

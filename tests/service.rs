@@ -1006,6 +1006,80 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
     assert_eq!(leased[0].item.item, "small");
 }
 
+/// An item handed back under an id that is not an item id (a participant that made one up, or
+/// a `ResumeItem` that never came from a store) is not given a new id — that would resume it as
+/// new work, and twice if the real one is still leased — but kept out of the record: the stop
+/// ends `record_lost`, and the record's note says why.
+#[test]
+fn an_item_handed_back_under_an_invented_id_ends_the_stop_record_lost() {
+    use planned_stop::record::{Lease, Leased, Owner, ResumeItem};
+    let f = Fixture::new();
+    let code = paused_system().block_on(async {
+        let owner = Owner::new("here", 1, 1);
+        let now = Utc::now();
+        let item = ResumeItem::new(
+            "../not-an-id",
+            "jobs",
+            "job-9".into(),
+            owner.clone(),
+            now,
+            1,
+        );
+        let report = planned_stop::DrainReport::done()
+            .with_handed_back([Leased::new(item, Lease::new(owner, now, now))]);
+        let h = f.start(vec![("jobs", Answering(Some(report)).start().recipient())]);
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        code_of(h.stopped().await)
+    });
+    assert_eq!(code, 74);
+    let record = f.record();
+    assert!(record.unfinished.is_empty(), "{:?}", record.unfinished);
+    assert!(
+        record
+            .notes
+            .iter()
+            .any(|n| n.note.contains("not an item id")),
+        "{:?}",
+        record.notes
+    );
+}
+
+/// Without a record store, items handed back are in one ERROR line (their only trace), and a
+/// stop that handed nothing back logs no error.
+#[test]
+fn without_a_record_store_handed_back_items_are_in_one_error_line() {
+    for items in [vec!["job-7"], vec![]] {
+        let f = Fixture::new();
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        let code = paused_system().block_on(async {
+            let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+                .owns_process_exit(false)
+                .handle_signals(false)
+                .events(false)
+                .clock(TokioClock::new())
+                .participant("jobs", Answering::holding(&items))
+                .start()
+                .unwrap();
+            h.ready();
+            h.request_stop(StopRequest::Planned);
+            code_of(h.stopped().await)
+        });
+        assert_eq!(
+            code, 0,
+            "the application chose to keep nothing: still planned"
+        );
+        let said = logs.count(tracing::Level::ERROR, "no record store is configured");
+        let with_item = logs.count(tracing::Level::ERROR, "job-7");
+        if items.is_empty() {
+            assert_eq!(said, 0, "nothing handed back, nothing to say");
+        } else {
+            assert_eq!((said, with_item), (1, 1), "one ERROR line, with the item");
+        }
+    }
+}
+
 /// Issue 22.2: a persist that never ends cannot hang the stop, with participants or without
 /// (a stop with none publishes `Stopped` before it persists): it ends `record_lost` at the
 /// persist deadline, with the items in the ERROR log line.

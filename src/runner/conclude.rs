@@ -46,10 +46,10 @@ impl RunnerActor {
         let unanswered = run.unanswered(&names);
         let stopper = crate::record::host::this_process(&self.own);
         let mut unfinished = run.unfinished;
-        // New work gets its id here; a handed-back item keeps the one its store gave it (never a
-        // new one, which would multiply it).
+        // New work gets its id here; a handed-back item keeps the one it came with (never a new
+        // one, which would multiply it; an invalid one is kept out below).
         for (index, item) in unfinished.iter_mut().enumerate() {
-            if !item.resumed && item.id.as_deref().is_none_or(|id| !is_valid_item_id(id)) {
+            if !item.resumed {
                 item.id = Some(item_id(&stopper, finished_at, index));
             }
         }

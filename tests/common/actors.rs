@@ -397,3 +397,27 @@ pub fn code_of(code: std::process::ExitCode) -> i32 {
         .find(|&n| std::process::ExitCode::from(n) == code)
         .map_or(1, i32::from)
 }
+
+/// A participant that answers its first drain with the report it was given (and any later one
+/// with [`DrainReport::done`]).
+pub struct Answering(pub Option<DrainReport>);
+
+impl Answering {
+    /// One that hands back `items`.
+    pub fn holding(items: &[&str]) -> Recipient<Drain> {
+        Answering(Some(DrainReport::unfinished(items.to_vec())))
+            .start()
+            .recipient()
+    }
+}
+
+impl Actor for Answering {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for Answering {
+    type Result = DrainReport;
+    fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport {
+        self.0.take().unwrap_or_else(DrainReport::done)
+    }
+}
