@@ -194,29 +194,6 @@ impl DrainSummary {
     pub fn is_clean(&self) -> bool {
         self.in_time && !self.forced && self.unanswered.is_empty()
     }
-
-    /// The summary of a stop record, bounded (one rule for the runner and any other writer).
-    pub fn of(record: &crate::record::StopRecord) -> DrainSummary {
-        let cut = |text: &str| text.chars().take(Self::MAX_TEXT).collect::<String>();
-        DrainSummary {
-            in_time: record.drained_in_time,
-            forced: record.forced,
-            unanswered: record
-                .unanswered
-                .iter()
-                .take(Self::MAX_LISTED)
-                .map(|name| cut(name))
-                .collect(),
-            notes: record
-                .notes
-                .iter()
-                .take(Self::MAX_LISTED)
-                .map(|n| cut(&format!("{}: {}", n.participant, n.note)))
-                .collect(),
-            note_count: record.notes.len(),
-            handed_back: record.unfinished.len(),
-        }
-    }
 }
 
 impl Outcome {

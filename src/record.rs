@@ -30,6 +30,7 @@ pub use postgres::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
 pub use store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem};
 
 use crate::lifecycle::{StopCause, StopVerdict};
+use crate::outcome::DrainSummary;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -281,6 +282,33 @@ pub enum RecordError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
+}
+
+// How a stop record is summarized in its outcome file is the record's rule: it lives here, so
+// the pure `outcome` module does not depend on the record store's module (docs/design.md, Layers).
+impl DrainSummary {
+    /// The summary of a stop record, bounded (one rule for the runner and any other writer).
+    pub fn of(record: &StopRecord) -> DrainSummary {
+        let cut = |text: &str| text.chars().take(Self::MAX_TEXT).collect::<String>();
+        DrainSummary {
+            in_time: record.drained_in_time,
+            forced: record.forced,
+            unanswered: record
+                .unanswered
+                .iter()
+                .take(Self::MAX_LISTED)
+                .map(|name| cut(name))
+                .collect(),
+            notes: record
+                .notes
+                .iter()
+                .take(Self::MAX_LISTED)
+                .map(|n| cut(&format!("{}: {}", n.participant, n.note)))
+                .collect(),
+            note_count: record.notes.len(),
+            handed_back: record.unfinished.len(),
+        }
+    }
 }
 
 impl RecordError {

@@ -1,0 +1,408 @@
+//! The source layout's two rules, checked on the source itself so that they hold by construction
+//! rather than by review: dependencies point down the layers `docs/design.md` draws, with no circle
+//! between modules, and no file has more than 500 lines of code.
+//!
+//! The layers are read from design.md's diagram (its "Layers" section), so the picture a reader
+//! sees and the rule the build enforces are the same text. A module that is not in the picture
+//! fails the test: a new module is placed on purpose, not by accident.
+//!
+//! A dependency is a `crate::` (or `super::`) path in the library's code, outside comments, test
+//! modules and `pub use` re-exports: a façade such as `marker` re-exports the store's types for
+//! the user's convenience without depending on the store itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The most lines of code (not blank, not a comment line) one source file may have.
+const MAX_LINES_OF_CODE: usize = 500;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every `.rs` file under `dir`, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The module path of a file under `src/` (`src/record/file/disk.rs` is `record::file::disk`;
+/// `mod.rs` names its directory; `lib.rs` is the root, `main.rs` the module `main`).
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().expect("a file name");
+    let stem = last.trim_end_matches(".rs");
+    if !(stem == "mod" || (parts.is_empty() && stem == "lib")) {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// Whether a file holds only tests (`tests.rs`, or anything under a `tests/` directory).
+fn is_test_file(relative: &Path) -> bool {
+    relative.iter().any(|p| p == "tests" || p == "tests.rs")
+}
+
+/// The layers of design.md's diagram, top (the binary) first: each a set of top-level modules.
+fn layers_of_design() -> Vec<(String, BTreeSet<String>)> {
+    let design = std::fs::read_to_string(root().join("docs/design.md")).expect("docs/design.md");
+    let section = design
+        .split("\n## Layers\n")
+        .nth(1)
+        .expect("design.md has a \"## Layers\" section");
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("the Layers section opens with a diagram in a ``` block");
+    let mut layers = Vec::new();
+    // A line that starts with a space continues the description above it.
+    for line in block
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty() && !l.starts_with(' '))
+    {
+        // The first column (the modules) ends where two spaces begin the description.
+        let names = line.split("  ").next().unwrap_or_default();
+        let modules: BTreeSet<String> = names
+            .split([',', '+'])
+            .map(|n| n.trim().trim_end_matches('/').trim_end_matches(".rs"))
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        assert!(
+            !modules.is_empty(),
+            "a diagram line names no module: {line:?}"
+        );
+        layers.push((names.trim().to_string(), modules));
+    }
+    assert!(
+        layers.len() >= 3,
+        "design.md's diagram has too few layers: {layers:?}"
+    );
+    layers
+}
+
+/// The code of a file as the compiler sees the library: comment lines, inline test modules and
+/// `pub use` re-exports removed.
+fn library_code(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        if trimmed.starts_with("#[cfg(test)]")
+            && lines
+                .peek()
+                .is_some_and(|next| next.trim_start().starts_with("mod tests {"))
+        {
+            // Skip the module to its closing brace, counting braces (format strings' `{}` are
+            // balanced, and the test modules hold no lone brace in a char literal).
+            let mut depth = 0i64;
+            let mut opened = false;
+            for inner in lines.by_ref() {
+                for c in inner.chars() {
+                    match c {
+                        '{' => {
+                            depth += 1;
+                            opened = true;
+                        }
+                        '}' => depth -= 1,
+                        _ => {}
+                    }
+                }
+                if opened && depth == 0 {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    // A re-export runs from `pub use` to its semicolon, over several lines if braced.
+    let mut kept = String::new();
+    let mut rest = out.as_str();
+    while let Some(at) = rest.find("pub use ") {
+        kept.push_str(&rest[..at]);
+        rest = rest[at..].split_once(';').map_or("", |(_, after)| after);
+    }
+    kept.push_str(rest);
+    kept
+}
+
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The identifier at the start of `text`.
+fn ident(text: &str) -> &str {
+    let end = text.find(|c: char| !is_ident_char(c)).unwrap_or(text.len());
+    &text[..end]
+}
+
+/// The top-level modules the code of the module at `path` names through `crate::` and `super::`.
+fn dependencies(code: &str, path: &[String]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for keyword in ["crate::", "super::"] {
+        let mut from = 0;
+        while let Some(found) = code[from..].find(keyword) {
+            let at = from + found;
+            from = at + keyword.len();
+            // `$crate::` is the crate too; `mycrate::` or `x.super` are not ours.
+            if code[..at].chars().next_back().is_some_and(is_ident_char) {
+                continue;
+            }
+            // The absolute path the reference starts from.
+            let mut base: Vec<String> = Vec::new();
+            let mut rest = &code[from..];
+            if keyword == "super::" {
+                base = path.to_vec();
+                base.pop();
+                while let Some(more) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = more;
+                }
+            }
+            if let Some(top) = base.first() {
+                out.insert(top.clone());
+                continue;
+            }
+            // From the root: one module, or a braced group of them.
+            if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 1;
+                let mut expect_name = true;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        ',' if depth == 1 => expect_name = true,
+                        c if c.is_whitespace() => {}
+                        _ if expect_name && depth == 1 => {
+                            out.insert(ident(&group[i..]).to_string());
+                            expect_name = false;
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                let name = ident(rest);
+                if !name.is_empty() {
+                    out.insert(name.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each top-level module and the top-level modules its library code depends on.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = root().join("src");
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files(&src) {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let path = module_path(relative);
+        let Some(top) = path.first().cloned() else {
+            continue; // lib.rs: the root declares and re-exports, it is no layer
+        };
+        let deps = graph.entry(top.clone()).or_default();
+        if is_test_file(relative) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        for dep in dependencies(&library_code(&text), &path) {
+            // Items of the root itself (`crate::Drain`) are re-exports of a module; `self`
+            // and the crate's own name are not modules.
+            if dep != top && dep != "self" && !dep.is_empty() {
+                deps.insert(dep);
+            }
+        }
+    }
+    graph
+}
+
+/// A circle in `graph`, if there is one, as the modules along it.
+fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, bool>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(node.to_string(), false);
+        stack.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            match state.get(next) {
+                Some(false) => {
+                    let start = stack.iter().position(|n| n == next).expect("on the stack");
+                    let mut circle = stack[start..].to_vec();
+                    circle.push(next.clone());
+                    return Some(circle);
+                }
+                Some(true) => {}
+                None => {
+                    if let Some(circle) = visit(next, graph, state, stack) {
+                        return Some(circle);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(node.to_string(), true);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for node in graph.keys() {
+        if !state.contains_key(node) {
+            let mut stack = Vec::new();
+            if let Some(circle) = visit(node, graph, &mut state, &mut stack) {
+                return Some(circle);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn dependencies_point_down_the_layers_of_design_md() {
+    let layers = layers_of_design();
+    let graph = module_graph();
+    let layer_of = |module: &str| layers.iter().position(|(_, m)| m.contains(module));
+
+    let unplaced: Vec<_> = graph.keys().filter(|m| layer_of(m).is_none()).collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules not in design.md's layer diagram (place each in its layer): {unplaced:?}"
+    );
+    let drawn: BTreeSet<&String> = layers.iter().flat_map(|(_, m)| m).collect();
+    let stale: Vec<_> = drawn.iter().filter(|m| !graph.contains_key(**m)).collect();
+    assert!(
+        stale.is_empty(),
+        "design.md's layer diagram names modules that do not exist: {stale:?}"
+    );
+
+    let mut upward = Vec::new();
+    for (module, deps) in &graph {
+        for dep in deps {
+            let (Some(from), Some(to)) = (layer_of(module), layer_of(dep)) else {
+                continue; // a dependency that is not a module of ours (an item of the root)
+            };
+            if to < from {
+                upward.push(format!(
+                    "{module} (layer \"{}\") uses {dep} (layer \"{}\")",
+                    layers[from].0, layers[to].0
+                ));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "dependencies that point up design.md's layers:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn no_circle_between_modules() {
+    let graph = module_graph();
+    // Only edges between modules of ours (an item of the root, `crate::Drain`, is not a module).
+    let graph: BTreeMap<String, BTreeSet<String>> = graph
+        .iter()
+        .map(|(m, deps)| {
+            let ours = deps.iter().filter(|d| graph.contains_key(*d)).cloned();
+            (m.clone(), ours.collect())
+        })
+        .collect();
+    if let Some(circle) = find_circle(&graph) {
+        panic!("a circle between modules: {}", circle.join(" -> "));
+    }
+}
+
+#[test]
+fn no_source_file_has_more_than_500_lines_of_code() {
+    let mut over = Vec::new();
+    for file in rust_files(&root().join("src")) {
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        let code = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .count();
+        if code > MAX_LINES_OF_CODE {
+            over.push(format!("{}: {code}", file.display()));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "files over {MAX_LINES_OF_CODE} lines of code (split them by concept): {over:?}"
+    );
+}
+
+/// The checks themselves, on made-up code: each must see what it exists to see.
+#[test]
+fn the_checks_see_paths_groups_supers_and_circles() {
+    let path = |p: &str| p.split("::").map(str::to_string).collect::<Vec<_>>();
+    let code = "use crate::{record::Item, store::{a, b}, lifecycle};\n\
+                fn f() { crate::outcome::x(); $crate::clock::now(); mycrate::nope(); }";
+    let found = dependencies(code, &path("runner::drain"));
+    let expected: BTreeSet<String> = ["clock", "lifecycle", "outcome", "record", "store"]
+        .map(String::from)
+        .into();
+    assert_eq!(found, expected);
+    // `super` from a nested file stays in its module; from a top-level file it is the root's
+    // module named after it.
+    assert_eq!(
+        dependencies("use super::super::x::Y;", &path("record::file::disk")),
+        BTreeSet::from(["record".to_string()])
+    );
+    assert_eq!(
+        dependencies("use super::watcher::W;", &path("runner")),
+        BTreeSet::from(["watcher".to_string()])
+    );
+    // Comments, test modules and re-exports are not dependencies.
+    let code = "// crate::web\npub use crate::store::{A,\n B};\nfn g() {}\n\
+                #[cfg(test)]\nmod tests {\n    use crate::cli::x;\n    fn h() { let s = \"{}\"; }\n}\n\
+                fn after() { crate::events::e(); }\n";
+    assert_eq!(
+        dependencies(&library_code(code), &path("verdict")),
+        BTreeSet::from(["events".to_string()])
+    );
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec![]),
+    ]
+    .into_iter()
+    .map(|(m, d)| (m.to_string(), d.into_iter().map(String::from).collect()))
+    .collect();
+    assert_eq!(
+        find_circle(&graph),
+        Some(["a", "b", "c", "a"].map(String::from).to_vec())
+    );
+    let mut acyclic = graph.clone();
+    acyclic.insert("c".into(), BTreeSet::new());
+    assert_eq!(find_circle(&acyclic), None);
+}
