@@ -784,17 +784,17 @@ fn a_planned_restart_drains_records_and_exits_75() {
 
 /// A stopper running as root stops a service running as `nobody`: the marker is given to the
 /// directory's owner (still 0600), so the target can read and claim it, and root reads the
-/// outcome. Needs root; elsewhere SKIPPED.
+/// outcome.
 #[cfg(unix)]
 #[test]
+#[ignore = "needs root (a service run as nobody): .ci/run runs it with --ignored"]
 fn a_root_stopper_stops_a_service_running_as_another_user() {
     use std::io::BufRead;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: needs root to run a service as nobody");
-        return;
+        panic!("needs root to run a service as nobody");
     }
     const NOBODY: u32 = 65534;
     let base = tempfile::tempdir().unwrap();
@@ -1261,16 +1261,16 @@ fn regex_free_nanos(text: &str) -> bool {
 
 /// Issue 25.9: `inspect` as a user who cannot read the directory said "undecided … will retry"
 /// (7) though nothing would retry and no slot may exist; it now says it cannot read the
-/// directory and whom to run as (2). Needs root to run as `nobody`; elsewhere SKIPPED.
+/// directory and whom to run as (2).
 #[cfg(unix)]
 #[test]
+#[ignore = "needs root (runs inspect as nobody): .ci/run runs it with --ignored"]
 fn inspect_of_a_directory_this_user_cannot_read_says_whom_to_run_as() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: needs root to run as nobody");
-        return;
+        panic!("needs root to run inspect as nobody");
     }
     let base = tempfile::tempdir().unwrap();
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
