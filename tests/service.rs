@@ -661,6 +661,54 @@ fn an_earlier_phase_timer_does_not_end_the_next_phase() {
     assert_eq!(record.phases.len(), 2);
 }
 
+/// The status announces each phase as it begins, to whoever waits on it (a readiness probe, the
+/// status endpoint's watchers), not only to whoever reads it later: a watcher waiting for the
+/// work phase wakes while that phase still runs.
+#[test]
+fn watchers_of_the_status_are_woken_when_a_phase_begins() {
+    let f = Fixture::new();
+    let sys = paused_system();
+    let code = sys.block_on(async {
+        let (fast, fast_control) = ParticipantControl::start();
+        let (slow, slow_control) = ParticipantControl::start();
+        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
+            .state_dir(f.state())
+            .poll_interval(POLL)
+            .drain_deadline(DRAIN)
+            .participant_in(planned_stop::DrainPhase::Ingress, "http", fast)
+            .participant("jobs", slow)
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        h.ready();
+        let status = h.subscribe();
+        h.request_stop(StopRequest::Planned);
+        fast_control.wait_asked().await;
+        assert_eq!(
+            h.status().drain_phase,
+            Some(planned_stop::DrainPhase::Ingress)
+        );
+        assert!(fast_control.finish(&[]));
+        // Waiting from before the work phase begins: only the phase's own notification wakes
+        // this wait before the phase's deadline ends the drain.
+        let seen = until(&status, |s| {
+            s.drain_phase == Some(planned_stop::DrainPhase::Work)
+        })
+        .await;
+        assert_eq!(
+            seen.state,
+            RunnerState::Draining,
+            "woken while the work phase runs, not by the stop's end: {seen:?}"
+        );
+        assert!(slow_control.finish(&[]));
+        code_of(h.stopped().await)
+    });
+    assert_eq!(code, 0);
+}
+
 /// Any duration at all: 0, 1 ns, anything up to `Duration::MAX`.
 fn any_duration() -> impl proptest::strategy::Strategy<Value = Duration> {
     use proptest::prelude::*;
