@@ -6,9 +6,11 @@
 //! sees and the rule the build enforces are the same text. A module that is not in the picture
 //! fails the test: a new module is placed on purpose, not by accident.
 //!
-//! A dependency is a `crate::` (or `super::`) path in the library's code, outside comments, test
-//! modules and `pub use` re-exports: a façade such as `marker` re-exports the store's types for
-//! the user's convenience without depending on the store itself.
+//! A dependency is a `crate::` (or `super::`) path in the library's code, outside comments and test
+//! modules. A façade — a module whose file holds nothing but `mod` declarations and `pub use`
+//! re-exports, as `marker` does — gathers other modules' types under one public name for the
+//! user's convenience: its re-exports are not dependencies of its own. (A path that reaches a type
+//! through a façade counts as a dependency on the façade, not on the module behind it.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -97,8 +99,8 @@ fn layers_of_design() -> Vec<(String, BTreeSet<String>)> {
     layers
 }
 
-/// The code of a file as the compiler sees the library: comment lines, inline test modules and
-/// `pub use` re-exports removed.
+/// The code of a file as the compiler sees the library: comment lines and inline test modules
+/// removed.
 fn library_code(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
@@ -136,15 +138,39 @@ fn library_code(text: &str) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    // A re-export runs from `pub use` to its semicolon, over several lines if braced.
+    out
+}
+
+/// `code` without its `pub use` re-exports (each from `pub use` to its semicolon, over several
+/// lines if braced).
+fn without_reexports(code: &str) -> String {
     let mut kept = String::new();
-    let mut rest = out.as_str();
+    let mut rest = code;
     while let Some(at) = rest.find("pub use ") {
         kept.push_str(&rest[..at]);
         rest = rest[at..].split_once(';').map_or("", |(_, after)| after);
     }
     kept.push_str(rest);
     kept
+}
+
+/// Whether `code` is a façade's: nothing but `mod` declarations, attributes and re-exports.
+fn is_facade(code: &str) -> bool {
+    without_reexports(code).lines().map(str::trim).all(|line| {
+        line.is_empty()
+            || line.starts_with('#')
+            || (line.starts_with("mod ") && line.ends_with(';'))
+    })
+}
+
+/// The code whose paths are dependencies: a façade's re-exports are not.
+fn dependency_code(text: &str) -> String {
+    let code = library_code(text);
+    if is_facade(&code) {
+        without_reexports(&code)
+    } else {
+        code
+    }
 }
 
 fn is_ident_char(c: char) -> bool {
@@ -232,7 +258,7 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("a source file");
-        for dep in dependencies(&library_code(&text), &path) {
+        for dep in dependencies(&dependency_code(&text), &path) {
             // Items of the root itself (`crate::Drain`) are re-exports of a module; `self`
             // and the crate's own name are not modules.
             if dep != top && dep != "self" && !dep.is_empty() {
@@ -381,14 +407,23 @@ fn the_checks_see_paths_groups_supers_and_circles() {
         dependencies("use super::watcher::W;", &path("runner")),
         BTreeSet::from(["watcher".to_string()])
     );
-    // Comments, test modules and re-exports are not dependencies.
+    // Comments and test modules are not dependencies; a module's re-exports are.
     let code = "// crate::web\npub use crate::store::{A,\n B};\nfn g() {}\n\
                 #[cfg(test)]\nmod tests {\n    use crate::cli::x;\n    fn h() { let s = \"{}\"; }\n}\n\
                 fn after() { crate::events::e(); }\n";
     assert_eq!(
-        dependencies(&library_code(code), &path("verdict")),
-        BTreeSet::from(["events".to_string()])
+        dependencies(&dependency_code(code), &path("verdict")),
+        BTreeSet::from(["events".to_string(), "store".to_string()])
     );
+    // A façade's re-exports are not: it has no code of its own.
+    let facade = "//! Docs.\n\nmod schema;\n\npub use crate::store::{A,\n B};\n#[doc(inline)]\n\
+                  pub use schema::{C, D};\n";
+    assert!(is_facade(&library_code(facade)));
+    assert_eq!(
+        dependencies(&dependency_code(facade), &path("marker")),
+        BTreeSet::new()
+    );
+    assert!(!is_facade(&library_code(&format!("{facade}fn f() {{}}\n"))));
     let graph: BTreeMap<String, BTreeSet<String>> = [
         ("a", vec!["b"]),
         ("b", vec!["c"]),
