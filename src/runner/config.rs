@@ -188,4 +188,23 @@ mod tests {
         let codes = codes.with(hup, StopVerdict::Unexpected, 76);
         assert_eq!(codes.code(hup, StopVerdict::Unexpected), 76);
     }
+
+    #[test]
+    fn a_record_lost_override_applies_to_its_cause_only_and_the_latest_wins() {
+        let term = StopCause::Signal(SignalKind::Terminate);
+        let codes = ExitCodes::default()
+            .with_record_lost(StopCause::Marker, 70)
+            .with_record_lost(term, 71);
+        assert_eq!(codes.record_lost_code(StopCause::Marker), 70);
+        assert_eq!(codes.record_lost_code(term), 71);
+        assert_eq!(
+            codes.record_lost_code(StopCause::Request),
+            74,
+            "a cause with no override keeps the default"
+        );
+        let codes = codes.with_record_lost(StopCause::Marker, 72);
+        assert_eq!(codes.record_lost_code(StopCause::Marker), 72);
+        // The verdict codes are not touched by a record-lost override.
+        assert_eq!(codes.code(StopCause::Marker, StopVerdict::Planned), 0);
+    }
 }
