@@ -465,7 +465,9 @@ fn the_phase_deadline_warning_names_the_silent_participant() {
     sys.block_on(async {
         let (silent, _control) = ParticipantControl::start();
         let (quick, control) = ParticipantControl::start();
-        let h = f.start(vec![("silent-jobs", silent), ("quick-jobs", quick)]);
+        // The one that answers comes first: a warning that named whoever was registered first,
+        // rather than whoever is silent, would name it.
+        let h = f.start(vec![("quick-jobs", quick), ("silent-jobs", silent)]);
         h.ready();
         h.request_stop(StopRequest::Planned);
         control.wait_asked().await;
