@@ -132,7 +132,7 @@ impl App {
             .env("JOBS_MS", options.jobs_ms.to_string())
             .env("READY_MS", options.ready_ms.to_string())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(std::fs::File::create(base.path().join("stderr.log")).unwrap())
             .spawn()
             .unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
@@ -204,6 +204,11 @@ impl App {
             self.child.try_wait().unwrap()
         })
         .code()
+    }
+
+    /// What the application wrote to stderr (its log, and what the library says at exit).
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.base.path().join("stderr.log")).unwrap_or_default()
     }
 
     fn outcome_phase(&self) -> Option<Phase> {
@@ -317,6 +322,17 @@ fn every_stop_ends_with_its_verdicts_code(layout: AppLayout) {
             Some(0),
             "{layout:?} round {round}: planned stop"
         );
+        // Nothing at the process's end says something went wrong when nothing did.
+        let said = app.stderr();
+        for wrong in [
+            "cannot register the exit handler",
+            "the process is ending while its runner has not stopped",
+        ] {
+            assert!(
+                !said.contains(wrong),
+                "{layout:?} round {round}: a planned stop said {wrong:?}:\n{said}"
+            );
+        }
         let record = FileRecordStore::read_last_stop(&app.state_dir())
             .unwrap()
             .unwrap_or_else(|| panic!("{layout:?} round {round}: no stop record"));
@@ -868,6 +884,10 @@ fn helper_web_app() {
     let ingress = env_ms("INGRESS_MS");
     let jobs = env_ms("JOBS_MS").unwrap_or_default();
     let ready_after = env_ms("READY_MS").unwrap_or_default();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     common::give_up_after_helper_lifetime();
     let start = |base: &Path| {
         let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
