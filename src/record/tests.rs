@@ -444,48 +444,13 @@ fn a_summary_that_cannot_be_written_does_not_fail_the_persist() {
     assert_eq!(listed.len(), 1, "the item is durable");
 }
 
-/// Issue 22.9: a store opened to look creates nothing and removes nothing.
-#[test]
-fn a_store_opened_to_look_creates_and_removes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    assert!(
-        FileRecordStore::open_existing(&state, crate::record::Sharing::Refused).is_err(),
-        "no directory, no store"
-    );
-    fs::create_dir(&state).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
-    }
-    let look = FileRecordStore::open_existing(&state, crate::record::Sharing::Refused).unwrap();
-    assert!(block_on(look.list()).unwrap().is_empty());
-    assert_eq!(block_on(look.last_stop()).unwrap(), None);
-    assert_eq!(
-        fs::read_dir(&state).unwrap().count(),
-        0,
-        "no lock file, no item directories"
-    );
-    assert!(
-        block_on(look.remove("item-1")).is_err(),
-        "it does not write"
-    );
-    // With a service's items there: listed, and an orphaned lease left where it is.
-    let (store, _) = self::store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
-    let orphan = state.join("planned-stop-items/gone.lease.json");
-    fs::write(&orphan, b"{}").unwrap();
-    assert_eq!(block_on(look.list()).unwrap().len(), 1);
-    assert!(orphan.exists());
-}
-
 /// Issue 22.13: the state directory is crash-consistent. The store's file-system steps are
 /// recorded (`store::files::journal`); for every prefix of an operation the test builds the tree
 /// a power loss at that point would leave — only what a directory sync made durable, and a file
 /// written without a sync as empty — and opens a store on it.
 mod crash;
 mod lease;
+mod look;
 
 /// What a process that died while writing left (a temporary file) and acknowledgements are kept
 /// for a day, then removed: the listing sweeps the one, a persist the other; younger ones stay.
