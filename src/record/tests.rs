@@ -389,6 +389,43 @@ fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
     );
 }
 
+/// The item file's own limit agrees with the reader's: a file of exactly `MAX_FILE_BYTES` is
+/// written and read back, and one byte more is refused before anything is written (a writer that
+/// allowed more would leave an item no start can read back; one that allowed less, a refusal of an
+/// item the reader takes).
+#[test]
+fn an_item_file_of_exactly_the_file_limit_is_written_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let items = store.dir().join("planned-stop-items");
+    let with_name = |id: &str, len: usize| {
+        let mut r = record();
+        r.unfinished[0].id = Some(id.into());
+        r.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 2));
+        r.unfinished[0].participant = "p".repeat(len);
+        r
+    };
+    let size = |id: &str| {
+        fs::metadata(items.join(format!("{id}.item.json")))
+            .unwrap()
+            .len()
+    };
+    // Measure the envelope with a one-character name, then size the name to fill the file.
+    block_on(store.persist(&owner(42), &with_name("item-a", 1))).unwrap();
+    let len = 1 + file::MAX_FILE_BYTES - size("item-a") as usize;
+    block_on(store.persist(&owner(42), &with_name("item-b", len))).unwrap();
+    assert_eq!(size("item-b") as usize, file::MAX_FILE_BYTES);
+    let err = block_on(store.persist(&owner(42), &with_name("item-c", len + 1))).unwrap_err();
+    assert!(
+        matches!(&err, RecordError::Invalid { reason, .. } if reason.contains("reads back")),
+        "{err}"
+    );
+    assert!(!items.join("item-c.item.json").exists());
+    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
+    assert_eq!(ids, ["item-a", "item-b"], "both read back");
+}
+
 /// Issue 22.7: an operator's drop or release wins over the holder's later hand-back.
 #[test]
 fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release() {
