@@ -522,7 +522,13 @@ impl FileRecordStore {
         let done = self.acked.join(format!("{id}{ITEM}"));
         match fsx::rename_file(&item, &done) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown()),
+            // Unknown only if the item itself is gone: a missing acknowledged directory is an
+            // error of the store, and the item stays held (its holder must not take it for done).
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound && fs::symlink_metadata(&item).is_err() =>
+            {
+                return Err(unknown());
+            }
             Err(source) => {
                 return Err(RecordError::Io {
                     op: "acknowledge (move to the acknowledged items)",

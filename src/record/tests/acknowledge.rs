@@ -1,0 +1,52 @@
+//! An acknowledgement that cannot be carried out says why: "unknown item" only when the item is
+//! really gone, never when the store's own directory is in the way (its holder would take the
+//! item for done elsewhere, and it would be offered again once the lease ran out).
+
+use super::*;
+
+/// Leases the one item of `record()` to owner 1; returns its item file and the acknowledged
+/// items' directory.
+fn leased(store: &FileRecordStore) -> (std::path::PathBuf, std::path::PathBuf) {
+    block_on(store.persist(&owner(42), &record())).unwrap();
+    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
+    assert_eq!(leased.len(), 1);
+    (
+        store.dir().join("planned-stop-items/item-1.item.json"),
+        store.dir().join(file::ACKED_DIR_NAME),
+    )
+}
+
+#[test]
+fn an_item_removed_by_hand_under_its_lease_is_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let (item, _) = leased(&store);
+    fs::remove_file(&item).unwrap();
+    let err = block_on(store.acknowledge(&owner(1), "item-1")).unwrap_err();
+    assert!(matches!(err, RecordError::UnknownItem { .. }), "{err}");
+}
+
+#[test]
+fn a_missing_or_blocked_acknowledged_directory_is_an_error_and_the_item_stays() {
+    for blocked in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = store(dir.path());
+        let (item, acked) = leased(&store);
+        fs::remove_dir_all(&acked).unwrap();
+        if blocked {
+            fs::write(&acked, b"").unwrap();
+        }
+        let err = block_on(store.acknowledge(&owner(1), "item-1")).unwrap_err();
+        assert!(
+            matches!(err, RecordError::Io { .. }),
+            "blocked {blocked}: not an unknown item: {err}"
+        );
+        assert!(item.exists(), "blocked {blocked}: the item is still there");
+        let listed = block_on(store.list()).unwrap();
+        assert_eq!(listed.len(), 1, "blocked {blocked}");
+        assert!(
+            listed[0].lease.is_some(),
+            "blocked {blocked}: and still held"
+        );
+    }
+}
