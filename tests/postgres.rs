@@ -465,6 +465,72 @@ mod fleet {
         assert!(listed(&url, &service).is_empty());
     }
 
+    /// Issue 35.4: leases are judged on the database's clock. A replica whose clock is 10 s
+    /// behind holds two items (`--lease-ms 5000`); one whose clock is 10 s ahead leases every
+    /// 100 ms: by its own clock the holder's lease lapsed long ago, yet it takes nothing while the
+    /// holder lives and renews — past two lease lengths by the database's clock — and takes both
+    /// once the holder is killed and its lease has expired. (Judged on each replica's clock, the
+    /// one ahead took both items at its first lease.)
+    #[test]
+    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
+    fn replicas_10_s_ahead_and_behind_never_hold_an_item_together() {
+        let url = database();
+        let service = unique_service("skew");
+        let base = tempfile::tempdir().unwrap();
+        let mut first = serve(
+            base.path(),
+            &url,
+            &service,
+            "first",
+            &["--jobs", "2", "--job-ms", "600000", "--drain-ms", "50"],
+            &[],
+        );
+        stop_wait(base.path(), first.pid());
+        assert_eq!(first.exit_code(), Some(0));
+        let lease = ["--jobs", "0", "--lease-ms", "5000"];
+        let behind = [
+            skewed_clock("-10s"),
+            vec![("PLANNED_STOP_HOST", "host-behind")],
+        ]
+        .concat();
+        let long = [&lease[..], &["--job-ms", "600000"]].concat();
+        let holder = serve(base.path(), &url, &service, "behind", &long, &behind);
+        let mut held = ids(&holder.seen("resumed").unwrap());
+        assert_eq!(held.len(), 2);
+        let ahead = [
+            skewed_clock("+10s"),
+            vec![("PLANNED_STOP_HOST", "host-ahead")],
+        ]
+        .concat();
+        let every = [&lease[..], &["--job-ms", "10", "--resume-every-ms", "100"]].concat();
+        let other = serve(base.path(), &url, &service, "ahead", &every, &ahead);
+        let taken_by_other = |other: &Serve| -> usize {
+            other.drain_events();
+            let history = other.history.lock().unwrap();
+            history
+                .iter()
+                .filter(|e| e["event"] == "resumed")
+                .map(|e| ids(e).len())
+                .sum()
+        };
+        assert_eq!(taken_by_other(&other), 0, "the holder's lease is valid");
+        // Two lease lengths by the database's clock, seen in the leases' own ends: the holder
+        // renews while the other keeps asking.
+        let first_end = lease_ends(&url, &service);
+        let mut end = first_end;
+        while end < first_end + chrono::TimeDelta::seconds(5) {
+            assert_eq!(taken_by_other(&other), 0, "taken from a live holder");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            end = lease_ends(&url, &service);
+        }
+        assert_eq!(taken_by_other(&other), 0, "taken from a live holder");
+        drop(holder); // SIGKILL: it renews no more
+        let mut taken = other.wait_acked(2);
+        taken.sort();
+        held.sort();
+        assert_eq!(taken, held, "taken over once the lease expired");
+    }
+
     /// Issue 22.5: a lease shorter than its renewal can keep is refused at start, with what to
     /// do; at the shortest accepted lease two live replicas on different hosts, both leasing
     /// again every 50 ms for three lease lengths, never take the same item.

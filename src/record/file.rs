@@ -21,6 +21,13 @@
 //! the operator sees it with `records list`. The directories must belong to this process's user or
 //! root (whoever owns them can rename what they hold).
 //!
+//! Leases are judged on this host's wall clock (the clock the service reads): the
+//! directory is one host's, so every process sharing it reads the same clock, and a lease's owner
+//! on this host is looked up by its pid and start fingerprint rather than by its expiry. A
+//! directory shared by several hosts (a network file system) is not supported: their clocks would
+//! judge each other's leases, and their process tables cannot be read. Use [`crate::record::PgRecordStore`]
+//! for a fleet.
+//!
 //! The work is blocking file I/O and, while another process holds the lock, a wait of up to
 //! [`LOCK_WAIT`]: inside a tokio runtime (the actix `System`) it runs on the runtime's blocking
 //! threads, so the event loop never waits on a disk or a lock.

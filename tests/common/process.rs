@@ -38,6 +38,26 @@ pub fn json_of(out: &Output) -> Value {
     })
 }
 
+/// The environment that runs a process with its wall clock `offset` (`"+10s"`, `"-10s"`) away
+/// from the host's, as a process on a host whose clock is off: libfaketime, preloaded, with the
+/// monotonic clock left alone (timers run true). Panics, saying what to install, without it.
+pub fn skewed_clock(offset: &'static str) -> Vec<(&'static str, &'static str)> {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .expect("libfaketime skews a process's clock: apt-get install faketime (.ci/run does)");
+    vec![
+        ("LD_PRELOAD", lib),
+        ("FAKETIME", offset),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ("FAKETIME_NO_CACHE", "1"),
+    ]
+}
+
 /// `planned-stop stop --pid PID --dir DIR --json` and `extra` (`--wait SECS`, ...): the stopper as
 /// an operator runs it.
 pub fn stop_json(dir: &Path, pid: &str, extra: &[&str]) -> Output {

@@ -8,7 +8,9 @@
 //! Leases follow the same rules as every backend ([`crate::record::lease::is_offered`]): an item's lease names
 //! its owner (host, pid, start fingerprint). An owner on *this* host is looked up, so the items of
 //! a dead one are offered again at once; an owner on another host keeps its items until its lease
-//! expires. Rows are claimed with `SELECT … FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+//! expires. Expiry is judged on one clock, the database's (`clock_timestamp()`): every lease, renewal
+//! and offer reads the time from the server, so replicas whose own clocks disagree (by seconds or by
+//! hours) still agree on whose lease has lapsed. Rows are claimed with `SELECT … FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 //! wait on each other and never take the same item.
 //!
 //! When the database cannot be reached at a stop, nothing is lost: with a spill directory
@@ -30,7 +32,7 @@ use super::file::FileRecordStore;
 use super::lease::{Liveness, Owner};
 use super::store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, lease_end};
 use super::{RecordError, StopRecord};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use rows::{COLUMNS, item_of, owner_key};
 use schema::migrate;
 use std::future::Future;
@@ -71,7 +73,8 @@ pub struct PgRecordStore {
     /// The server process of the current connection (`pg_backend_pid()`), and of the last one
     /// abandoned by a timeout: what a timed-out call may still be doing on the server.
     backends: Arc<std::sync::Mutex<Backends>>,
-    clock: Arc<dyn Clock>,
+    /// Stands in for the database's clock in tests; `None`: the database's own.
+    clock: Option<Arc<dyn Clock>>,
     liveness: LivenessProbe,
     spill: Option<FileRecordStore>,
     timeout: Duration,
@@ -90,6 +93,23 @@ impl std::fmt::Debug for PgRecordStore {
 
 fn backend(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> RecordError {
     RecordError::backend_caused_by(what, e)
+}
+
+/// Now, by the clock every lease of the database is judged on: the server's `clock_timestamp()`
+/// (one clock for all replicas, whatever their own clocks say), or the test clock standing in
+/// for it.
+async fn db_now(
+    clock: Option<&Arc<dyn Clock>>,
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<chrono::DateTime<chrono::Utc>, RecordError> {
+    if let Some(clock) = clock {
+        return Ok(clock.now());
+    }
+    client
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| backend("read the database's clock", e))
 }
 
 /// See [`PgRecordStore::backends`].
@@ -119,7 +139,7 @@ impl PgRecordStore {
             }),
             client: Arc::new(tokio::sync::Mutex::new(None)),
             backends: Arc::default(),
-            clock: Arc::new(SystemClock),
+            clock: None,
             liveness: Arc::new(crate::record::host::liveness_here),
             spill: None,
             timeout: DEFAULT_OPERATION_TIMEOUT,
@@ -148,13 +168,14 @@ impl PgRecordStore {
         self
     }
 
-    /// Reads lease times from `clock` instead of the system clock. A test seam, with the `testing`
-    /// feature.
+    /// Reads lease times from `clock` instead of the database's clock (`clock_timestamp()`), which
+    /// judges every lease otherwise: `clock` stands in for the server's, for every replica that
+    /// shares it. A test seam, with the `testing` feature.
     #[cfg(feature = "testing")]
     #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     #[must_use]
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> PgRecordStore {
-        self.clock = clock;
+        self.clock = Some(clock);
         self
     }
 
@@ -304,12 +325,14 @@ impl RecordStore for PgRecordStore {
             if let Err(e) = self.push_spilled().await {
                 tracing::warn!(error = %crate::error_chain::ErrorChain(&e), "cannot push the spilled items yet; they stay on this host");
             }
-            // Each call's leases carry its own `leased_at`: what a failed call may have taken
-            // (a commit that outlasted the timeout) can be named and released.
-            let now = self.clock.now();
-            let leased = self.lease_db(owner, max, lease_for, now).await;
-            if leased.is_err() {
-                self.release_uncertain(owner, now);
+            // Each call's leases carry its own `leased_at` (the database's time when the call
+            // began): what a failed call may have taken (a commit that outlasted the timeout) can
+            // be named and released. A call that failed before it read that time leased nothing.
+            let stamp = Arc::new(std::sync::Mutex::new(None));
+            let leased = self.lease_db(owner, max, lease_for, stamp.clone()).await;
+            let stamp = stamp.lock().ok().and_then(|mut s| s.take());
+            if let (Err(_), Some(stamp)) = (&leased, stamp) {
+                self.release_uncertain(owner, stamp);
             }
             leased
         })
@@ -324,10 +347,11 @@ impl RecordStore for PgRecordStore {
         let service = self.service.clone();
         let key = owner_key(owner);
         let ids = ids.to_vec();
-        let now = self.clock.now();
-        let expires_at = lease_end(now, lease_for);
+        let clock = self.clock.clone();
         Box::pin(self.run(move |client| {
             Box::pin(async move {
+                let now = db_now(clock.as_ref(), client).await?;
+                let expires_at = lease_end(now, lease_for);
                 let rows = client
                     .query(
                         "UPDATE planned_stop_items SET leased_at = $4, lease_expires = $5 \
@@ -354,9 +378,10 @@ impl RecordStore for PgRecordStore {
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
         let service = self.service.clone();
         let id = id.to_owned();
-        let now = self.clock.now();
+        let clock = self.clock.clone();
         Box::pin(self.run(move |client| {
             Box::pin(async move {
+                let now = db_now(clock.as_ref(), client).await?;
                 // The drop leaves a tombstone, as an acknowledgement does: a spilled copy of the
                 // item pushed later is not brought back.
                 let row = client

@@ -3,7 +3,7 @@
 //! transaction through [`PgRecordStore::run`](super::PgRecordStore), within the operation timeout.
 
 use super::rows::{COLUMNS, as_i64, col, item_of, owner_key, pid_of, quarantine};
-use super::{PgRecordStore, backend};
+use super::{PgRecordStore, backend, db_now};
 use crate::record::lease::{self, Lease, Liveness, Owner};
 use crate::record::store::{Leased, RecordStore, ResumeItem, checked_item, lease_end};
 use crate::record::{RecordError, StopRecord};
@@ -171,9 +171,9 @@ impl PgRecordStore {
         owner: &Owner,
         max: usize,
         lease_for: Duration,
-        now: chrono::DateTime<chrono::Utc>,
+        stamp: std::sync::Arc<std::sync::Mutex<Option<chrono::DateTime<chrono::Utc>>>>,
     ) -> Result<Vec<Leased>, RecordError> {
-        let expires_at = lease_end(now, lease_for);
+        let clock = self.clock.clone();
         let service = self.service.clone();
         let owner = owner.clone();
         let liveness = self.liveness.clone();
@@ -208,6 +208,12 @@ impl PgRecordStore {
                     .map(|(k, _)| k.clone())
                     .collect();
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                // Expiry is judged on the database's clock, the one every replica shares.
+                let now = db_now(clock.as_ref(), &tx).await?;
+                if let Ok(mut stamp) = stamp.lock() {
+                    *stamp = Some(now);
+                }
+                let expires_at = lease_end(now, lease_for);
                 // A start leases: the name is registered, so `records list` knows it from now on.
                 tx.execute(
                     "INSERT INTO planned_stop_services (service, first_seen, last_seen) \
@@ -367,9 +373,10 @@ impl PgRecordStore {
         let service = self.service.clone();
         let owner = owner_key(owner);
         let id = id.to_owned();
-        let now = self.clock.now();
+        let clock = self.clock.clone();
         self.run(move |client| {
             Box::pin(async move {
+                let now = db_now(clock.as_ref(), client).await?;
                 // One statement: the item goes and its acknowledgement comes, only if it is ours.
                 let done = client
                     .query_opt(
