@@ -109,6 +109,35 @@ impl ProcessIdentity {
     }
 }
 
+/// The user ids the process `pid` runs as (on Linux its real, effective, saved and file-system
+/// uids), or `None` when they cannot be read: the process is gone, or the OS has no uids
+/// (Windows). What decides whether a file in a shared directory may speak for the process
+/// ([`crate::outcome::may_speak_for`]).
+pub(crate) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
+    if pid == 0 {
+        return None;
+    }
+    os::user_ids_of(pid)
+}
+
+/// The uids of a `/proc/<pid>/status` text (its `Uid:` line: real, effective, saved, file
+/// system), or `None` when it has none that parse. Pure: the text is another process's.
+///
+/// ```
+/// use planned_stop::internals::parse_status_uids;
+/// assert_eq!(parse_status_uids("Name:\tx\nUid:\t0\t65534\t0\t0\n"), Some(vec![0, 65534, 0, 0]));
+/// assert_eq!(parse_status_uids("Uid:\tnone\n"), None);
+/// ```
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub fn parse_status_uids(text: &str) -> Option<Vec<u32>> {
+    let line = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let uids: Vec<u32> = line
+        .split_whitespace()
+        .map_while(|field| field.parse().ok())
+        .collect();
+    (!uids.is_empty()).then_some(uids)
+}
+
 /// The `starttime` field of a `/proc/<pid>/stat` line, and whether the process is still alive (not a
 /// zombie or dead). Pure, so it can be tested (and fuzzed) on any input.
 ///
@@ -163,6 +192,12 @@ mod os {
     use chrono::{DateTime, TimeDelta, Utc};
     use std::sync::OnceLock;
 
+    /// The `Uid:` line of `/proc/<pid>/status` (see `proc_pid_status(5)`).
+    pub(super) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        super::parse_status_uids(&text)
+    }
+
     /// Reads `/proc/<pid>/stat` (see `proc_pid_stat(5)`).
     pub(super) fn identity_of(pid: u32) -> Option<ProcessIdentity> {
         let line = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
@@ -207,6 +242,11 @@ mod os {
     use windows_sys::Win32::System::Threading::{
         GetExitCodeProcess, GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
     };
+
+    /// Windows has no uids: access to a marker directory is its ACL's to decide.
+    pub(super) fn user_ids_of(_: u32) -> Option<Vec<u32>> {
+        None
+    }
 
     /// 1601-01-01 (the FILETIME epoch) to 1970-01-01, in 100 ns ticks.
     const UNIX_EPOCH_TICKS: u64 = 116_444_736_000_000_000;
@@ -255,6 +295,25 @@ mod os {
 mod os {
     use super::{ProcessIdentity, sysinfo_start_time};
     use chrono::DateTime;
+
+    /// The real and effective uids as `sysinfo` reports them (no `/proc` to read here).
+    pub(super) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
+        use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System, UpdateKind};
+        let pid = Pid::from_u32(pid);
+        let mut system = System::new().ok()?;
+        system.refresh_processes_specifics(
+            ProcessesToUpdate::Some(&[pid]),
+            true,
+            ProcessRefreshKind::nothing().with_user(UpdateKind::Always),
+        );
+        let process = system.process(pid)?;
+        let uids: Vec<u32> = [process.user_id(), process.effective_user_id()]
+            .into_iter()
+            .flatten()
+            .map(|uid| **uid)
+            .collect();
+        (!uids.is_empty()).then_some(uids)
+    }
 
     pub(super) fn identity_of(pid: u32) -> Option<ProcessIdentity> {
         let start = sysinfo_start_time(pid)?;

@@ -147,8 +147,9 @@ pub use work::{JobId, Unreadable, WorkSet};
 pub mod internals {
     pub use crate::clock::{Clock, SystemClock};
     pub use crate::events::{SlotEvents, Wakeups};
-    pub use crate::identity::parse_proc_stat;
+    pub use crate::identity::{parse_proc_stat, parse_status_uids};
     pub use crate::lifecycle::{Lifecycle, Step};
+    pub use crate::outcome::may_speak_for;
     pub use crate::record::host::{HOST_ENV, local_host};
     pub use crate::record::lease::{Liveness, holds, is_offered, is_valid_item_id};
     pub use crate::runner::{OsSignal, PlannedStop, RunnerActor};

@@ -13,13 +13,41 @@
 //! `DIR/planned-stop-<PID>.watching.json`, a [`Presence`], written when it starts and removed when
 //! it has stopped. A stopper that finds neither a presence nor an outcome file of its target's
 //! identity can say at once that the target has not announced watching this directory, the usual
-//! sign of a wrong `--dir` or a process that is not a planned-stop service. It can only say so,
-//! never refuse: the earlier system this crate descends from reads markers without announcing.
+//! sign of a wrong `--dir` or a process that is not a planned-stop service; a stop that would
+//! also signal is refused then. Because a stopper acts on these files, one counts only when the
+//! named process's own user (or root) wrote it ([`may_speak_for`]): a directory another user can
+//! write must not let that user choose whom a stopper signals or kills.
 
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::{StopCause, StopVerdict};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+/// Whether a file in the marker directory, owned by the uid `owner`, may speak for the process it
+/// names, which runs as `process_users` (`None`: gone, or its uids cannot be read): a presence
+/// or outcome file says who watches and how a stop went, and a stopper acts on that (whom a
+/// `--signal` goes to, whether a stop counts as done). A directory another user can write must
+/// not let that user choose whom the stopper signals or kills, so only a file the process's own
+/// user wrote counts, or root's. For a process that is gone only `reader`'s own files (and
+/// root's) count. Where files have no owner uid (Windows: the directory's ACL decides), every
+/// file counts.
+///
+/// ```
+/// use planned_stop::internals::may_speak_for;
+/// assert!(may_speak_for(Some(1000), Some(&[1000]), 0), "the process's own user");
+/// assert!(may_speak_for(Some(0), Some(&[1000]), 1000), "root's");
+/// assert!(!may_speak_for(Some(65534), Some(&[0]), 0), "another user's file about a root process");
+/// assert!(!may_speak_for(Some(65534), None, 0), "about a process that is gone");
+/// assert!(may_speak_for(Some(1000), None, 1000), "the reader's own");
+/// assert!(may_speak_for(None, None, 0), "no owner uids on this OS");
+/// ```
+pub fn may_speak_for(owner: Option<u32>, process_users: Option<&[u32]>, reader: u32) -> bool {
+    match (owner, process_users) {
+        (None, _) | (Some(0), _) => true,
+        (Some(owner), Some(users)) => users.contains(&owner),
+        (Some(owner), None) => owner == reader,
+    }
+}
 
 /// Largest outcome file read, in bytes.
 pub(crate) const MAX_OUTCOME_BYTES: usize = 16 * 1024;

@@ -493,16 +493,22 @@ pub fn wait_with(
         ExitWatch::Poll => None,
     };
     let mut exited = false;
+    // Whose outcome files count (its own user's): read while it runs, so they are still known
+    // once it has exited.
+    let users = crate::identity::user_ids_of(target.pid)
+        .filter(|_| ProcessIdentity::of(target.pid) == Some(*target));
+    let read = || {
+        store
+            .read_outcome_of(target.pid, users.as_deref())
+            .filter(|o| o.is_from(target))
+    };
     loop {
         // Read the outcome before checking liveness: a target that exits right after writing its
         // final outcome must not be seen as gone with a stale acknowledgement.
-        let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
+        let outcome = read();
         let alive = !exited && ProcessIdentity::of(target.pid) == Some(*target);
         if !alive {
-            let outcome = store
-                .read_outcome(target.pid)
-                .filter(|o| o.is_from(target))
-                .or(outcome);
+            let outcome = read().or(outcome);
             // A marker that arrived after the target's last look (a racing stopper's, or ours)
             // must not stay behind for a pid that is gone.
             let slot = store.slot_path(target.pid);

@@ -66,30 +66,41 @@ pub(crate) fn read_private(path: &Path, limit: usize) -> Found {
 }
 
 fn read_checked(path: &Path, limit: usize, own_only: bool) -> Found {
+    read_owned(path, limit, own_only).0
+}
+
+/// [`read_bounded`], and the uid that owns the file read (`None` where files have no owner uid:
+/// Windows): for files that speak for a process only when its user wrote them.
+pub(crate) fn read_bounded_with_owner(path: &Path, limit: usize) -> (Found, Option<u32>) {
+    read_owned(path, limit, false)
+}
+
+/// What was found, and the uid owning what was opened (`None` when nothing was, or on Windows).
+fn read_owned(path: &Path, limit: usize, own_only: bool) -> (Found, Option<u32>) {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
-        Err(e) => return Found::Unreadable(e.kind()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return (Found::Absent, None),
+        Err(e) => return (Found::Unreadable(e.kind()), None),
     };
     if let Some(kind) = non_file_kind(&meta) {
-        return Found::NotAFile(kind);
+        return (Found::NotAFile(kind), None);
     }
     let mut file = match open_no_follow(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Found::Absent,
-        Err(e) if is_symlink_loop(&e) => return Found::NotAFile(FileKind::Symlink),
-        Err(e) => return Found::Unreadable(e.kind()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return (Found::Absent, None),
+        Err(e) if is_symlink_loop(&e) => return (Found::NotAFile(FileKind::Symlink), None),
+        Err(e) => return (Found::Unreadable(e.kind()), None),
     };
     // The path may have been swapped between lstat and open: judge what was actually opened.
-    let size = match file.metadata() {
+    let (size, owner) = match file.metadata() {
         Ok(m) => match non_file_kind(&m) {
-            Some(kind) => return Found::NotAFile(kind),
+            Some(kind) => return (Found::NotAFile(kind), None),
             None => match os::foreign_owner(&m) {
-                Some(uid) if own_only => return Found::Foreign(uid),
-                _ => m.len(),
+                Some(uid) if own_only => return (Found::Foreign(uid), Some(uid)),
+                _ => (m.len(), os::owner_of(&m)),
             },
         },
-        Err(e) => return Found::Unreadable(e.kind()),
+        Err(e) => return (Found::Unreadable(e.kind()), None),
     };
     // Read up to the size fstat reported (saving the read that would only confirm the end of the
     // file), never more than the limit plus one byte.
@@ -105,11 +116,11 @@ fn read_checked(path: &Path, limit: usize, own_only: bool) -> Found {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Found::Unreadable(e.kind()),
+            Err(e) => return (Found::Unreadable(e.kind()), owner),
         }
     }
     bytes.truncate(filled);
-    Found::Bytes(bytes)
+    (Found::Bytes(bytes), owner)
 }
 
 fn non_file_kind(meta: &fs::Metadata) -> Option<FileKind> {
@@ -522,6 +533,12 @@ mod os {
         (meta.uid() != 0).then_some((meta.uid(), meta.gid()))
     }
 
+    /// The uid that owns a file.
+    pub(super) fn owner_of(meta: &Metadata) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        Some(meta.uid())
+    }
+
     /// The owner of a file this process's effective user does not own.
     pub(super) fn foreign_owner(meta: &Metadata) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
@@ -568,6 +585,11 @@ mod os {
 
     /// No owner uid to hand a file to on Windows.
     pub(crate) fn reader_of(_: &Path) -> Option<(u32, u32)> {
+        None
+    }
+
+    /// No owner uids here.
+    pub(super) fn owner_of(_: &Metadata) -> Option<u32> {
         None
     }
 

@@ -3,16 +3,41 @@
 //! `DIR/planned-stop-<PID>.watching.json`, how it knows the target watches the directory at all
 //! (see `crate::outcome`).
 
-use super::files::{Found, read_bounded, remove, write_atomically};
+use super::files::{Found, read_bounded_with_owner, remove, write_atomically};
 use super::naming::{
     TEMP_TAG, outcome_file_name, parse_outcome_file_name, parse_presence_file_name,
     presence_file_name,
 };
 use super::{MarkerStore, StoreError};
-use crate::identity::ProcessIdentity;
-use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Presence};
+use crate::identity::{ProcessIdentity, user_ids_of};
+use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Presence, may_speak_for};
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The bytes of the file at `path` that names `pid`, when it may speak for that process
+/// ([`may_speak_for`]: its user, or root, wrote it); `None` otherwise, with a warning for a file
+/// another user wrote (a planted file must never choose whom a stopper signals).
+fn read_speaking_for(path: &Path, pid: u32, users: Option<&[u32]>) -> Option<Vec<u8>> {
+    let (found, owner) = read_bounded_with_owner(path, MAX_OUTCOME_BYTES);
+    let Found::Bytes(bytes) = found else {
+        return None;
+    };
+    if may_speak_for(owner, users, reader_uid()) {
+        return Some(bytes);
+    }
+    tracing::warn!(path = %path.display(), pid, owner, users = ?users,
+        "a file names this process but another user wrote it: ignored, it cannot say who \
+        watches or how a stop went (planted?)");
+    None
+}
+
+/// This process's effective uid (0 where there are none: Windows, where owners never count).
+fn reader_uid() -> u32 {
+    #[cfg(unix)]
+    return rustix::process::geteuid().as_raw();
+    #[cfg(not(unix))]
+    return 0;
+}
 
 impl MarkerStore {
     /// Where the runner of `pid` writes its [`Outcome`]: `DIR/planned-stop-<PID>.outcome.json`, in
@@ -60,8 +85,10 @@ impl MarkerStore {
         }
     }
 
-    /// Reads the presence file of `pid`; `None` when there is none or it is not one. Check
-    /// [`Presence::is_from`] before trusting it.
+    /// Reads the presence file of `pid`; `None` when there is none, it is not one, it names
+    /// another pid inside, or it was written by a user the process `pid` does not run as (nor
+    /// root): a file another user planted never speaks for a process (see protocol.md, "Whose
+    /// files count"). Check [`Presence::is_from`] before trusting it.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -69,17 +96,15 @@ impl MarkerStore {
     /// assert_eq!(store.read_presence(42), None);
     /// ```
     pub fn read_presence(&self, pid: u32) -> Option<Presence> {
-        match read_bounded(&self.presence_path(pid), MAX_OUTCOME_BYTES) {
-            Found::Bytes(bytes) => Presence::parse(&bytes),
-            _ => None,
-        }
+        let bytes = read_speaking_for(&self.presence_path(pid), pid, user_ids_of(pid).as_deref())?;
+        Presence::parse(&bytes).filter(|p| p.pid == pid)
     }
 
     /// Whether the process `identity` has announced in this directory that it reads its markers
     /// here: a presence file, or an outcome file (a stop already under way), of its own. `false`
     /// for a process that is not a planned-stop service watching this directory (a wrong
-    /// directory, another program), and also for a service of the earlier system this crate
-    /// descends from, which reads markers without announcing.
+    /// directory, another program), for one whose files in it another user wrote, and for a
+    /// service of an older version of the protocol, which reads markers without announcing.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -110,8 +135,11 @@ impl MarkerStore {
         Ok(path)
     }
 
-    /// Reads the outcome file of `pid`; `None` when there is none or it is not an outcome. Check
-    /// [`Outcome::is_from`] before trusting it: the pid may have had an earlier owner.
+    /// Reads the outcome file of `pid`; `None` when there is none, it is not an outcome, it names
+    /// another pid inside, or its writer may not speak for the process (another user's file, as
+    /// for [`MarkerStore::read_presence`]; for a process that is gone, only this user's files and
+    /// root's count). Check [`Outcome::is_from`] before trusting it: the pid may have had an
+    /// earlier owner.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -119,10 +147,14 @@ impl MarkerStore {
     /// assert_eq!(store.read_outcome(42), None);
     /// ```
     pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
-        match read_bounded(&self.outcome_path(pid), MAX_OUTCOME_BYTES) {
-            Found::Bytes(bytes) => Outcome::parse(&bytes),
-            _ => None,
-        }
+        self.read_outcome_of(pid, user_ids_of(pid).as_deref())
+    }
+
+    /// [`MarkerStore::read_outcome`] of a process that ran as `users` (read while it ran: a
+    /// stopper following its target past its exit still knows whose files count).
+    pub(crate) fn read_outcome_of(&self, pid: u32, users: Option<&[u32]>) -> Option<Outcome> {
+        let bytes = read_speaking_for(&self.outcome_path(pid), pid, users)?;
+        Outcome::parse(&bytes).filter(|o| o.pid == pid)
     }
 
     /// Every readable outcome file in the directory, by pid.
