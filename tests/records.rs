@@ -755,3 +755,48 @@ fn an_unusable_item_file_is_reported_without_its_contents() {
         "{all:?}"
     );
 }
+
+/// Issue 35.6 (finding 4): a valid item under a name that is not an item id (`bad.id.item.json`),
+/// or under a name that is not UTF-8, was skipped without the warning cli.md promises, and so
+/// never resumed and never heard of. Each is now named in a WARN (path and why, never its
+/// contents), and the items with good names are still listed.
+#[test]
+fn an_item_file_under_a_name_that_is_no_item_id_is_reported() {
+    let logs = common::actors::LogCapture::default();
+    let _guard = logs.install();
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap();
+    let items = store.dir().join("planned-stop-items");
+    let item = |id: &str| {
+        serde_json::json!({"id": id, "participant": "jobs", "item": "SECRET",
+            "stopped_by": {"host": "h", "pid": 1, "start": 1},
+            "stopped_at": "2026-12-01T00:00:00Z", "attempts": 1})
+        .to_string()
+    };
+    std::fs::write(items.join("good.item.json"), item("good")).unwrap();
+    std::fs::write(items.join("bad.id.item.json"), item("bad")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::OsStr::from_bytes(b"b\xffd.item.json");
+        std::fs::write(items.join(name), item("bd")).unwrap();
+    }
+    let mut listing = store.list();
+    let waker = std::task::Waker::noop();
+    let std::task::Poll::Ready(listed) = listing
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker))
+    else {
+        panic!("outside a runtime the file store answers at once");
+    };
+    let ids: Vec<String> = listed.unwrap().into_iter().map(|s| s.item.id).collect();
+    assert_eq!(ids, ["good"]);
+    assert_eq!(logs.count(tracing::Level::WARN, "bad.id.item.json"), 1);
+    #[cfg(unix)]
+    assert_eq!(logs.count(tracing::Level::WARN, "not UTF-8"), 1);
+    let all = logs.0.lock().unwrap();
+    assert!(
+        all.iter().all(|(_, line)| !line.contains("SECRET")),
+        "{all:?}"
+    );
+}

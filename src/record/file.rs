@@ -307,12 +307,19 @@ impl FileRecordStore {
         let mut leases = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Some(id) = name
-                .strip_suffix(ITEM)
-                .filter(|id| lease::is_valid_item_id(id))
-            {
-                ids.push(id.to_owned());
+            let Some(name) = name.to_str() else {
+                misnamed(&entry.path(), "its name is not UTF-8");
+                continue;
+            };
+            if let Some(id) = name.strip_suffix(ITEM) {
+                if lease::is_valid_item_id(id) {
+                    ids.push(id.to_owned());
+                } else {
+                    misnamed(
+                        &entry.path(),
+                        "its name is not an item id (1 to 128 of A-Z a-z 0-9 - _)",
+                    );
+                }
             } else if let Some(id) = name.strip_suffix(LEASE) {
                 leases.push(id.to_owned());
             } else if self.writable && name.starts_with('.') && older_than(&entry, ACK_KEEP) {
@@ -590,4 +597,12 @@ impl FileRecordStore {
     fn valid(&self, id: &str) -> Option<()> {
         lease::is_valid_item_id(id).then_some(())
     }
+}
+
+/// A file in the item directory that looks like an item but cannot be one by its name: never
+/// resumed, so an operator must hear of it (its path and why; never its contents).
+fn misnamed(path: &Path, why: &str) {
+    tracing::warn!(path = %path.display(), why,
+        "a file in the item directory is not an item, and is never resumed: if it holds one, \
+        rename it to the id it holds followed by .item.json; otherwise remove it");
 }
