@@ -22,8 +22,9 @@ model:
     PLANNED_STOP_MODEL=deep cargo test --release --test model -- --nocapture --test-threads 1
 
 # The fleet in chaos for longer, e.g. `just chaos 600` (tests/chaos.rs; needs PostgreSQL's
-# binaries, which ci/postgres.sh installs): 5 replicas on PostgreSQL and 3 on a shared state
-# directory under random faults, then the checker; then the same with injected defects.
+# binaries, which ci/postgres.sh installs, and libfaketime: `apt-get install faketime`): 5 replicas
+# on PostgreSQL and 3 on a shared state directory under random faults, a quiet phase, then the
+# checker; then the same with injected defects.
 chaos secs="300":
     PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --release --features postgres --test chaos -- --ignored --nocapture --test-threads 1
 
