@@ -20,6 +20,7 @@
 
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::{StopCause, StopVerdict};
+use crate::marker::StopAction;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -178,6 +179,15 @@ pub struct Outcome {
     /// call it clean. Absent in the other phases and from earlier versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainSummary>,
+    /// What the accepted request asked for: `restart` when the stop is a planned restart; absent
+    /// (a stop) otherwise, and from earlier versions. A repeated `stop --restart` toward a target
+    /// that is gone tells from it whether the target restarted or stopped for good.
+    #[serde(default, skip_serializing_if = "is_stop")]
+    pub action: StopAction,
+}
+
+fn is_stop(action: &StopAction) -> bool {
+    *action == StopAction::Stop
 }
 
 /// How a drain went, as the final outcome tells a stopper: enough to tell a clean drain from one

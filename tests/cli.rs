@@ -183,6 +183,17 @@ fn stop_wait_tells_a_clean_drain_from_a_forced_one() {
         "{report}"
     );
     assert_eq!(service.exit_code(), Some(0), "still a planned stop");
+    // Asked again (issue 38.8: it answered `already_stopped`, 0): still not clean, 13 with the
+    // flag, 0 without it.
+    let again = stop(&d, &service.pid_arg(), &["--require-clean"]);
+    let report = json_of(&again);
+    assert_eq!(report["outcome"], "already_stopped", "{report}");
+    assert_eq!(
+        (again.status.code(), &report["clean"]),
+        (Some(13), &serde_json::json!(false)),
+        "{report}"
+    );
+    assert_eq!(stop(&d, &service.pid_arg(), &[]).status.code(), Some(0));
 
     // A drain in which every job hands its work back in time is clean: 0 with the flag.
     let mut service = serve(
@@ -1391,4 +1402,63 @@ fn a_presence_file_whose_name_and_content_disagree_is_not_listed() {
     let out = run(&["stop", "--dir", s(&d.run), "--json"]);
     assert_ne!(out.status.code(), Some(0), "{out:?}");
     assert!(misnamed.exists());
+}
+
+/// Issue 35.6: `stop --restart` toward a service that had stopped for good answered
+/// `already_stopped`, 0 — a deploy would believe it restarted. It now answers
+/// `already_stopped_for_good`, 5; toward one that did restart, `already_stopped`, 0. And
+/// `--wait-only`, which sends nothing, no longer ignores `--signal` and `--restart` in silence:
+/// with either it is a usage error (2) naming the flag.
+#[cfg(unix)]
+#[test]
+fn a_repeated_restart_tells_a_restart_from_a_stop_for_good() {
+    let d = dirs();
+    let mut service = serve(&d, &["--drain-ms", "50"]);
+    let pid = service.pid_arg();
+    assert_eq!(stop(&d, &pid, &["--wait", "20"]).status.code(), Some(0));
+    assert_eq!(service.exit_code(), Some(0));
+    let out = stop(&d, &pid, &["--restart"]);
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "already_stopped_for_good", "{report}");
+    assert_eq!(out.status.code(), Some(5), "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing restarted it"),
+        "{report}"
+    );
+
+    let mut service = serve(&d, &["--drain-ms", "50"]);
+    let pid = service.pid_arg();
+    let out = stop(&d, &pid, &["--restart", "--wait", "20"]);
+    assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+    assert_eq!(service.exit_code(), Some(75));
+    let out = stop(&d, &pid, &["--restart"]);
+    let report = json_of(&out);
+    assert_eq!(report["outcome"], "already_stopped", "{report}");
+    assert_eq!(
+        (out.status.code(), &report["action"]),
+        (Some(0), &serde_json::json!("restart")),
+        "{report}"
+    );
+
+    for flag in ["--signal", "--restart"] {
+        let out = run(&[
+            "stop",
+            "--pid",
+            &pid,
+            "--dir",
+            s(&d.run),
+            "--wait",
+            "1",
+            "--wait-only",
+            flag,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(flag),
+            "{flag}: {out:?}"
+        );
+    }
 }

@@ -71,7 +71,9 @@ pub struct StopArgs {
     pub require_clean: bool,
     /// With --wait: write nothing, only follow a stop already requested (after an earlier
     /// `stop --wait` ran out), and report as --wait does.
-    #[arg(long, requires = "wait")]
+    /// It sends nothing, so it cannot go with what would be sent (--signal, --restart,
+    /// --no-trigger, --reason, --create-dir).
+    #[arg(long, requires = "wait", conflicts_with_all = ["signal", "restart", "no_trigger", "reason", "create_dir"])]
     pub wait_only: bool,
     /// With --wait (Unix): a target still running at the deadline is ended with SIGKILL, the
     /// signal systemd sends when TimeoutStopSec runs out, and reported as `killed_at_deadline`

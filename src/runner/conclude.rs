@@ -232,6 +232,7 @@ impl RunnerActor {
             exit_code: Some(code),
             spilled,
             drain: Some(crate::outcome::DrainSummary::of(&record)),
+            action: record.action,
         });
         if self.config.owns_process_exit {
             if let Some(system) = System::try_current() {

@@ -183,6 +183,11 @@ impl RunnerActor {
             exit_code: Some(code),
             spilled: false,
             drain: None,
+            action: self
+                .drain
+                .as_ref()
+                .map(|run| run.requester.action)
+                .unwrap_or_default(),
         };
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");

@@ -33,6 +33,7 @@ impl Handler<HeldStop> for RunnerActor {
             exit_code: None,
             spilled: false,
             drain: None,
+            action: stop.action,
         });
     }
 }

@@ -253,6 +253,7 @@ impl RunnerActor {
             exit_code: None,
             spilled: false,
             drain: None,
+            action: requester.action,
         });
         self.drain = Some(DrainRun::new(
             cause,

@@ -3,9 +3,10 @@
 
 use super::StopArgs;
 use crate::cli::{
-    EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, chain, emit,
+    EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_NOT_CLEAN, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, chain,
+    emit,
 };
-use planned_stop::marker::MarkerStore;
+use planned_stop::marker::{MarkerStore, StopAction};
 use planned_stop::stopper::{self, DrainSummary, StopperError, WaitOutcome};
 use serde_json::json;
 use std::time::Duration;
@@ -86,7 +87,9 @@ pub(super) fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
 
 /// A target that is gone but left a final outcome here (and, with `--start`, has that
 /// fingerprint): a repeated stop answers what happened, as `systemctl stop` does for a stopped
-/// unit — 0 when it stopped as planned.
+/// unit — 0 when it stopped as planned, and as the request asks: a `--restart` toward a target
+/// that stopped for good did not restart anything (5), and `--require-clean` after a drain that
+/// was not clean still says so (13).
 pub(super) fn already_stopped(
     args: &StopArgs,
     store: &MarkerStore,
@@ -97,41 +100,47 @@ pub(super) fn already_stopped(
             && !planned_stop::ProcessIdentity::is_running(o.pid, o.start)
             && args.start.is_none_or(|start| start == o.start)
     })?;
+    let clean = outcome.drain.as_ref().is_none_or(DrainSummary::is_clean);
     let extra = json!({
         "exit_code": outcome.exit_code,
         "verdict": outcome.verdict,
         "phase": outcome.phase,
         "finished_at": outcome.finished_at,
         "accepted_request_id": outcome.request_id,
+        "action": outcome.action,
+        "clean": clean,
     });
+    let pid = args.pid();
+    let code = outcome.exit_code.unwrap_or_default();
     let planned = outcome.phase == planned_stop::stopper::Phase::Stopped
         && outcome.verdict == planned_stop::StopVerdict::Planned;
-    Some(if planned {
-        (
-            "already_stopped",
-            EXIT_OK,
-            format!(
-                "process {} had already stopped as planned (exit code {}); nothing to do",
-                args.pid(),
-                outcome.exit_code.unwrap_or_default()
-            ),
-            extra,
-        )
+    let (kind, exit, text) = if !planned {
+        let code = outcome.exit_code.map_or("?".to_owned(), |c| c.to_string());
+        let phase = crate::cli::word(&outcome.phase);
+        let text = format!(
+            "process {pid} is gone; its last outcome here says it ended {phase} with exit code {code}"
+        );
+        ("already_gone", EXIT_GONE, text)
+    } else if args.restart && outcome.action != StopAction::Restart {
+        let text = format!(
+            "process {pid} had already stopped as planned, for good (exit code {code}), not for a \
+             restart: nothing restarted it; start the service again"
+        );
+        ("already_stopped_for_good", EXIT_GONE, text)
+    } else if args.require_clean && !clean {
+        let drain = outcome.drain.as_ref().map(describe).unwrap_or_default();
+        let text = format!(
+            "process {pid} had already stopped as planned (exit code {code}), but its drain was \
+             not clean: {drain}"
+        );
+        ("already_stopped", EXIT_NOT_CLEAN, text)
     } else {
-        (
-            "already_gone",
-            EXIT_GONE,
-            format!(
-                "process {} is gone; its last outcome here says it ended {} with exit code {}",
-                args.pid(),
-                crate::cli::word(&outcome.phase),
-                outcome
-                    .exit_code
-                    .map_or("?".to_owned(), |code| code.to_string())
-            ),
-            extra,
-        )
-    })
+        let text = format!(
+            "process {pid} had already stopped as planned (exit code {code}); nothing to do"
+        );
+        ("already_stopped", EXIT_OK, text)
+    };
+    Some((kind, exit, text, extra))
 }
 
 pub(super) fn report_error(args: &StopArgs, error: StopperError) -> u8 {
