@@ -224,7 +224,7 @@ pub struct StopRecord {
 #[non_exhaustive]
 pub enum RecordError {
     /// A file operation failed.
-    #[error("cannot {op} stop record {path}")]
+    #[error("cannot {op} {path}")]
     Io {
         /// What was being done.
         op: &'static str,

@@ -455,8 +455,10 @@ pub fn run(args: StopArgs) -> u8 {
             "killed_while_draining",
             EXIT_KILLED_WHILE_DRAINING,
             format!(
-                "process {} accepted the stop at {} and was killed before it finished; no stop \
-                 record was written",
+                "process {} accepted the stop at {} and ended without its final outcome: killed \
+                 or crashed before it finished (or it could not write the outcome); whether its \
+                 unfinished work was recorded is unknown here (`planned-stop records list` shows \
+                 what is waiting)",
                 args.pid(),
                 outcome.accepted_at
             ),

@@ -127,11 +127,35 @@ impl FileRecordStore {
     /// Opens the store in `dir`, creating it (and its item directory) mode 0700. A directory that
     /// group or others can write is refused unless `sharing` is [`Sharing::Allowed`] (whoever can
     /// write there can plant work for this service to resume), and so is one that belongs to
-    /// another user than this process's or root.
+    /// another user than this process's or root, and one this process cannot write (a read-only
+    /// mount: it could neither lease nor record).
     pub fn open(dir: impl Into<PathBuf>, sharing: Sharing) -> Result<FileRecordStore, RecordError> {
         let store = FileRecordStore::at(dir.into(), sharing, true);
         store.prepare()?;
+        store.probe_writable()?;
         Ok(store)
+    }
+
+    /// Makes sure this process can write here (a read-only mount, a directory without write
+    /// permission) when the store opens, rather than at the first lease, which would resume
+    /// nothing, and the first stop, which could record nothing.
+    fn probe_writable(&self) -> Result<(), RecordError> {
+        self.locked(|| {
+            let probe = self
+                .items
+                .join(format!(".planned-stop-probe-{}", std::process::id()));
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&probe)
+                .and_then(|_| fs::remove_file(&probe))
+                .map_err(|source| RecordError::Io {
+                    op: "write in the state directory (read-only?)",
+                    path: self.items.clone(),
+                    source,
+                })
+        })
     }
 
     /// Opens an existing store to look at it: creates nothing (no directory, no lock file) and

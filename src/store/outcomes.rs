@@ -10,7 +10,7 @@ use super::naming::{
 };
 use super::{MarkerStore, StoreError};
 use crate::identity::{ProcessIdentity, user_ids_of};
-use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Presence, may_speak_for};
+use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Phase, Presence, may_speak_for};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -29,6 +29,12 @@ fn read_speaking_for(path: &Path, pid: u32, users: Option<&[u32]>) -> Option<Vec
         "a file names this process but another user wrote it: ignored, it cannot say who \
         watches or how a stop went (planted?)");
     None
+}
+
+/// Whether a write failed because the file system (or the user's quota) is full.
+fn is_storage_full(e: &StoreError) -> bool {
+    matches!(e, StoreError::Io { source, .. }
+        if matches!(source.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded))
 }
 
 /// This process's effective uid (0 where there are none: Windows, where owners never count).
@@ -52,9 +58,55 @@ impl MarkerStore {
         self.dir.join(outcome_file_name(pid))
     }
 
-    /// Writes the runner's outcome file, atomically.
+    /// Writes the runner's outcome file, atomically. An accepted stop keeps room for its final
+    /// outcome (a reserve file as large as the largest outcome): a directory that fills during
+    /// the drain must not leave a stopper with only "draining" and a gone process, which it
+    /// could only report as killed. The final outcome frees the reserve when the directory is
+    /// full, and in any case once it is written.
     pub(crate) fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
-        self.write_json(self.outcome_path(outcome.pid), outcome)
+        let path = self.outcome_path(outcome.pid);
+        let written = match self.write_json(path.clone(), outcome) {
+            Err(e) if outcome.phase.is_final() && is_storage_full(&e) => {
+                self.release_outcome_room(outcome.pid);
+                self.write_json(path, outcome)
+            }
+            written => written,
+        };
+        if outcome.phase == Phase::Draining {
+            if let Err(e) = self.reserve_outcome_room(outcome.pid) {
+                tracing::warn!(error = %crate::error_chain::ErrorChain(&e), "cannot keep room \
+                    for the final outcome; a directory that fills during the drain may hide it");
+            }
+        } else if outcome.phase.is_final() {
+            self.release_outcome_room(outcome.pid);
+        }
+        written
+    }
+
+    /// Removes the reserve (a failure only delays it to the sweep).
+    fn release_outcome_room(&self, pid: u32) {
+        if let Err(e) = remove(&self.outcome_reserve_path(pid)) {
+            tracing::debug!(error = %crate::error_chain::ErrorChain(&e), "cannot remove the \
+                outcome's reserve; the sweep removes it");
+        }
+    }
+
+    /// Where an accepted stop keeps room for its final outcome: named as a leftover of the
+    /// outcome file, so a sweep removes it once old if its process died.
+    fn outcome_reserve_path(&self, pid: u32) -> PathBuf {
+        self.dir
+            .join(format!(".{}{TEMP_TAG}reserve", outcome_file_name(pid)))
+    }
+
+    /// Writes the reserve: as many bytes as the largest outcome, so the file system has given
+    /// them to it (not synced: a crash loses only the reserve).
+    fn reserve_outcome_room(&self, pid: u32) -> Result<(), StoreError> {
+        let path = self.outcome_reserve_path(pid);
+        std::fs::write(&path, vec![b' '; MAX_OUTCOME_BYTES]).map_err(|source| StoreError::Io {
+            op: "keep room for the final outcome in",
+            path,
+            source,
+        })
     }
 
     /// Where the runner of `pid` announces that it watches this directory:
