@@ -530,20 +530,14 @@ impl Tokens {
                 t.of.insert(id.to_owned(), token.to_owned());
             }
             match text(e, "event") {
-                "handed_back_new" => {
-                    t.born
-                        .entry(token.to_owned())
-                        .or_insert_with(|| who.to_owned());
-                    t.handed_back_by
-                        .entry(token.to_owned())
-                        .or_default()
-                        .insert(who.to_owned());
-                }
-                "handed_back" => {
-                    t.handed_back_by
-                        .entry(token.to_owned())
-                        .or_default()
-                        .insert(who.to_owned());
+                kind @ ("handed_back_new" | "handed_back") => {
+                    if kind == "handed_back_new" {
+                        t.born
+                            .entry(token.to_owned())
+                            .or_insert_with(|| who.to_owned());
+                    }
+                    let by = t.handed_back_by.entry(token.to_owned()).or_default();
+                    by.insert(who.to_owned());
                 }
                 "completing" => {
                     t.completing.insert(id.to_owned());

@@ -720,6 +720,22 @@ mod with_processes {
     }
 }
 
+/// The file store's listing, polled once outside any runtime: the store then works on this
+/// thread, where a test's log capture is.
+fn listed_at_once(
+    store: &FileRecordStore,
+) -> Result<Vec<planned_stop::record::ItemState>, planned_stop::record::RecordError> {
+    let mut listing = store.list();
+    let waker = std::task::Waker::noop();
+    match listing
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker))
+    {
+        std::task::Poll::Ready(listed) => listed,
+        std::task::Poll::Pending => panic!("outside a runtime the file store answers at once"),
+    }
+}
+
 /// Issue 22.1: a file the store cannot use is reported by path, size and reason — never by its
 /// contents (a 2 MiB item once became one 10 MB log line of its bytes).
 #[test]
@@ -736,15 +752,7 @@ fn an_unusable_item_file_is_reported_without_its_contents() {
         r#"{"id": "bad", "attempts": "SECRET-2"}"#,
     )
     .unwrap();
-    // Polled once outside any runtime, the store works on this thread, where the capture is.
-    let mut listing = store.list();
-    let waker = std::task::Waker::noop();
-    let std::task::Poll::Ready(listed) = listing
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(waker))
-    else {
-        panic!("outside a runtime the file store answers at once");
-    };
+    let listed = listed_at_once(&store);
     assert!(listed.unwrap().is_empty());
     assert_eq!(logs.count(tracing::Level::WARN, "big.item.json"), 1);
     assert_eq!(logs.count(tracing::Level::WARN, "bad.item.json"), 1);
@@ -781,14 +789,7 @@ fn an_item_file_under_a_name_that_is_no_item_id_is_reported() {
         let name = std::ffi::OsStr::from_bytes(b"b\xffd.item.json");
         std::fs::write(items.join(name), item("bd")).unwrap();
     }
-    let mut listing = store.list();
-    let waker = std::task::Waker::noop();
-    let std::task::Poll::Ready(listed) = listing
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(waker))
-    else {
-        panic!("outside a runtime the file store answers at once");
-    };
+    let listed = listed_at_once(&store);
     let ids: Vec<String> = listed.unwrap().into_iter().map(|s| s.item.id).collect();
     assert_eq!(ids, ["good"]);
     assert_eq!(logs.count(tracing::Level::WARN, "bad.id.item.json"), 1);
