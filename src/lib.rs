@@ -120,6 +120,7 @@ pub mod stopper;
 mod store;
 #[cfg(all(unix, feature = "systemd"))]
 mod systemd;
+mod tasks;
 mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -136,6 +137,7 @@ pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest,
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
 pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
 pub use store::Layout;
+pub use tasks::{CancellationToken, JobEnd, Refusal, Refused, TaskGroup};
 pub use work::{JobId, Unreadable, WorkSet};
 
 /// The crate's own pieces, for its tests, benchmarks and fuzz targets only.

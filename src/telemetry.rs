@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 
 /// The metrics this crate records, with their kind and help text (the exporter's `# HELP`).
 #[cfg(feature = "metrics")]
-pub(crate) const NAMES: [(&str, Kind, &str); 17] = [
+pub(crate) const NAMES: [(&str, Kind, &str); 18] = [
     (STOPS, Kind::Counter, "stops accepted, by cause and verdict"),
     (
         MARKER_TO_ACCEPT,
@@ -97,6 +97,11 @@ pub(crate) const NAMES: [(&str, Kind, &str); 17] = [
         Kind::Gauge,
         "the runner's state: 1 for the current one, 0 for the others",
     ),
+    (
+        TASK_PANICS,
+        Kind::Counter,
+        "tasks of a task group that panicked (their jobs are handed back at the drain)",
+    ),
 ];
 
 #[cfg(feature = "metrics")]
@@ -133,6 +138,8 @@ const LEASES_LOST: &str = "planned_stop_leases_lost_total";
 const RENEWAL_FAILURES: &str = "planned_stop_lease_renewal_failures_total";
 #[cfg(feature = "metrics")]
 const STATE: &str = "planned_stop_state";
+#[cfg(feature = "metrics")]
+const TASK_PANICS: &str = "planned_stop_task_panics_total";
 
 /// What a metric is, for its description.
 #[cfg(feature = "metrics")]
@@ -347,6 +354,14 @@ pub(crate) fn renewed(renewed: usize, lost: usize) {
 pub(crate) fn renewal_failed() {
     #[cfg(feature = "metrics")]
     metrics::counter!(RENEWAL_FAILURES).increment(1);
+}
+
+/// A task of the task group `participant` panicked.
+pub(crate) fn task_panicked(participant: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(TASK_PANICS, "participant" => participant.to_owned()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = participant;
 }
 
 /// A resumed item was acknowledged.

@@ -31,9 +31,20 @@ use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::future::Future;
 
-/// One job of a [`WorkSet`].
+/// One job of a [`WorkSet`] or a [`crate::TaskGroup`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JobId(u64);
+
+impl JobId {
+    pub(crate) fn new(n: u64) -> JobId {
+        JobId(n)
+    }
+
+    /// The job's number within its set or group (0, 1, …), for logs.
+    pub fn number(self) -> u64 {
+        self.0
+    }
+}
 
 /// A resumed item that does not read back as the set's type: still leased to this process, and
 /// not in the set. Release it ([`ServiceHandle::release`]) for another version of the

@@ -1,0 +1,268 @@
+//! Issue 36.1–36.4: work that runs as spawned tasks takes part in the drain ([`TaskGroup`]).
+//!
+//! Each test runs a real service (markers and a file record store in a temporary directory) in
+//! this process, spawns jobs, requests a planned stop, and reads the stop record and the store:
+//! a task that finishes is done (a resumed one acknowledged), one that sees its cancellation is
+//! handed back (new work as a new item, resumed work under its id), a panic hands its job back
+//! and makes the drain not clean, a payload that cannot be recorded is refused at once, and a
+//! job offered once the drain has begun is given back to the caller.
+
+mod common;
+
+use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
+use planned_stop::{
+    JobEnd, Layout, PlannedStopService, Refusal, ServiceHandle, StopRequest, TaskGroup,
+};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A service in `dir` with the given drain deadline, owning nothing of the process.
+fn service(dir: &Path, drain: Duration) -> ServiceHandle {
+    PlannedStopService::builder(Layout::Slots(dir.join("run")))
+        .owns_process_exit(false)
+        .state_dir(dir.join("state"))
+        .drain_deadline(drain)
+        .handle_signals(false)
+        .events(false)
+        .start()
+        .unwrap()
+}
+
+fn record(dir: &Path) -> StopRecord {
+    FileRecordStore::read_last_stop(&dir.join("state"))
+        .unwrap()
+        .expect("a stop record")
+}
+
+/// The ids of what the state directory holds, and the ids it acknowledged.
+fn store_ids(dir: &Path) -> (Vec<String>, Vec<String>) {
+    let state: PathBuf = dir.join("state");
+    let store = FileRecordStore::open(&state, Sharing::Refused).unwrap();
+    let listed = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(store.list())
+        .unwrap();
+    let acked = std::fs::read_dir(state.join("planned-stop-acked"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    (listed.into_iter().map(|s| s.item.id).collect(), acked)
+}
+
+/// Waits, on the event loop (which the group's tasks need), until `done`; fails the test with
+/// `what` after the common event timeout.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + common::EVENT_TIMEOUT;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        actix::clock::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A task that works until it is cancelled: unfinished.
+async fn until_cancelled(_: String, stop: planned_stop::CancellationToken) -> JobEnd {
+    stop.cancelled().await;
+    JobEnd::Unfinished
+}
+
+#[test]
+fn finished_tasks_are_done_and_cancelled_ones_are_handed_back_as_new_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        group
+            .spawn("quick".to_owned(), |_, _| async move {
+                let _ = done_tx.send(());
+                JobEnd::Done
+            })
+            .unwrap();
+        group.spawn("slow-1".to_owned(), until_cancelled).unwrap();
+        group.spawn("slow-2".to_owned(), until_cancelled).unwrap();
+        h.ready();
+        done_rx.await.unwrap();
+        until("the quick job leaves the group", || group.len() == 2).await;
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+        h.status().exit_code
+    });
+    assert_eq!(code, Some(0));
+    let record = record(dir.path());
+    let mut items: Vec<_> = record.unfinished.iter().map(|u| u.item.clone()).collect();
+    items.sort_by_key(|v| v.to_string());
+    assert_eq!(
+        items,
+        ["slow-1", "slow-2"],
+        "the cancelled two, not the done one"
+    );
+    assert!(
+        record.drained_in_time && record.unanswered.is_empty(),
+        "{record:?}"
+    );
+    // The drain told the tasks to stop: none was still running at its deadline.
+    assert!(record.notes.is_empty(), "{:?}", record.notes);
+    assert_eq!(store_ids(dir.path()).0.len(), 2);
+}
+
+#[test]
+fn a_resumed_job_is_acknowledged_only_when_its_task_is_done_and_handed_back_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    // A first life leaves two items.
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        group
+            .spawn("finish-me".to_owned(), until_cancelled)
+            .unwrap();
+        group.spawn("leave-me".to_owned(), until_cancelled).unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    let (left, _) = store_ids(dir.path());
+    assert_eq!(left.len(), 2);
+    // The next resumes both: one finishes, the other sees the cancellation.
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let mut done_tx = Some(done_tx);
+        for leased in h.resume().await.unwrap() {
+            let finish = leased.item.item == "finish-me";
+            let tx = finish.then(|| done_tx.take()).flatten();
+            group
+                .spawn_resumed(leased, move |job, stop| async move {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(());
+                        return JobEnd::Done;
+                    }
+                    until_cancelled(job, stop).await
+                })
+                .unwrap();
+        }
+        h.ready();
+        done_rx.await.unwrap();
+        until("the finished job leaves the group (acknowledged)", || {
+            group.len() == 1
+        })
+        .await;
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    let record = record(dir.path());
+    assert_eq!(record.unfinished.len(), 1, "{record:?}");
+    assert!(record.unfinished[0].resumed, "handed back under its id");
+    assert_eq!(record.unfinished[0].item, "leave-me");
+    let (listed, acked) = store_ids(dir.path());
+    assert_eq!(listed, [record.unfinished[0].id.clone().unwrap()]);
+    assert_eq!(acked.len(), 1, "the finished one, acknowledged: {acked:?}");
+}
+
+#[test]
+fn a_panicking_task_hands_its_job_back_and_the_drain_is_not_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let (panicked_tx, panicked_rx) = tokio::sync::oneshot::channel::<()>();
+        group
+            .spawn("poison".to_owned(), |_, _| async move {
+                let _guard = panicked_tx; // dropped by the unwinding: the test hears of it
+                panic!("poison pill");
+            })
+            .unwrap();
+        h.ready();
+        let _ = panicked_rx.await;
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    let record = record(dir.path());
+    assert_eq!(record.unfinished.len(), 1);
+    assert_eq!(record.unfinished[0].item, "poison");
+    assert!(!record.drained_in_time, "not clean: {record:?}");
+    let notes: Vec<String> = record.notes.iter().map(|n| format!("{n:?}")).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("panicked") && n.contains("poison pill")),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn a_payload_that_cannot_be_recorded_is_refused_at_once_and_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<HashMap<(u32, u32), u32>> = TaskGroup::new(&h, "grid");
+        let job = HashMap::from([((1, 2), 3)]);
+        let refused = group
+            .spawn(job.clone(), |_, _| async { JobEnd::Done })
+            .unwrap_err();
+        assert!(
+            matches!(refused.reason, Refusal::NotSerializable(_)),
+            "{refused}"
+        );
+        assert_eq!(refused.job, job, "given back");
+        assert!(
+            refused.to_string().contains("cannot be recorded"),
+            "{refused}"
+        );
+        assert!(group.is_empty());
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+}
+
+#[test]
+fn a_job_offered_once_the_drain_has_begun_is_given_back_to_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+        let refused = group
+            .spawn("late".to_owned(), |_, _| async { JobEnd::Done })
+            .unwrap_err();
+        assert!(matches!(refused.reason, Refusal::Stopping), "{refused}");
+        assert_eq!(refused.job, "late");
+    });
+    assert!(record(dir.path()).unfinished.is_empty());
+}
+
+#[test]
+fn a_job_spawned_from_another_thread_runs_on_the_services_system() {
+    let dir = tempfile::tempdir().unwrap();
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        h.ready();
+        let system_thread = std::thread::current().id();
+        let (ran_tx, ran_rx) = tokio::sync::oneshot::channel();
+        // As an HTTP worker would: another thread, another runtime, which then ends.
+        let other = group.clone();
+        std::thread::spawn(move || {
+            other
+                .spawn("from-a-worker".to_owned(), move |_, stop| async move {
+                    let _ = ran_tx.send(std::thread::current().id());
+                    stop.cancelled().await;
+                    JobEnd::Unfinished
+                })
+                .unwrap();
+        })
+        .join()
+        .unwrap();
+        assert_eq!(ran_rx.await.unwrap(), system_thread);
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    assert_eq!(record(dir.path()).unfinished[0].item, "from-a-worker");
+}
