@@ -63,7 +63,10 @@ impl Handler<Run> for Jobs {
 
     fn handle(&mut self, run: Run, ctx: &mut Context<Self>) {
         let id = match run {
-            Run::New(job) => self.0.add(job),
+            Run::New(job) => match self.0.add(job) {
+                Ok(id) => id,
+                Err(e) => return tracing::error!(error = %e, "cannot take a job"),
+            },
             Run::Resumed(leased) => match self.0.add_resumed(leased) {
                 Ok(id) => id,
                 Err(e) => return tracing::error!(error = %e, "cannot resume an item"),

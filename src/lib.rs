@@ -137,8 +137,8 @@ pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest,
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
 pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
 pub use store::Layout;
-pub use tasks::{CancellationToken, JobEnd, Refusal, Refused, TaskGroup};
-pub use work::{JobId, Unreadable, WorkSet};
+pub use tasks::{CancellationToken, JobEnd, TaskGroup};
+pub use work::{JobId, Refusal, Refused, Unreadable, WorkSet};
 
 /// The crate's own pieces, for its tests, benchmarks and fuzz targets only.
 ///

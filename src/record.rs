@@ -74,6 +74,52 @@ pub fn oversized(item: &serde_json::Value) -> Option<usize> {
     (count.0 > MAX_ITEM_BYTES).then_some(count.0)
 }
 
+/// Why no record store may hold `item`, or `None` when every one can: its compact JSON is over
+/// [`MAX_ITEM_BYTES`], or one of its strings (or keys) holds a NUL character, which PostgreSQL's
+/// `jsonb` cannot store. The one rule of what an item may be: the runner applies it where it
+/// accepts a drain's report (such an item ends the stop `record_lost`, with the item in its ERROR
+/// log line) and every store before it writes, so no store holds what another would refuse.
+///
+/// ```
+/// use planned_stop::record::unstorable;
+/// assert_eq!(unstorable(&serde_json::json!({"job": 7})), None);
+/// assert!(unstorable(&serde_json::json!({"name": "a\u{0}b"})).unwrap().contains("NUL"));
+/// assert!(unstorable(&serde_json::json!({"a\u{0}": 1})).is_some(), "keys too");
+/// ```
+pub fn unstorable(item: &serde_json::Value) -> Option<String> {
+    if let Some(size) = oversized(item) {
+        return Some(format!(
+            "{size} bytes of JSON, over the limit of {MAX_ITEM_BYTES} (MAX_ITEM_BYTES)"
+        ));
+    }
+    // Depth-first without recursion: a value built in code may nest deeper than any stack.
+    let mut stack = vec![item];
+    while let Some(value) = stack.pop() {
+        match value {
+            serde_json::Value::String(s) if s.contains('\0') => {
+                return Some(
+                    "a string holding a NUL character (\\u0000), which PostgreSQL's \
+                    jsonb cannot store"
+                        .to_owned(),
+                );
+            }
+            serde_json::Value::Array(items) => stack.extend(items),
+            serde_json::Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    return Some(
+                        "a key holding a NUL character (\\u0000), which PostgreSQL's \
+                        jsonb cannot store"
+                            .to_owned(),
+                    );
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Work a drain participant left unfinished: data the next start can act on.
 ///
 /// ```

@@ -26,7 +26,7 @@
 use crate::record::Leased;
 use crate::runner::{Drain, DrainPhase, DrainReport};
 use crate::service::ServiceHandle;
-use crate::work::JobId;
+use crate::work::{JobId, Refusal, Refused};
 use actix::prelude::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -46,54 +46,6 @@ pub enum JobEnd {
     /// The work is not done (the task saw its cancellation and stopped early): the job stays in
     /// the group and is handed back at the drain, for the next life.
     Unfinished,
-}
-
-/// Why a [`TaskGroup`] refused a job; the job comes back with it ([`Refused::job`]).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The payload cannot become a resume item (JSON): it would be lost at a stop.
-    #[error(
-        "the job's payload cannot be recorded as a resume item: {0}; make it serialise to JSON (maps with string keys)"
-    )]
-    NotSerializable(#[source] serde_json::Error),
-    /// A resumed item does not read back as the group's payload type.
-    #[error(
-        "the resumed item does not read back as this group's jobs: {0}; release it for another version of the application"
-    )]
-    Unreadable(#[source] serde_json::Error),
-    /// The group's drain has begun (the service is stopping): the job would not be handed back.
-    /// Give the work to the next life (answer 503, leave it in its queue).
-    #[error("the service is stopping: the task group takes no new jobs")]
-    Stopping,
-}
-
-/// A job the group did not take, and why.
-pub struct Refused<J> {
-    /// The job, given back: nothing is lost by a refusal.
-    pub job: J,
-    /// Why.
-    pub reason: Refusal,
-}
-
-impl<J> std::fmt::Debug for Refused<J> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Refused")
-            .field("reason", &self.reason)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<J> std::fmt::Display for Refused<J> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.reason.fmt(f)
-    }
-}
-
-impl<J> std::error::Error for Refused<J> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.reason)
-    }
 }
 
 /// Jobs that run as spawned futures, drained as one participant; see the module docs.

@@ -8,8 +8,8 @@
 //! the [`ServiceHandle`] from inside the participant. A `WorkSet` does both, so there is one way
 //! to write a participant that loses nothing:
 //!
-//! - [`WorkSet::add`] new work, [`WorkSet::add_resumed`] each item [`ServiceHandle::resume`]
-//!   leased;
+//! - [`WorkSet::add`] new work (its payload serialised then: work that could not be recorded is
+//!   refused at once), [`WorkSet::add_resumed`] each item [`ServiceHandle::resume`] leased;
 //! - [`WorkSet::complete`] a job when its work is done (a resumed one is acknowledged then, and
 //!   only then);
 //! - answer a [`crate::Drain`] with [`WorkSet::drain`]: every job still held is handed back the
@@ -60,6 +60,54 @@ pub struct Unreadable {
     pub source: serde_json::Error,
 }
 
+/// Why a [`WorkSet`] or a [`crate::TaskGroup`] refused a job; the job comes back with it ([`Refused::job`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The payload cannot become a resume item (JSON): it would be lost at a stop.
+    #[error(
+        "the job's payload cannot be recorded as a resume item: {0}; make it serialise to JSON (maps with string keys)"
+    )]
+    NotSerializable(#[source] serde_json::Error),
+    /// A resumed item does not read back as the group's payload type.
+    #[error(
+        "the resumed item does not read back as this group's jobs: {0}; release it for another version of the application"
+    )]
+    Unreadable(#[source] serde_json::Error),
+    /// The group's drain has begun (the service is stopping): the job would not be handed back.
+    /// Give the work to the next life (answer 503, leave it in its queue).
+    #[error("the service is stopping: the task group takes no new jobs")]
+    Stopping,
+}
+
+/// A job the group did not take, and why.
+pub struct Refused<J> {
+    /// The job, given back: nothing is lost by a refusal.
+    pub job: J,
+    /// Why.
+    pub reason: Refusal,
+}
+
+impl<J> std::fmt::Debug for Refused<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refused")
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J> std::fmt::Display for Refused<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.reason.fmt(f)
+    }
+}
+
+impl<J> std::error::Error for Refused<J> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.reason)
+    }
+}
+
 /// The jobs of a participant, new and resumed; see the module docs.
 ///
 /// ```
@@ -76,8 +124,8 @@ pub struct Unreadable {
 ///     for leased in service.resume().await.unwrap() {
 ///         work.add_resumed(leased).unwrap();
 ///     }
-///     let done = work.add("job-1".to_owned());
-///     let _left = work.add("job-2".to_owned());
+///     let done = work.add("job-1".to_owned()).unwrap();
+///     let _left = work.add("job-2".to_owned()).unwrap();
 ///     work.complete(done).await.unwrap(); // new work: nothing to acknowledge
 ///     let report = work.drain(); // what a Drain handler answers
 ///     assert_eq!(report.unfinished, ["job-2"]);
@@ -93,6 +141,8 @@ pub struct WorkSet<T> {
 #[derive(Debug)]
 struct Job<T> {
     work: T,
+    /// The work as it is recorded if handed back, serialised when it was added.
+    item: serde_json::Value,
     /// `Some` for a resumed item: acknowledged on completion, handed back under its id.
     leased: Option<Leased>,
 }
@@ -107,23 +157,34 @@ impl<T: Serialize + DeserializeOwned> WorkSet<T> {
         }
     }
 
-    fn insert(&mut self, work: T, leased: Option<Leased>) -> JobId {
+    fn insert(&mut self, work: T, item: serde_json::Value, leased: Option<Leased>) -> JobId {
         let id = JobId(self.next);
         self.next += 1;
-        self.jobs.insert(id, Job { work, leased });
+        self.jobs.insert(id, Job { work, item, leased });
         id
     }
 
-    /// New work, taken on in this life: handed back as a new item at a drain.
-    pub fn add(&mut self, work: T) -> JobId {
-        self.insert(work, None)
+    /// New work, taken on in this life: handed back as a new item at a drain. Its payload is
+    /// serialised now, so work that could not be recorded at a stop is refused here, to the
+    /// caller, with the work given back ([`Refusal::NotSerializable`]) — never lost at the stop.
+    pub fn add(&mut self, work: T) -> Result<JobId, Refused<T>> {
+        match serde_json::to_value(&work) {
+            Ok(item) => Ok(self.insert(work, item, None)),
+            Err(e) => Err(Refused {
+                job: work,
+                reason: Refusal::NotSerializable(e),
+            }),
+        }
     }
 
     /// An item [`ServiceHandle::resume`] leased to this process, read back as `T`: acknowledged
     /// when [`Self::complete`]d, handed back under its own id at a drain.
     pub fn add_resumed(&mut self, leased: Leased) -> Result<JobId, Unreadable> {
         match leased.item.item_as::<T>() {
-            Ok(work) => Ok(self.insert(work, Some(leased))),
+            Ok(work) => {
+                let item = leased.item.item.clone();
+                Ok(self.insert(work, item, Some(leased)))
+            }
             Err(source) => Err(Unreadable {
                 leased: Box::new(leased),
                 source,
@@ -177,9 +238,11 @@ impl<T: Serialize + DeserializeOwned> WorkSet<T> {
         for job in std::mem::take(&mut self.jobs).into_values() {
             match job.leased {
                 Some(leased) => resumed.push(leased),
-                None => new.push(job.work),
+                None => new.push(job.item),
             }
         }
-        DrainReport::unfinished(new).with_handed_back(resumed)
+        let mut report = DrainReport::done().with_handed_back(resumed);
+        report.unfinished = new;
+        report
     }
 }

@@ -1056,6 +1056,111 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
     assert_eq!(leased[0].item.item, "small");
 }
 
+/// A participant that answers its drain with the report `0` makes.
+struct Reports(fn() -> planned_stop::DrainReport);
+
+impl Actor for Reports {
+    type Context = Context<Self>;
+}
+
+impl Handler<planned_stop::Drain> for Reports {
+    type Result = planned_stop::DrainReport;
+    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
+        (self.0)()
+    }
+}
+
+/// One life whose participant answers `report`, stopped as planned: the exit code, the items
+/// the record holds, its notes, and how many ERROR lines name `in_error`.
+fn a_stop_answered_with(
+    report: fn() -> planned_stop::DrainReport,
+    in_error: &str,
+) -> (i32, Vec<serde_json::Value>, Vec<String>, usize) {
+    let f = Fixture::new();
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let code = paused_system().block_on(async {
+        let h = f.start(vec![("jobs", Reports(report).start().recipient())]);
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        code_of(h.stopped().await)
+    });
+    let record = f.record();
+    let items = record.unfinished.iter().map(|u| u.item.clone()).collect();
+    let notes = record.notes.iter().map(|n| n.note.clone()).collect();
+    (
+        code,
+        items,
+        notes,
+        logs.count(tracing::Level::ERROR, in_error),
+    )
+}
+
+/// Issue 36.4: an item that cannot be serialised (a map with tuple keys) was turned into a note
+/// while the stop said "planned, 0, clean": the same loss as an item over the size limit, with
+/// another answer. It now ends the stop `record_lost` (74) as that one does, with the reason in
+/// the ERROR line and the record's notes; the item that could be recorded is durable.
+#[test]
+fn an_item_that_cannot_be_serialised_ends_the_stop_record_lost() {
+    let (code, items, notes, errors) = a_stop_answered_with(
+        || {
+            let grid = std::collections::HashMap::from([((1u32, 2u32), 3u32)]);
+            let mut report = planned_stop::DrainReport::unfinished([grid]);
+            report.unfinished.push(serde_json::json!("small"));
+            report
+        },
+        "key must be a string",
+    );
+    assert_eq!(code, 74);
+    assert_eq!(items, ["small"]);
+    assert_eq!(errors, 1, "the lost item's reason is in one ERROR line");
+    assert!(
+        notes.iter().any(|n| n.contains("cannot be serialised")),
+        "{notes:?}"
+    );
+}
+
+/// Issue 36.4, its sibling in the stores: a string holding a NUL character is JSON, but
+/// PostgreSQL's jsonb cannot store it (the persist failed, and the item was spilled for good).
+/// The one rule of what an item may be (`record::unstorable`) refuses it where the runner
+/// accepts the report, for every store: `record_lost`, the item in the ERROR line.
+#[test]
+fn an_item_holding_a_nul_character_ends_the_stop_record_lost() {
+    let (code, items, notes, errors) = a_stop_answered_with(
+        || planned_stop::DrainReport::unfinished(["a\u{0}b", "small"]),
+        "a\\u0000b",
+    );
+    assert_eq!(code, 74);
+    assert_eq!(items, ["small"]);
+    assert_eq!(errors, 1, "the item is in one ERROR line");
+    assert!(
+        notes.iter().any(|n| n.contains("NUL character")),
+        "{notes:?}"
+    );
+}
+
+/// Issue 36.4: `WorkSet::add` serialises the work where it enters; work that could not be
+/// recorded at a stop is refused to the caller, given back, never lost later.
+#[test]
+fn a_work_set_refuses_work_that_cannot_be_recorded_at_once() {
+    let f = Fixture::new();
+    paused_system().block_on(async {
+        let h = f.start(vec![]);
+        let mut work: planned_stop::WorkSet<std::collections::HashMap<(u32, u32), u32>> =
+            planned_stop::WorkSet::new(&h);
+        let grid = std::collections::HashMap::from([((1, 2), 3)]);
+        let refused = work.add(grid.clone()).unwrap_err();
+        assert!(
+            matches!(refused.reason, planned_stop::Refusal::NotSerializable(_)),
+            "{refused}"
+        );
+        assert_eq!(refused.job, grid);
+        assert!(work.is_empty());
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+}
+
 /// An item handed back under an id that is not an item id (a participant that made one up, or
 /// a `ResumeItem` that never came from a store) is not given a new id — that would resume it as
 /// new work, and twice if the real one is still leased — but kept out of the record: the stop
@@ -1285,7 +1390,7 @@ impl Handler<Take> for WorkActor {
     type Result = ();
     fn handle(&mut self, take: Take, ctx: &mut Context<Self>) {
         let id = match take {
-            Take::New(name) => self.work.add(name),
+            Take::New(name) => self.work.add(name).unwrap(),
             Take::Resumed(leased) => self.work.add_resumed(leased).unwrap(),
         };
         let name = self.work.get(id).unwrap().clone();

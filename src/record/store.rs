@@ -189,7 +189,8 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// The id of an item about to be persisted, when it may be: a valid id
-/// ([`crate::record::lease::is_valid_item_id`]) and an item within [`crate::record::MAX_ITEM_BYTES`]. Every store calls
+/// ([`crate::record::lease::is_valid_item_id`]) and an item every store can hold
+/// ([`crate::record::unstorable`]). Every store calls
 /// it before writing anything, so no store holds what another would refuse or could not read back.
 pub(crate) fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
     let id = unfinished
@@ -197,11 +198,8 @@ pub(crate) fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
         .as_deref()
         .filter(|id| is_valid_item_id(id))
         .ok_or_else(|| format!("an item without a valid id: {:?}", unfinished.id))?;
-    match crate::record::oversized(&unfinished.item) {
-        Some(size) => Err(format!(
-            "item {id} is {size} bytes of JSON, over the limit of {} (MAX_ITEM_BYTES)",
-            crate::record::MAX_ITEM_BYTES
-        )),
+    match crate::record::unstorable(&unfinished.item) {
+        Some(why) => Err(format!("item {id} is {why}")),
         None => Ok(id),
     }
 }

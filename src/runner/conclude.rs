@@ -6,8 +6,7 @@ use crate::error_chain::ErrorChain;
 use crate::lifecycle::StopVerdict;
 use crate::outcome::{Outcome, Phase};
 use crate::record::{
-    MAX_ITEM_BYTES, Note, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id,
-    item_id, oversized,
+    Note, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id, item_id, unstorable,
 };
 use actix::prelude::*;
 
@@ -56,22 +55,36 @@ impl RunnerActor {
         // The one size limit, checked where items are accepted: an item no store may hold (too
         // large, or handed back under an id that is not an item id) is kept out of the record
         // and ends the stop as `record_lost`, never dropped silently.
-        let (unfinished, unrecorded): (Vec<_>, Vec<_>) = unfinished.into_iter().partition(|u| {
-            oversized(&u.item).is_none() && u.id.as_deref().is_some_and(is_valid_item_id)
-        });
+        let (unfinished, mut unrecorded): (Vec<_>, Vec<_>) =
+            unfinished.into_iter().partition(|u| {
+                unstorable(&u.item).is_none() && u.id.as_deref().is_some_and(is_valid_item_id)
+            });
         let mut notes = run.notes;
         for item in &unrecorded {
             let id = item.id.as_deref().unwrap_or_default();
-            let why = match oversized(&item.item) {
-                Some(size) => {
-                    format!("item {id} is {size} bytes of JSON, over the limit of {MAX_ITEM_BYTES}")
-                }
+            let why = match unstorable(&item.item) {
+                Some(why) => format!("item {id} is {why}"),
                 None => format!("item {id:?} was handed back under an id that is not an item id"),
             };
             notes.push(Note {
                 participant: item.participant.clone(),
                 note: format!("{why}: not recorded (it is in the ERROR log line)"),
             });
+        }
+        // An item that could not even be serialised is lost in the same way, and said so: its
+        // reason stands in for it in the ERROR log line.
+        for lost in run.unrecordable {
+            notes.push(Note {
+                participant: lost.participant.clone(),
+                note: format!(
+                    "{}: not recorded (lost; named in the ERROR log line)",
+                    lost.note
+                ),
+            });
+            unrecorded.push(Unfinished::new(
+                lost.participant,
+                serde_json::json!({ "unserialisable": lost.note }),
+            ));
         }
         // The summary says the code the process will end with.
         let code = if unrecorded.is_empty() || self.config.records.is_none() {
@@ -173,9 +186,10 @@ impl RunnerActor {
                     code = record.exit_code,
                     items = %items_json(&[], &unrecorded),
                     "items no record store may hold were handed back (over the size limit \
-                     MAX_ITEM_BYTES, or under an id that is not an item id): they are not recorded \
-                     anywhere but in this log line; resubmit them, and hand back smaller items (an \
-                     id of the work, not the work itself). The other items are durable"
+                     MAX_ITEM_BYTES, holding a NUL character, under an id that is not an item id, \
+                     or not serialisable as JSON): they are not recorded anywhere but in this log \
+                     line; resubmit them, and hand back small JSON items (an id of the work, not \
+                     the work itself). The other items are durable"
                 );
                 Phase::RecordLost
             }

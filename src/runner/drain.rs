@@ -91,6 +91,8 @@ pub(crate) struct DrainRun {
     /// but their work is unknown, so the record lists them as unanswered.
     gone: Vec<usize>,
     pub(crate) unfinished: Vec<Unfinished>,
+    /// Items that could not be serialised, each with its participant: lost, and said so.
+    pub(crate) unrecordable: Vec<Note>,
     pub(crate) notes: Vec<Note>,
     pub(crate) phases: Vec<PhaseRecord>,
     late: bool,
@@ -126,6 +128,7 @@ impl DrainRun {
             answered: Vec::new(),
             gone: Vec::new(),
             unfinished: Vec::new(),
+            unrecordable: Vec::new(),
             notes: Vec::new(),
             phases: Vec::new(),
             late: false,
@@ -207,10 +210,13 @@ impl DrainRun {
                         item: resumed.item,
                         resumed: true,
                     }));
-                self.notes.extend(report.notes.into_iter().map(|note| Note {
+                let note = |note| Note {
                     participant: name.to_owned(),
                     note,
-                }));
+                };
+                self.unrecordable
+                    .extend(report.unrecordable.into_iter().map(note));
+                self.notes.extend(report.notes.into_iter().map(note));
             }
             None => {
                 self.gone.push(index);

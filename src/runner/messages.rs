@@ -152,6 +152,9 @@ pub struct DrainReport {
     /// Items this process leased from an earlier stop and hands back unfinished, under their ids
     /// (see [`DrainReport::with_handed_back`]).
     pub handed_back: Vec<crate::record::ResumeItem>,
+    /// Unfinished items that could not be serialised as JSON, each as why: lost, so the stop
+    /// ends `record_lost` (exit 74) with them in its ERROR log line, as an item too large does.
+    pub unrecordable: Vec<String>,
 }
 
 impl DrainReport {
@@ -162,7 +165,10 @@ impl DrainReport {
     }
 
     /// These items were left unfinished, to resume at the next start. Each is kept as JSON; an
-    /// item that cannot be serialised is kept as a note saying so, never dropped silently.
+    /// item that cannot be serialised is lost, and the stop says so: it ends `record_lost`
+    /// (exit 74) with the serialiser's reason in its ERROR log line, never a planned success.
+    /// Serialise where work enters instead ([`crate::WorkSet::add`], [`crate::TaskGroup::spawn`]
+    /// refuse such work at once).
     ///
     /// ```
     /// let report = planned_stop::DrainReport::unfinished(["job-7", "job-9"]);
@@ -175,8 +181,8 @@ impl DrainReport {
             match serde_json::to_value(&item) {
                 Ok(value) => report.unfinished.push(value),
                 Err(e) => report
-                    .notes
-                    .push(format!("an unfinished item could not be recorded: {e}")),
+                    .unrecordable
+                    .push(format!("an item that cannot be serialised as JSON ({e})")),
             }
         }
         report
