@@ -113,6 +113,7 @@ mod lifecycle;
 pub mod marker;
 mod outcome;
 pub mod record;
+mod resume;
 mod runner;
 mod service;
 mod signals;
@@ -134,6 +135,7 @@ mod work;
 
 pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
+pub use resume::{DEFAULT_RESUME_BATCH, ResumeLoop};
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
 pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
 pub use store::Layout;

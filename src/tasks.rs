@@ -215,6 +215,11 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> TaskGroup<T> {
         self.len() == 0
     }
 
+    /// The participant name the group drains under (and its items are recorded under).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
     /// The token every task's own token descends from: cancelled when the group's drain begins.
     pub fn cancellation(&self) -> CancellationToken {
         self.shared.token.clone()

@@ -266,3 +266,143 @@ fn a_job_spawned_from_another_thread_runs_on_the_services_system() {
     });
     assert_eq!(record(dir.path()).unfinished[0].item, "from-a-worker");
 }
+
+/// A file store whose first lease waits until the test opens the gate: the window in which a
+/// drain overtakes a lease under way.
+#[derive(Debug)]
+struct Gate {
+    inner: FileRecordStore,
+    open: std::sync::Arc<tokio::sync::Notify>,
+    leasing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RecordStore for Gate {
+    fn persist<'a>(
+        &'a self,
+        s: &'a planned_stop::record::Owner,
+        r: &'a StopRecord,
+    ) -> planned_stop::record::RecordFuture<'a, planned_stop::record::Persisted> {
+        self.inner.persist(s, r)
+    }
+    fn lease<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        m: usize,
+        d: Duration,
+    ) -> planned_stop::record::RecordFuture<'a, Vec<planned_stop::record::Leased>> {
+        Box::pin(async move {
+            if !self.leasing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                self.open.notified().await;
+            }
+            self.inner.lease(o, m, d).await
+        })
+    }
+    fn renew<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        ids: &'a [String],
+        d: Duration,
+    ) -> planned_stop::record::RecordFuture<'a, Vec<String>> {
+        self.inner.renew(o, ids, d)
+    }
+    fn acknowledge<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        id: &'a str,
+    ) -> planned_stop::record::RecordFuture<'a, ()> {
+        self.inner.acknowledge(o, id)
+    }
+    fn release<'a>(
+        &'a self,
+        o: Option<&'a planned_stop::record::Owner>,
+        id: &'a str,
+    ) -> planned_stop::record::RecordFuture<'a, bool> {
+        self.inner.release(o, id)
+    }
+    fn remove<'a>(&'a self, id: &'a str) -> planned_stop::record::RecordFuture<'a, bool> {
+        self.inner.remove(id)
+    }
+    fn list(&self) -> planned_stop::record::RecordFuture<'_, Vec<planned_stop::record::ItemState>> {
+        self.inner.list()
+    }
+    fn last_stop(&self) -> planned_stop::record::RecordFuture<'_, Option<StopRecord>> {
+        self.inner.last_stop()
+    }
+}
+
+/// Issue 36.6: a resume loop whose lease a drain overtakes. The lease is under way when the stop
+/// comes; it brings two items back after the drain began. The loop's own drain waited for it
+/// and handed both back in the same stop: they are in its record, under their ids, and pending
+/// in the store — not held by a process that will never work on them.
+#[test]
+fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        group.spawn("one".to_owned(), until_cancelled).unwrap();
+        group.spawn("two".to_owned(), until_cancelled).unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    assert_eq!(store_ids(dir.path()).0.len(), 2);
+    let gate = std::sync::Arc::new(Gate {
+        inner: FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap(),
+        open: std::sync::Arc::default(),
+        leasing: std::sync::Arc::default(),
+    });
+    actix::System::new().block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            .owns_process_exit(false)
+            .record_store(gate.clone())
+            .drain_deadline(Duration::from_secs(5))
+            .handle_signals(false)
+            .events(false)
+            .start()
+            .unwrap();
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        planned_stop::ResumeLoop::new(&h, Duration::from_millis(5))
+            .deliver_to(&group, until_cancelled)
+            .start();
+        h.ready();
+        let leasing = gate.leasing.clone();
+        until("the loop's lease is under way", || {
+            leasing.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await;
+        h.request_stop(StopRequest::Planned);
+        let mut status = h.subscribe();
+        let _ = status
+            .wait_for(|s| s.state >= planned_stop::RunnerState::Draining)
+            .await;
+        gate.open.notify_one();
+        h.stopped().await;
+        assert!(group.is_empty(), "nothing was delivered to a drained group");
+    });
+    let record = record(dir.path());
+    let mut back: Vec<_> = record
+        .unfinished
+        .iter()
+        .map(|u| (u.item.clone(), u.resumed))
+        .collect();
+    back.sort_by_key(|(v, _)| v.to_string());
+    assert_eq!(
+        back,
+        [
+            (serde_json::json!("one"), true),
+            (serde_json::json!("two"), true)
+        ],
+        "{record:?}"
+    );
+    let state = FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap();
+    let items = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(state.list())
+        .unwrap();
+    assert!(
+        items.iter().all(|i| i.lease.is_none()),
+        "pending again: {items:?}"
+    );
+}

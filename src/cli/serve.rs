@@ -242,21 +242,22 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
     let handle = builder.start().map_err(|e| chain(&e))?;
     // Leased before `ready`: a stop that comes meanwhile is held, and the resumed jobs take part.
     let resumed = if keeps_records {
-        resume(&handle, duration, true).await
+        resume(&handle, duration).await
     } else {
         0
     };
     if keeps_records && args.resume_every_ms > 0 {
-        let (handle, every) = (handle.clone(), Duration::from_millis(args.resume_every_ms));
-        actix::spawn(async move {
-            loop {
-                actix::clock::sleep(every).await;
-                if handle.status().state != RunnerState::Running {
-                    return;
-                }
-                resume(&handle, duration, false).await;
-            }
-        });
+        // The library's loop: at most DEFAULT_RESUME_BATCH items a lease, none once a drain has
+        // begun, and what a lease brings after that handed back in the same stop.
+        let every = Duration::from_millis(args.resume_every_ms);
+        let jobs = handle.clone();
+        planned_stop::ResumeLoop::new(&handle, every)
+            .otherwise(move |leased| {
+                let name = start_resumed(&jobs, duration, &leased);
+                emit(json!({ "event": "resumed", "jobs": 1, "items": [name], "ids": [leased.item.id] }));
+                None
+            })
+            .start();
     }
     follow(&handle, args.drain_ms);
     handle.ready();
@@ -269,9 +270,8 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
 
 /// Leases what is on offer and starts a job per item (a drain participant that acknowledges its
 /// item when done); prints `resumed`. Returns how many. A store that cannot be reached is logged
-/// and resumes nothing: the items wait for the next try (or another replica). A periodic lease
-/// (`always` false) prints nothing when it found nothing.
-async fn resume(handle: &ServiceHandle, duration: Duration, always: bool) -> usize {
+/// and resumes nothing: the items wait for the next try (or another replica).
+async fn resume(handle: &ServiceHandle, duration: Duration) -> usize {
     let leased = match handle.resume().await {
         Ok(leased) => leased,
         Err(e) => {
@@ -279,33 +279,37 @@ async fn resume(handle: &ServiceHandle, duration: Duration, always: bool) -> usi
             Vec::new()
         }
     };
-    let mut names = Vec::new();
-    for item in &leased {
-        // The reference service hands back job names; anything else is resumed under its JSON.
-        let name = item
-            .item
-            .item_as::<String>()
-            .unwrap_or_else(|_| item.item.item.to_string());
-        let addr = Job {
-            name: name.clone(),
-            started: Instant::now(),
-            duration,
-            leased: Some((item.clone(), handle.clone())),
-            done: false,
-        }
-        .start();
-        handle.add_participant(
-            planned_stop::DrainPhase::Work,
-            name.clone(),
-            addr.recipient(),
-        );
-        names.push(name);
-    }
+    let names: Vec<String> = leased
+        .iter()
+        .map(|item| start_resumed(handle, duration, item))
+        .collect();
     let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
-    if always || !names.is_empty() {
-        emit(json!({ "event": "resumed", "jobs": names.len(), "items": names, "ids": ids }));
-    }
+    emit(json!({ "event": "resumed", "jobs": names.len(), "items": names, "ids": ids }));
     names.len()
+}
+
+/// Starts a job for the resumed `item`, a drain participant that acknowledges it when done;
+/// returns the job's name.
+fn start_resumed(handle: &ServiceHandle, duration: Duration, item: &Leased) -> String {
+    // The reference service hands back job names; anything else is resumed under its JSON.
+    let name = item
+        .item
+        .item_as::<String>()
+        .unwrap_or_else(|_| item.item.item.to_string());
+    let addr = Job {
+        name: name.clone(),
+        started: Instant::now(),
+        duration,
+        leased: Some((item.clone(), handle.clone())),
+        done: false,
+    }
+    .start();
+    handle.add_participant(
+        planned_stop::DrainPhase::Work,
+        name.clone(),
+        addr.recipient(),
+    );
+    name
 }
 
 /// Whether `stop_accepted` has been printed.

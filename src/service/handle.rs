@@ -202,13 +202,22 @@ impl ServiceHandle {
     pub fn resume(
         &self,
     ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static + use<> {
+        self.resume_at_most(usize::MAX)
+    }
+
+    /// [`ServiceHandle::resume`], leasing at most `max` items (oldest first), so that replicas
+    /// sharing a store share its work: what this call leaves stays on offer to the others.
+    pub fn resume_at_most(
+        &self,
+        max: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<Leased>, RecordError>> + 'static + use<> {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let lease_for = self.lease_for;
         let held = self.held.clone();
         async move {
             let leased = match store {
-                Some(store) => store.lease(&owner, usize::MAX, lease_for).await?,
+                Some(store) => store.lease(&owner, max, lease_for).await?,
                 None => Vec::new(),
             };
             crate::telemetry::leased(leased.len());
