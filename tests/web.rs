@@ -230,6 +230,42 @@ impl Drop for App {
     }
 }
 
+/// Issue 36.2: a task spawned from a request handler ran on the HTTP worker's runtime and was
+/// dropped when the ingress phase ended (at +1 s with a 1 s grace). Spawned into a `TaskGroup`, it
+/// runs on the service's System: one that takes 2 s (ignoring the cancellation) finishes within
+/// the work phase, one told to stop is handed back as a new item; the stop exits 0. 20 rounds.
+#[test]
+fn a_task_spawned_from_a_handler_outlives_the_ingress_phase_and_is_done_or_handed_back() {
+    for _ in 0..ROUNDS {
+        let options = AppOptions {
+            grace_ms: 1000,
+            ..options()
+        };
+        let mut app = App::start(AppLayout::ActixWebMain, &options);
+        for path in ["/spawn/short/2000/finish", "/spawn/long/600000/yield"] {
+            assert_eq!(
+                http_get(app.port, path).map(|(c, _)| c),
+                Some(202),
+                "{path}"
+            );
+        }
+        app.planned_stop();
+        app.expect("task-done short");
+        assert_eq!(app.exit_code(), Some(0), "{}", app.stderr());
+        let record = FileRecordStore::read_last_stop(&app.state_dir())
+            .unwrap()
+            .expect("a stop record");
+        let tasks: Vec<_> = record
+            .unfinished
+            .iter()
+            .filter(|u| u.participant == "tasks")
+            .map(|u| u.item.clone())
+            .collect();
+        assert_eq!(tasks, ["long"], "{record:?}");
+        assert!(record.drained_in_time, "{record:?}");
+    }
+}
+
 /// Waits until readiness answers 503: the stop has been accepted.
 fn until_draining(port: u16, what: impl std::fmt::Display) {
     wait_until(what, || {
@@ -857,6 +893,35 @@ async fn quit_endpoint() -> &'static str {
     "stopping"
 }
 
+/// Spawns a job into the application's task group from a request handler (issue 36.2): it
+/// sleeps `ms`, then is done (`finish`: it ignores the cancellation, so the drain waits for it)
+/// or, told to stop first, unfinished (`yield`). It prints `task-done NAME` when done.
+#[actix_web::get("/spawn/{name}/{ms}/{mode}")]
+async fn spawn_endpoint(
+    path: actix_web::web::Path<(String, u64, String)>,
+    tasks: actix_web::web::Data<planned_stop::TaskGroup<String>>,
+) -> actix_web::HttpResponse {
+    let (name, ms, mode) = path.into_inner();
+    let spawned = tasks.spawn(name, move |name, stop| async move {
+        let work = actix::clock::sleep(Duration::from_millis(ms));
+        if mode == "yield" {
+            tokio::select! {
+                _ = stop.cancelled() => return planned_stop::JobEnd::Unfinished,
+                _ = work => {}
+            }
+        } else {
+            work.await;
+        }
+        println!("task-done {name}");
+        std::io::stdout().flush().unwrap();
+        planned_stop::JobEnd::Done
+    });
+    match spawned {
+        Ok(_) => actix_web::HttpResponse::Accepted().body("spawned"),
+        Err(refused) => actix_web::HttpResponse::ServiceUnavailable().body(refused.to_string()),
+    }
+}
+
 #[actix_web::get("/")]
 async fn hello_endpoint() -> &'static str {
     "hello"
@@ -908,8 +973,11 @@ fn helper_web_app() {
         sockets.join(stop);
         let streams = SseStreams(planned_stop::web::LongLived::new("sse"));
         streams.0.join(stop);
+        let tasks: planned_stop::TaskGroup<String> = planned_stop::TaskGroup::new(stop, "tasks");
         let server = HttpServer::new(move || {
             App::new()
+                .app_data(actix_web::web::Data::new(tasks.clone()))
+                .service(spawn_endpoint)
                 .app_data(actix_web::web::Data::new(sockets.clone()))
                 .route("/ws", actix_web::web::get().to(ws_endpoint))
                 .app_data(actix_web::web::Data::new(streams.clone()))
