@@ -13,7 +13,7 @@
 //! `DIR/planned-stop-<PID>.watching.json`, a [`Presence`], written when it starts and removed when
 //! it has stopped. A stopper that finds neither a presence nor an outcome file of its target's
 //! identity can say at once that the target has not announced watching this directory, the usual
-//! sign of a wrong `--dir` or a process that is not a planned-stop service; a stop that would
+//! sign of a wrong directory or a process that is not a planned-stop service; a stop that would
 //! also signal is refused then. Because a stopper acts on these files, one counts only when the
 //! named process's own user (or root) wrote it ([`may_speak_for`]): a directory another user can
 //! write must not let that user choose whom a stopper signals or kills.
@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 /// Whether a file in the marker directory, owned by the uid `owner`, may speak for the process it
 /// names, which runs as `process_users` (`None`: gone, or its uids cannot be read): a presence
-/// or outcome file says who watches and how a stop went, and a stopper acts on that (whom a
-/// `--signal` goes to, whether a stop counts as done). A directory another user can write must
+/// or outcome file says who watches and how a stop went, and a stopper acts on that (whom it
+/// signals or kills, whether a stop counts as done). A directory another user can write must
 /// not let that user choose whom the stopper signals or kills, so only a file the process's own
 /// user wrote counts, or root's. For a process that is gone only `reader`'s own files (and
 /// root's) count. Where files have no owner uid (Windows: the directory's ACL decides), every
@@ -180,8 +180,9 @@ pub struct Outcome {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainSummary>,
     /// What the accepted request asked for: `restart` when the stop is a planned restart; absent
-    /// (a stop) otherwise, and from earlier versions. A repeated `stop --restart` toward a target
-    /// that is gone tells from it whether the target restarted or stopped for good.
+    /// (a stop) otherwise, and from earlier versions. A stopper repeating a restart request
+    /// toward a target that is gone tells from it whether the target restarted or stopped for
+    /// good.
     #[serde(default, skip_serializing_if = "is_stop")]
     pub action: StopAction,
 }

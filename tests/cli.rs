@@ -1462,3 +1462,32 @@ fn a_repeated_restart_tells_a_restart_from_a_stop_for_good() {
         );
     }
 }
+
+/// The reserve an accepted stop keeps for its final outcome is written through a new file
+/// renamed into place: a symlink planted under its name is replaced, never followed, so the
+/// file it points to is untouched.
+#[cfg(unix)]
+#[test]
+fn a_symlink_planted_as_the_outcome_reserve_is_never_followed() {
+    let d = dirs();
+    let mut service = serve(&d, &["--drain-ms", "50"]);
+    let victim = d.state.with_file_name("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let reserve = d.run.join(format!(
+        ".planned-stop-{}.outcome.json.tmp-reserve",
+        service.pid()
+    ));
+    std::os::unix::fs::symlink(&victim, &reserve).unwrap();
+    let out = stop(&d, &service.pid_arg(), &["--wait", "20"]);
+    assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+    assert_eq!(service.exit_code(), Some(0));
+    let kept = std::fs::read(&victim).unwrap() == b"keep me";
+    assert!(
+        kept,
+        "the file the symlink points to was written through it"
+    );
+    assert!(
+        !reserve.exists() && std::fs::symlink_metadata(&reserve).is_err(),
+        "removed"
+    );
+}

@@ -3,7 +3,7 @@
 //! `DIR/planned-stop-<PID>.watching.json`, how it knows the target watches the directory at all
 //! (see `crate::outcome`).
 
-use super::files::{Found, read_bounded_with_owner, remove, write_atomically};
+use super::files::{Found, read_bounded_with_owner, remove, write_atomically, write_replacing};
 use super::naming::{
     TEMP_TAG, outcome_file_name, parse_outcome_file_name, parse_presence_file_name,
     presence_file_name,
@@ -99,14 +99,14 @@ impl MarkerStore {
     }
 
     /// Writes the reserve: as many bytes as the largest outcome, so the file system has given
-    /// them to it (not synced: a crash loses only the reserve).
+    /// them to it. Through a new file renamed into place, as every write here, so a symlink
+    /// planted under the reserve's name is replaced, never followed (not synced: a crash loses
+    /// only the reserve).
     fn reserve_outcome_room(&self, pid: u32) -> Result<(), StoreError> {
         let path = self.outcome_reserve_path(pid);
-        std::fs::write(&path, vec![b' '; MAX_OUTCOME_BYTES]).map_err(|source| StoreError::Io {
-            op: "keep room for the final outcome in",
-            path,
-            source,
-        })
+        // Named as a leftover of the outcome file, so one a crash leaves is swept.
+        let temp = self.private_name(&self.outcome_path(pid), TEMP_TAG);
+        write_replacing(&path, &temp, &vec![b' '; MAX_OUTCOME_BYTES], false)
     }
 
     /// Where the runner of `pid` announces that it watches this directory:
