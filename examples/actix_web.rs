@@ -55,7 +55,7 @@ impl Actor for Jobs {
 #[rtype(result = "()")]
 enum Run {
     New(Job),
-    Resumed(planned_stop::record::Leased),
+    Resumed(Box<planned_stop::record::Leased>),
 }
 
 impl Handler<Run> for Jobs {
@@ -67,7 +67,7 @@ impl Handler<Run> for Jobs {
                 Ok(id) => id,
                 Err(e) => return tracing::error!(error = %e, "cannot take a job"),
             },
-            Run::Resumed(leased) => match self.0.add_resumed(leased) {
+            Run::Resumed(leased) => match self.0.add_resumed(*leased) {
                 Ok(id) => id,
                 Err(e) => return tracing::error!(error = %e, "cannot resume an item"),
             },
@@ -217,7 +217,7 @@ async fn main() -> std::io::Result<ExitCode> {
     let jobs = Jobs(WorkSet::new(&stop), Duration::from_secs(job_secs)).start();
     stop.add_participant(DrainPhase::Work, "jobs", jobs.clone().recipient());
     for leased in stop.resume().await.map_err(std::io::Error::other)? {
-        jobs.do_send(Run::Resumed(leased));
+        jobs.do_send(Run::Resumed(Box::new(leased)));
     }
     for id in 1..=2 {
         jobs.do_send(Run::New(Job { id }));

@@ -137,7 +137,10 @@ pub use identity::{IdentityError, ProcessIdentity};
 pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use resume::{DEFAULT_RESUME_BATCH, ResumeLoop};
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
-pub use service::{MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle, StartError};
+pub use service::{
+    DEFAULT_MAX_FAILED_ATTEMPTS, MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle,
+    StartError,
+};
 pub use store::Layout;
 pub use tasks::{CancellationToken, JobEnd, TaskGroup};
 pub use work::{JobId, Refusal, Refused, Unreadable, WorkSet};
@@ -155,7 +158,9 @@ pub mod internals {
     pub use crate::lifecycle::{Lifecycle, Step};
     pub use crate::outcome::may_speak_for;
     pub use crate::record::host::{HOST_ENV, local_host};
-    pub use crate::record::lease::{Liveness, holds, is_offered, is_valid_item_id};
+    pub use crate::record::lease::{
+        Liveness, failure_at_takeover, holds, is_held_aside, is_offered, is_valid_item_id,
+    };
     pub use crate::runner::{OsSignal, PlannedStop, RunnerActor};
     pub use crate::runner::{Ready, RequestStop, RunnerConfig};
     pub use crate::verdict::{SlotContent, decide, decide_as_owner};

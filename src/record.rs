@@ -152,6 +152,12 @@ pub struct Unfinished {
     /// was acknowledged, dropped by an operator or taken by someone else meanwhile stays as it is.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resumed: bool,
+    /// Why the item's attempt failed in this life, when it did (its task panicked): the store
+    /// counts the failure ([`crate::record::ResumeItem::failures`]), and an item that failed too
+    /// often is held aside for a person instead of being offered again. `None` for an item
+    /// handed back by a planned stop: a deploy is not a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 impl Unfinished {
@@ -162,6 +168,7 @@ impl Unfinished {
             participant: participant.into(),
             item,
             resumed: false,
+            failure: None,
         }
     }
 
@@ -172,7 +179,15 @@ impl Unfinished {
             participant: item.participant.clone(),
             item: item.item.clone(),
             resumed: true,
+            failure: None,
         }
+    }
+
+    /// The same item, its attempt in this life failed for `why` (its task panicked).
+    #[must_use]
+    pub fn failed(mut self, why: impl Into<String>) -> Unfinished {
+        self.failure = Some(why.into());
+        self
     }
 
     /// The item read back as `T`, the type the participant handed back.

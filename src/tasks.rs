@@ -17,7 +17,8 @@
 //! - the drain cancels the token, closes the [`TaskTracker`] and waits for the tracked tasks up
 //!   to its phase's deadline, then hands back every job still held: new ones as new items,
 //!   resumed ones under their ids;
-//! - a task that panics keeps its job (handed back at the drain) and makes the drain not clean
+//! - a task that panics keeps its job (handed back at the drain, its failed attempt counted, so a
+//!   job that keeps panicking is held aside for a person) and makes the drain not clean
 //!   (its report says work was cut short, naming the job).
 //!
 //! Built on tokio-util's [`CancellationToken`] and [`TaskTracker`]: the group adds only what a
@@ -329,13 +330,24 @@ impl Shared {
         };
         jobs.drained = true;
         let mut report = DrainReport::done();
-        for held in std::mem::take(&mut jobs.held).into_values() {
-            match held.leased {
-                Some(leased) => report = report.with_handed_back([leased]),
-                None => report.unfinished.push(held.item),
-            }
+        let panicked = std::mem::take(&mut jobs.panicked);
+        for (id, held) in std::mem::take(&mut jobs.held) {
+            // A panic is a failed attempt: counted, so a job that keeps panicking is held aside.
+            let failure = panicked
+                .iter()
+                .find(|(p, _)| *p == id)
+                .map(|(_, message)| format!("its task panicked: {message}"));
+            report = match (held.leased, failure) {
+                (Some(leased), Some(why)) => report.with_failed_handed_back(leased, why),
+                (Some(leased), None) => report.with_handed_back([leased]),
+                (None, Some(why)) => report.with_failed(held.item, why),
+                (None, None) => {
+                    report.unfinished.push(held.item);
+                    report
+                }
+            };
         }
-        for (id, message) in std::mem::take(&mut jobs.panicked) {
+        for (id, message) in panicked {
             report = report.with_cut_short(format!(
                 "the task of job {} panicked ({message}); its job is handed back",
                 id.number()

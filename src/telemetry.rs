@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 
 /// The metrics this crate records, with their kind and help text (the exporter's `# HELP`).
 #[cfg(feature = "metrics")]
-pub(crate) const NAMES: [(&str, Kind, &str); 18] = [
+pub(crate) const NAMES: [(&str, Kind, &str); 19] = [
     (STOPS, Kind::Counter, "stops accepted, by cause and verdict"),
     (
         MARKER_TO_ACCEPT,
@@ -102,6 +102,11 @@ pub(crate) const NAMES: [(&str, Kind, &str); 18] = [
         Kind::Counter,
         "tasks of a task group that panicked (their jobs are handed back at the drain)",
     ),
+    (
+        HELD_ASIDE,
+        Kind::Counter,
+        "resumed items held aside for a person after too many failed attempts",
+    ),
 ];
 
 #[cfg(feature = "metrics")]
@@ -140,6 +145,8 @@ const RENEWAL_FAILURES: &str = "planned_stop_lease_renewal_failures_total";
 const STATE: &str = "planned_stop_state";
 #[cfg(feature = "metrics")]
 const TASK_PANICS: &str = "planned_stop_task_panics_total";
+#[cfg(feature = "metrics")]
+const HELD_ASIDE: &str = "planned_stop_items_held_aside_total";
 
 /// What a metric is, for its description.
 #[cfg(feature = "metrics")]
@@ -360,6 +367,14 @@ pub(crate) fn renewal_failed() {
 pub(crate) fn task_panicked(participant: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!(TASK_PANICS, "participant" => participant.to_owned()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = participant;
+}
+
+/// An item of participant `participant` failed too often and was held aside for a person.
+pub(crate) fn held_aside(participant: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(HELD_ASIDE, "participant" => participant.to_owned()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = participant;
 }

@@ -24,8 +24,10 @@
 //! host, where only lease expiry counts), each living, crashing and starting again with a new
 //! start fingerprint (pid reuse); stops that leave new items and hand back every item their
 //! process leased — also those it no longer holds (acknowledged, dropped or released by an
-//! operator, taken over), which must stay as they are; leases, acknowledgements, releases and
-//! drops; a wall clock that only the test moves. After every step
+//! operator, taken over), which must stay as they are; stops whose attempts failed, and items
+//! taken over from a holder that was gone, each counting a failed attempt; items held aside and
+//! an operator's release that offers them again; leases, acknowledgements, releases and drops; a
+//! wall clock that only the test moves. After every step
 //! the store must list exactly what the model holds, and every answer must be the model's.
 
 #![allow(missing_docs)] // the model's steps and states are named for the test output, not an API
@@ -34,8 +36,7 @@ pub use crate::clock::Clock;
 pub use crate::record::lease::Liveness;
 use crate::record::{Owner, RecordError, RecordStore, StopRecord};
 use chrono::{DateTime, TimeDelta, Utc};
-use proptest::prelude::*;
-use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
+use proptest_state_machine::StateMachineTest;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,293 +50,10 @@ pub trait Backend: 'static {
     fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>);
 }
 
-const OWNERS: usize = 4;
-const HERE: &str = "this-host";
-const THERE: &str = "another-host";
+mod model;
 
-fn host(k: usize) -> &'static str {
-    if k < 2 { HERE } else { THERE }
-}
-
-fn owner(k: usize, start: u64) -> Owner {
-    Owner::new(host(k), 100 + k as u32, start)
-}
-
-/// The pid of the process whose stops leave new items (it never leases).
-const STOPPER: u32 = 900;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Item {
-    id: String,
-    stopped_at: i64,
-    attempts: u32,
-    /// (owner index, its start fingerprint, lease expiry).
-    lease: Option<(usize, u64, i64)>,
-    value: String,
-}
-
-/// What the last step must have answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expect {
-    Nothing,
-    Leased(Vec<String>),
-    Acked(Result<(), &'static str>),
-    Released(Result<bool, &'static str>),
-    Dropped(bool),
-    Renewed(Vec<String>),
-}
-
-/// The model's state.
-#[derive(Debug, Clone)]
-pub struct Model {
-    now: i64,
-    /// Each owner's current start fingerprint and whether it runs.
-    lives: [(u64, bool); OWNERS],
-    items: Vec<Item>,
-    gone: Vec<String>,
-    stops: u32,
-    expect: Expect,
-    /// The item id the last acknowledgement, release or drop named (picked before it applied).
-    last_pick: Option<String>,
-}
-
-/// One step.
-#[derive(Debug, Clone)]
-pub enum Step {
-    /// A stop: `new` fresh items, plus, from `by`, the items it holds handed back (it then exits).
-    Stop {
-        new: usize,
-        by: Option<usize>,
-    },
-    Lease {
-        k: usize,
-        max: usize,
-        secs: u64,
-    },
-    /// Owner `k` renews every item (those it holds are renewed, the others refused).
-    Renew {
-        k: usize,
-        secs: u64,
-    },
-    Ack {
-        k: usize,
-        pick: usize,
-    },
-    Release {
-        k: Option<usize>,
-        pick: usize,
-    },
-    Drop {
-        pick: usize,
-    },
-    Crash {
-        k: usize,
-    },
-    Start {
-        k: usize,
-    },
-    Advance {
-        secs: i64,
-    },
-}
-
-impl Model {
-    fn liveness(&self, k: usize, start: u64) -> Liveness {
-        if host(k) == THERE {
-            Liveness::Unknown
-        } else if self.lives[k] == (start, true) {
-            Liveness::Alive
-        } else {
-            Liveness::Dead
-        }
-    }
-
-    fn sort(&mut self) {
-        self.items
-            .sort_by(|a, b| (a.stopped_at, &a.id).cmp(&(b.stopped_at, &b.id)));
-    }
-
-    fn pick(&self, pick: usize) -> String {
-        let known = self.items.len() + self.gone.len();
-        if known == 0 {
-            return "no-such-item".into();
-        }
-        let i = pick % known;
-        match self.items.get(i) {
-            Some(item) => item.id.clone(),
-            None => self.gone[i - self.items.len()].clone(),
-        }
-    }
-}
-
-/// The reference state machine.
-#[derive(Debug)]
-pub struct Reference;
-
-impl ReferenceStateMachine for Reference {
-    type State = Model;
-    type Transition = Step;
-
-    fn init_state() -> BoxedStrategy<Model> {
-        Just(Model {
-            now: 0,
-            lives: [(1, true); OWNERS],
-            items: Vec::new(),
-            gone: Vec::new(),
-            stops: 0,
-            expect: Expect::Nothing,
-            last_pick: None,
-        })
-        .boxed()
-    }
-
-    fn transitions(_: &Model) -> BoxedStrategy<Step> {
-        let k = 0..OWNERS;
-        prop_oneof![
-            3 => (0..4usize, proptest::option::of(0..OWNERS)).prop_map(|(new, by)| Step::Stop { new, by }),
-            4 => (k.clone(), 0..4usize, 1..6u64).prop_map(|(k, max, secs)| Step::Lease { k, max, secs }),
-            2 => (k.clone(), 1..6u64).prop_map(|(k, secs)| Step::Renew { k, secs }),
-            3 => (k.clone(), any::<usize>()).prop_map(|(k, pick)| Step::Ack { k, pick }),
-            1 => (proptest::option::of(k.clone()), any::<usize>()).prop_map(|(k, pick)| Step::Release { k, pick }),
-            1 => any::<usize>().prop_map(|pick| Step::Drop { pick }),
-            1 => k.clone().prop_map(|k| Step::Crash { k }),
-            2 => k.prop_map(|k| Step::Start { k }),
-            2 => (0..8i64).prop_map(|secs| Step::Advance { secs }),
-        ]
-        .boxed()
-    }
-
-    fn preconditions(m: &Model, step: &Step) -> bool {
-        match *step {
-            Step::Stop { by: Some(k), .. }
-            | Step::Lease { k, .. }
-            | Step::Renew { k, .. }
-            | Step::Ack { k, .. } => m.lives[k].1,
-            Step::Release { k: Some(k), .. } | Step::Crash { k } => m.lives[k].1,
-            Step::Start { k } => !m.lives[k].1,
-            _ => true,
-        }
-    }
-
-    fn apply(mut m: Model, step: &Step) -> Model {
-        m.expect = Expect::Nothing;
-        m.last_pick = match *step {
-            Step::Ack { pick, .. } | Step::Release { pick, .. } | Step::Drop { pick } => {
-                Some(m.pick(pick))
-            }
-            _ => None,
-        };
-        match *step {
-            Step::Stop { new, by } => {
-                m.stops += 1;
-                for i in 0..new {
-                    m.items.push(Item {
-                        id: format!("s{:04}-{i:02}", m.stops),
-                        stopped_at: m.now,
-                        attempts: 1,
-                        lease: None,
-                        value: format!("work {} of stop {}", i, m.stops),
-                    });
-                }
-                if let Some(k) = by {
-                    let start = m.lives[k].0;
-                    let now = m.now;
-                    for item in &mut m.items {
-                        if item.lease.is_some_and(|(o, s, _)| (o, s) == (k, start)) {
-                            item.lease = None;
-                            item.attempts += 1;
-                            item.stopped_at = now;
-                        }
-                    }
-                    m.lives[k].1 = false; // a stop ends the process
-                }
-                m.sort();
-            }
-            Step::Lease { k, max, secs } => {
-                let start = m.lives[k].0;
-                let now = m.now;
-                let mut leased = Vec::new();
-                for i in 0..m.items.len() {
-                    if leased.len() >= max {
-                        break;
-                    }
-                    let offered = match m.items[i].lease {
-                        None => true,
-                        Some((o, s, expires)) => match m.liveness(o, s) {
-                            Liveness::Alive => false,
-                            Liveness::Dead => true,
-                            Liveness::Unknown => now >= expires,
-                        },
-                    };
-                    if offered {
-                        m.items[i].lease = Some((k, start, now + secs as i64));
-                        leased.push(m.items[i].id.clone());
-                    }
-                }
-                m.expect = Expect::Leased(leased);
-            }
-            Step::Renew { k, secs } => {
-                let start = m.lives[k].0;
-                let now = m.now;
-                let mut renewed = Vec::new();
-                for item in &mut m.items {
-                    if let Some((o, s, expires)) = item.lease.as_mut()
-                        && (*o, *s) == (k, start)
-                    {
-                        *expires = now + secs as i64;
-                        renewed.push(item.id.clone());
-                    }
-                }
-                m.expect = Expect::Renewed(renewed);
-            }
-            Step::Ack { k, pick } => {
-                let id = m.pick(pick);
-                let start = m.lives[k].0;
-                m.expect = Expect::Acked(match m.items.iter().position(|i| i.id == id) {
-                    None => Err("unknown"),
-                    Some(i)
-                        if m.items[i]
-                            .lease
-                            .is_some_and(|(o, s, _)| (o, s) == (k, start)) =>
-                    {
-                        m.items.remove(i);
-                        m.gone.push(id);
-                        Ok(())
-                    }
-                    Some(_) => Err("not holder"),
-                });
-            }
-            Step::Release { k, pick } => {
-                let id = m.pick(pick);
-                let holder = k.map(|k| (k, m.lives[k].0));
-                m.expect = Expect::Released(match m.items.iter_mut().find(|i| i.id == id) {
-                    None => Err("unknown"),
-                    Some(item) => match (item.lease, holder) {
-                        (None, _) => Ok(false),
-                        (Some((o, s, _)), Some(h)) if (o, s) != h => Err("not holder"),
-                        (Some(_), _) => {
-                            item.lease = None;
-                            Ok(true)
-                        }
-                    },
-                });
-            }
-            Step::Drop { pick } => {
-                let id = m.pick(pick);
-                let existed = m.items.iter().any(|i| i.id == id);
-                m.items.retain(|i| i.id != id);
-                if existed {
-                    m.gone.push(id);
-                }
-                m.expect = Expect::Dropped(existed);
-            }
-            Step::Crash { k } => m.lives[k].1 = false,
-            Step::Start { k } => m.lives[k] = (m.lives[k].0 + 1, true),
-            Step::Advance { secs } => m.now += secs,
-        }
-        m
-    }
-}
+pub use model::{Expect, Model, Reference, Step};
+use model::{HERE, OWNERS, STOPPER, owner};
 
 /// The test clock: the model's seconds after a fixed instant.
 #[derive(Debug)]
@@ -351,8 +69,8 @@ impl Clock for TestClock {
     }
 }
 
-/// An item as compared: id, attempts, lease holder (pid, start), value.
-type Listed = (String, u32, Option<(u32, u64)>, String);
+/// An item as compared: id, attempts, failures, held aside, lease holder (pid, start), value.
+type Listed = (String, u32, u32, bool, Option<(u32, u64)>, String);
 
 /// The store under test and the world it sees.
 pub struct Sut {
@@ -438,7 +156,7 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
         let now = sut.clock.now();
         let before_lives = *sut.lives.lock().unwrap();
         match step {
-            Step::Stop { new, by } => {
+            Step::Stop { new, by, failed } => {
                 let mut items: Vec<serde_json::Value> = Vec::new();
                 // The model's new items are the last `new` with this stop's prefix.
                 for i in 0..new {
@@ -459,6 +177,11 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                     }
                     None => Owner::new(HERE, STOPPER, u64::from(m.stops)),
                 };
+                if failed {
+                    for item in &mut items {
+                        item["failure"] = serde_json::json!("its task panicked");
+                    }
+                }
                 let record = stop_record(stopper.pid, now, items);
                 sut.runtime
                     .block_on(store.persist(&stopper, &record))
@@ -522,6 +245,18 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                 let got = sut.runtime.block_on(store.remove(&id)).unwrap();
                 assert_eq!(Expect::Dropped(got), m.expect, "drop {id}");
             }
+            Step::HoldAside { k, pick } => {
+                let me = owner(k, before_lives[k].0);
+                let id = ack_target(m, pick);
+                let got = sut
+                    .runtime
+                    .block_on(store.hold_aside(&me, &id, "failed too often"));
+                assert_eq!(
+                    Expect::HeldAside(got.map_err(|e| error_kind(&e))),
+                    m.expect,
+                    "hold {id} aside by {k}"
+                );
+            }
             Step::Crash { .. } | Step::Start { .. } | Step::Advance { .. } => {}
         }
         *sut.lives.lock().unwrap() = m.lives;
@@ -537,6 +272,8 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                 (
                     s.item.id.clone(),
                     s.item.attempts,
+                    s.item.failures,
+                    s.quarantined.is_some(),
                     s.lease.as_ref().map(|l| (l.owner.pid, l.owner.start)),
                     s.item.item.as_str().unwrap_or_default().to_owned(),
                 )
@@ -549,6 +286,8 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
                 (
                     i.id.clone(),
                     i.attempts,
+                    i.failures,
+                    i.aside,
                     i.lease.map(|(k, s, _)| (100 + k as u32, s)),
                     i.value.clone(),
                 )

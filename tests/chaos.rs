@@ -178,6 +178,14 @@ impl RecordStore for Defective {
     fn release<'a>(&'a self, o: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
         self.inner.release(o, id)
     }
+    fn hold_aside<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        id: &'a str,
+        reason: &'a str,
+    ) -> planned_stop::record::RecordFuture<'a, ()> {
+        self.inner.hold_aside(o, id, reason)
+    }
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
         self.inner.remove(id)
     }

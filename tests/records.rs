@@ -50,7 +50,7 @@ prop_state_machine! {
 /// conformance suite as the crate's own stores.
 mod outside {
     use chrono::{DateTime, Utc};
-    use planned_stop::internals::{Clock, Liveness, holds, is_offered};
+    use planned_stop::internals::{Clock, Liveness, failure_at_takeover, holds, is_offered};
     use planned_stop::record::{
         ItemState, Lease, Leased, Owner, Persisted, RecordError, RecordFuture, RecordStore,
         ResumeItem, StopRecord,
@@ -97,11 +97,15 @@ mod outside {
                             stopper.clone(),
                             record.finished_at,
                             1,
-                        ),
+                        )
+                        .with_failures(u32::from(u.failure.is_some()), u.failure.clone()),
                         None,
                     )),
                     (true, Some(i)) if holds(items[i].lease.as_ref(), stopper) => {
-                        let attempts = items[i].item.attempts.saturating_add(1);
+                        let old = &items[i].item;
+                        let attempts = old.attempts.saturating_add(1);
+                        let failures = old.failures + u32::from(u.failure.is_some());
+                        let last = u.failure.clone().or_else(|| old.last_failure.clone());
                         items[i] = ItemState::new(
                             ResumeItem::new(
                                 id,
@@ -110,7 +114,8 @@ mod outside {
                                 stopper.clone(),
                                 record.finished_at,
                                 attempts,
-                            ),
+                            )
+                            .with_failures(failures, last),
                             None,
                         );
                     }
@@ -146,7 +151,13 @@ mod outside {
                     .lease
                     .as_ref()
                     .map_or(Liveness::Dead, |l| (self.probe)(&l.owner));
-                if leased.len() < max && is_offered(s.lease.as_ref(), now, liveness) {
+                if leased.len() < max
+                    && s.quarantined.is_none()
+                    && is_offered(s.lease.as_ref(), now, liveness)
+                {
+                    if let Some(why) = failure_at_takeover(s.lease.as_ref(), liveness) {
+                        s.item = s.item.clone().with_failures(s.item.failures + 1, Some(why));
+                    }
                     let lease = Lease::new(owner.clone(), now, end(now, lease_for));
                     s.lease = Some(lease.clone());
                     leased.push(Leased::new(s.item.clone(), lease));
@@ -196,6 +207,11 @@ mod outside {
             let mut items = self.items.lock().unwrap();
             let result = match items.iter_mut().find(|s| s.item.id == id) {
                 None => Err(RecordError::UnknownItem { id: id.into() }),
+                Some(s) if owner.is_none() && s.quarantined.is_some() => {
+                    let last = s.item.last_failure.clone();
+                    *s = ItemState::new(s.item.clone().with_failures(0, last), None);
+                    Ok(true)
+                }
                 Some(s) => match (&s.lease, owner) {
                     (None, _) => Ok(false),
                     (Some(l), Some(o)) if l.owner != *o => Err(RecordError::NotHolder {
@@ -207,6 +223,27 @@ mod outside {
                         Ok(true)
                     }
                 },
+            };
+            Box::pin(async { result })
+        }
+
+        fn hold_aside<'a>(
+            &'a self,
+            owner: &'a Owner,
+            id: &'a str,
+            reason: &'a str,
+        ) -> RecordFuture<'a, ()> {
+            let mut items = self.items.lock().unwrap();
+            let result = match items.iter_mut().find(|s| s.item.id == id) {
+                None => Err(RecordError::UnknownItem { id: id.into() }),
+                Some(s) if holds(s.lease.as_ref(), owner) => {
+                    *s = ItemState::new(s.item.clone(), None).with_quarantine(reason);
+                    Ok(())
+                }
+                Some(s) => Err(RecordError::NotHolder {
+                    id: id.into(),
+                    holder: s.lease.as_ref().map(|l| l.owner.to_string()),
+                }),
             };
             Box::pin(async { result })
         }
@@ -645,6 +682,94 @@ mod with_processes {
             expected.sort();
             assert_eq!(acknowledged(&d), expected, "seed {seed} round {round}");
         }
+    }
+
+    /// Issue 36.5: an item whose holder is killed at every life is a failed attempt each time,
+    /// and after the last allowed one it is held aside: not resumed, listed as quarantined with
+    /// its failures and the last one, WARNed; `records release` offers it again, from zero. A
+    /// planned stop that hands it back is no failure.
+    #[test]
+    fn an_item_killed_with_its_holder_at_every_life_is_held_aside_then_released() {
+        let d = dirs();
+        let ids = leave_items(&d, 1);
+        let long = [
+            "--jobs",
+            "0",
+            "--job-ms",
+            "600000",
+            "--max-failed-attempts",
+            "2",
+        ];
+        // A planned stop hands it back: no failure.
+        let mut planned = serve(&d, &long);
+        assert_eq!(strings(&planned.seen("resumed").unwrap()["ids"]), ids);
+        let (code, report) = stop_wait(&d, planned.pid());
+        assert_eq!(code, Some(0), "{report}");
+        assert_eq!(planned.exit_code(), Some(0));
+        assert_eq!(
+            listed(&d)[0]["item"]["failures"],
+            0,
+            "a deploy is not a failure"
+        );
+        let mut holder = serve(&d, &long);
+        assert_eq!(strings(&holder.seen("resumed").unwrap()["ids"]), ids);
+        for failures in 1..=2 {
+            drop(holder); // SIGKILL while it holds the item
+            holder = serve(&d, &long);
+            let resumed = strings(&holder.seen("resumed").unwrap()["ids"]);
+            let item = &listed(&d)[0];
+            assert_eq!(item["item"]["failures"], failures, "{item}");
+            let last = item["item"]["last_failure"].as_str().unwrap();
+            assert!(last.contains("killed or crashed"), "{item}");
+            if failures < 2 {
+                assert_eq!(resumed, ids, "one failure of two allowed: resumed");
+                continue;
+            }
+            assert!(resumed.is_empty(), "held aside, not resumed: {resumed:?}");
+            let why = item["quarantined"].as_str().unwrap();
+            assert!(why.contains("2 failed attempts"), "{item}");
+            assert!(item["lease"].is_null(), "{item}");
+        }
+        holder.signal(libc::SIGINT);
+        assert_eq!(holder.exit_code(), Some(0));
+        let stderr = holder.stderr_after_exit();
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains("held aside") && l.contains(&ids[0])),
+            "{stderr}"
+        );
+        let text = run(&["records", "list", "--state", s(&d.state)]);
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(
+            text.contains("2 failed") && text.contains("quarantined"),
+            "{text}"
+        );
+        // Still held aside at the next start.
+        let mut still = serve(&d, &long);
+        assert!(strings(&still.seen("resumed").unwrap()["ids"]).is_empty());
+        still.signal(libc::SIGINT);
+        assert_eq!(still.exit_code(), Some(0));
+        let out = run(&["records", "release", "--state", s(&d.state), &ids[0]]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let item = &listed(&d)[0];
+        assert!(
+            item["quarantined"].is_null() && item["item"]["failures"] == 0,
+            "{item}"
+        );
+        let mut again = serve(
+            &d,
+            &["--jobs", "0", "--job-ms", "5", "--max-failed-attempts", "2"],
+        );
+        assert_eq!(wait_all_acked(&again), ids, "released: resumed and done");
+        again.signal(libc::SIGINT);
+        assert_eq!(again.exit_code(), Some(0));
+        assert!(listed(&d).is_empty());
     }
 
     /// Four services share one state directory and are stopped at once; four new ones start at

@@ -1383,7 +1383,7 @@ impl Actor for WorkActor {
 #[rtype(result = "()")]
 enum Take {
     New(String),
-    Resumed(planned_stop::record::Leased),
+    Resumed(Box<planned_stop::record::Leased>),
 }
 
 impl Handler<Take> for WorkActor {
@@ -1391,7 +1391,7 @@ impl Handler<Take> for WorkActor {
     fn handle(&mut self, take: Take, ctx: &mut Context<Self>) {
         let id = match take {
             Take::New(name) => self.work.add(name).unwrap(),
-            Take::Resumed(leased) => self.work.add_resumed(leased).unwrap(),
+            Take::Resumed(leased) => self.work.add_resumed(*leased).unwrap(),
         };
         let name = self.work.get(id).unwrap().clone();
         println!("started {name} resumed={}", self.work.is_resumed(id));
@@ -1440,7 +1440,7 @@ fn helper_work_life() {
             work.clone().recipient(),
         );
         for leased in service.resume().await.unwrap() {
-            work.send(Take::Resumed(leased)).await.unwrap();
+            work.send(Take::Resumed(Box::new(leased))).await.unwrap();
         }
         if let Some(name) = new {
             work.send(Take::New(name)).await.unwrap();

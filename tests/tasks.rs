@@ -194,6 +194,99 @@ fn a_panicking_task_hands_its_job_back_and_the_drain_is_not_clean() {
     );
 }
 
+/// One life of a service allowing `max` failed attempts: resumes what is on offer into a task
+/// group whose tasks panic, waits for each panic, and stops as planned. Returns the resumed ids.
+fn a_panicking_life(dir: &Path, max: u32, new_job: Option<&str>) -> Vec<String> {
+    actix::System::new().block_on(async {
+        let h = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+            .owns_process_exit(false)
+            .state_dir(dir.join("state"))
+            .handle_signals(false)
+            .events(false)
+            .max_failed_attempts(max)
+            .start()
+            .unwrap();
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let leased = h.resume().await.unwrap();
+        let ids: Vec<String> = leased.iter().map(|l| l.item.id.clone()).collect();
+        let mut heard = Vec::new();
+        let poison = |tx: tokio::sync::oneshot::Sender<()>| {
+            move |_: String, _| async move {
+                let _guard = tx; // dropped by the unwinding: the test hears of it
+                panic!("poison pill");
+            }
+        };
+        for item in leased {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            group.spawn_resumed(item, poison(tx)).unwrap();
+            heard.push(rx);
+        }
+        if let Some(job) = new_job {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            group.spawn(job.to_owned(), poison(tx)).unwrap();
+            heard.push(rx);
+        }
+        h.ready();
+        for rx in heard {
+            let _ = rx.await;
+        }
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+        ids
+    })
+}
+
+/// Issue 36.3 and 36.5: a job whose task panics in every life counts a failed attempt each time
+/// (a planned stop does not), and once it has used them all it is held aside for a person: the
+/// next life does not get it, the store lists it with why.
+#[test]
+fn a_job_that_panics_in_every_life_is_held_aside_after_its_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(a_panicking_life(dir.path(), 3, Some("poison")).is_empty());
+    let listed = || {
+        let store = FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(store.list())
+            .unwrap()
+    };
+    let id = listed()[0].item.id.clone();
+    for failures in 1..=2 {
+        let item = &listed()[0];
+        assert_eq!(item.item.failures, failures, "{item:?}");
+        let last = item.item.last_failure.as_deref().unwrap();
+        assert!(
+            last.contains("panicked") && last.contains("poison pill"),
+            "{last}"
+        );
+        assert_eq!(
+            a_panicking_life(dir.path(), 3, None),
+            std::slice::from_ref(&id)
+        );
+    }
+    let item = &listed()[0];
+    assert_eq!(item.item.failures, 3, "{item:?}");
+    assert!(
+        item.quarantined.is_none(),
+        "held aside by the next lease, not by the stop"
+    );
+    assert!(
+        a_panicking_life(dir.path(), 3, None).is_empty(),
+        "held aside, not resumed"
+    );
+    let item = &listed()[0];
+    let why = item.quarantined.as_deref().expect("held aside");
+    assert!(
+        why.contains("3 failed attempts") && why.contains("poison pill"),
+        "{why}"
+    );
+    assert!(
+        a_panicking_life(dir.path(), 3, None).is_empty(),
+        "still held aside"
+    );
+}
+
 #[test]
 fn a_payload_that_cannot_be_recorded_is_refused_at_once_and_given_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -318,6 +411,14 @@ impl RecordStore for Gate {
         id: &'a str,
     ) -> planned_stop::record::RecordFuture<'a, bool> {
         self.inner.release(o, id)
+    }
+    fn hold_aside<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        id: &'a str,
+        reason: &'a str,
+    ) -> planned_stop::record::RecordFuture<'a, ()> {
+        self.inner.hold_aside(o, id, reason)
     }
     fn remove<'a>(&'a self, id: &'a str) -> planned_stop::record::RecordFuture<'a, bool> {
         self.inner.remove(id)

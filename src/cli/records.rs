@@ -67,7 +67,8 @@ pub enum RecordsAction {
         #[arg(long)]
         json: bool,
     },
-    /// Make a leased item pending again.
+    /// Make a leased item pending again, or offer an item held aside again (its failures
+    /// counted from zero).
     Release {
         #[command(flatten)]
         #[allow(missing_docs)]
@@ -127,7 +128,9 @@ pub fn run(args: RecordsArgs) -> u8 {
             };
             match runtime.block_on(store.release(None, &id)) {
                 Ok(true) => emit(format!("{id}: released; the next start resumes it")),
-                Ok(false) => emit(format!("{id}: not leased; nothing to release")),
+                Ok(false) => emit(format!(
+                    "{id}: not leased or held aside; nothing to release"
+                )),
                 Err(e) => return item_error(&runtime, &state, &e),
             }
             EXIT_OK
@@ -348,7 +351,7 @@ pub fn report_errors(found: &Found) -> u8 {
 
 /// One item as a line of text, as of `now` (a lease that lapsed says so).
 pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> String {
-    let what = format!(
+    let mut what = format!(
         "{} ({}: {}), left by pid {} at {}, attempt {}",
         s.item.id,
         s.item.participant,
@@ -357,8 +360,18 @@ pub fn describe_item(s: &ItemState, now: chrono::DateTime<chrono::Utc>) -> Strin
         super::when(s.item.stopped_at),
         s.item.attempts
     );
+    if s.item.failures > 0 {
+        what.push_str(&format!(
+            ", {} failed (last: {})",
+            s.item.failures,
+            s.item.last_failure.as_deref().unwrap_or("unknown")
+        ));
+    }
     if let Some(why) = &s.quarantined {
-        return format!("{what}: quarantined ({why}); never offered: `records drop` removes it");
+        return format!(
+            "{what}: quarantined ({why}); never offered: `records release` offers it again, \
+             `records drop` removes it"
+        );
     }
     match (&s.lease, holder_alive(s)) {
         (None, _) => format!("{what}: pending"),

@@ -69,6 +69,12 @@ pub struct ServeArgs {
     /// at start).
     #[arg(long, default_value_t = 0)]
     pub resume_every_ms: u64,
+    /// How many failed attempts (a life that ended holding an item, killed or crashed) an item
+    /// may have before it is held aside for a person instead of resumed (`records list` shows
+    /// it, `records release` offers it again). At least 1.
+    #[arg(long, default_value_t = planned_stop::DEFAULT_MAX_FAILED_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_failed_attempts: u32,
     /// Poll only: do not use filesystem notifications.
     #[arg(long)]
     pub no_events: bool,
@@ -224,7 +230,9 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
     if let Some(store) = store {
         builder = builder.record_store(store);
     }
-    builder = builder.lease_for(Duration::from_millis(args.lease_ms));
+    builder = builder
+        .lease_for(Duration::from_millis(args.lease_ms))
+        .max_failed_attempts(args.max_failed_attempts);
     let duration = Duration::from_millis(args.job_ms);
     let job = |name: &str, leased| {
         Job {

@@ -4,7 +4,9 @@
 //!
 //! - `DIR/planned-stop-record.json` — the most recent stop's summary, for people (`status`); the
 //!   last writer wins, which loses nothing, because the work itself is in the item files;
-//! - `DIR/planned-stop-items/<id>.item.json` — one file per unfinished item, written once;
+//! - `DIR/planned-stop-items/<id>.item.json` — one file per unfinished item: written by a stop,
+//!   again when a failed attempt is counted, and when it is held aside for a person (the reason is
+//!   in the file) or released;
 //! - `DIR/planned-stop-items/<id>.lease.json` — its lease, while someone resumes it;
 //! - `DIR/planned-stop-acked/<id>.item.json` — an acknowledged item: the acknowledgement *is* the
 //!   rename of its file out of the item directory, so it is atomic; kept a day (for `records` and
@@ -32,6 +34,7 @@
 //! [`LOCK_WAIT`]: inside a tokio runtime (the actix `System`) it runs on the runtime's blocking
 //! threads, so the event loop never waits on a disk or a lock.
 
+mod aside;
 mod contract;
 mod disk;
 mod summary;
@@ -374,16 +377,16 @@ impl FileRecordStore {
     }
 
     fn state_of(&self, id: &str) -> Option<ItemState> {
-        let item: ResumeItem = self.read_json(&self.path(id, ITEM))?;
-        if item.id != id {
-            tracing::warn!(id, found = %item.id, "an item file names another id; skipped");
+        let file: aside::ItemFile = self.read_json(&self.path(id, ITEM))?;
+        if file.item.id != id {
+            tracing::warn!(id, found = %file.item.id, "an item file names another id; skipped");
             return None;
         }
         let lease = self.read_json(&self.path(id, LEASE));
         Some(ItemState {
-            item,
+            item: file.item,
             lease,
-            quarantined: None,
+            quarantined: file.held_aside,
         })
     }
 
@@ -413,21 +416,26 @@ impl FileRecordStore {
                     reason,
                 })?;
             let existing = self.state_of(id);
-            let Some(attempts) =
-                super::store::attempts_after_persist(stopper, unfinished, existing.as_ref())
+            let Some(counts) =
+                super::store::counts_after_persist(stopper, unfinished, existing.as_ref())
             else {
                 continue;
             };
-            let item = ResumeItem {
-                id: id.to_owned(),
-                participant: unfinished.participant.clone(),
-                item: unfinished.item.clone(),
-                stopped_by: stopper.clone(),
+            let item = ResumeItem::new(
+                id,
+                unfinished.participant.clone(),
+                unfinished.item.clone(),
+                stopper.clone(),
                 stopped_at,
-                attempts,
-            };
+                counts.attempts,
+            )
+            .with_failures(counts.failures, counts.last_failure);
             let path = self.path(id, ITEM);
-            let bytes = serde_json::to_vec(&item).map_err(|e| RecordError::Invalid {
+            let file = aside::ItemFile {
+                item,
+                held_aside: None,
+            };
+            let bytes = serde_json::to_vec(&file).map_err(|e| RecordError::Invalid {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
@@ -494,7 +502,7 @@ impl FileRecordStore {
         // Any duration, however large, saturates at the end of time rather than overflowing.
         let expires_at = lease_end(now, lease_for);
         let mut leased = Vec::new();
-        for state in self.all()? {
+        for mut state in self.all()? {
             if leased.len() >= max {
                 break;
             }
@@ -502,14 +510,19 @@ impl FileRecordStore {
                 .lease
                 .as_ref()
                 .map_or(Liveness::Dead, |l| (self.liveness)(&l.owner));
-            if !lease::is_offered(state.lease.as_ref(), now, liveness) {
+            if state.quarantined.is_some()
+                || !lease::is_offered(state.lease.as_ref(), now, liveness)
+            {
                 continue;
             }
-            if let Some(previous) = &state.lease {
-                tracing::info!(id = %state.item.id, previous = %previous.owner, ?liveness, "offering again an item whose holder is gone or whose lease lapsed");
-            }
+            let failure = lease::failure_at_takeover(state.lease.as_ref(), liveness);
             let lease = Lease::new(owner.clone(), now, expires_at);
             self.write_json_as(&self.path(&state.item.id, LEASE), &lease, false)?;
+            // The lease first: a crash between the two leaves this life's own failure to count.
+            if let Some(why) = failure {
+                tracing::info!(id = %state.item.id, why, "offering again an item whose holder is gone or whose lease lapsed: a failed attempt");
+                self.count_failure(&mut state, why)?;
+            }
             leased.push(Leased {
                 item: state.item,
                 lease,
@@ -591,6 +604,10 @@ impl FileRecordStore {
         let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
             return Err(RecordError::UnknownItem { id: id.to_owned() });
         };
+        if owner.is_none() && state.quarantined.is_some() {
+            self.offer_again(state)?;
+            return Ok(true);
+        }
         let Some(lease) = state.lease else {
             return Ok(false);
         };

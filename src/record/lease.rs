@@ -110,6 +110,47 @@ pub fn is_offered(lease: Option<&Lease>, now: DateTime<Utc>, owner: Liveness) ->
     }
 }
 
+/// The failed attempt an item offered again under a lease counts, told for the operator: the
+/// life `previous` names ended without handing the item back or completing it (`Dead`: killed
+/// or crashed), or stopped renewing its lease (`Unknown`: gone, or cut off). `None` for an item
+/// that was pending (a planned stop handed it back: no failure).
+///
+/// ```
+/// use planned_stop::internals::{Liveness, failure_at_takeover};
+/// use planned_stop::record::{Lease, Owner};
+/// let now = chrono::Utc::now();
+/// let lease = Lease::new(Owner::new("h", 7, 1), now, now);
+/// assert!(failure_at_takeover(None, Liveness::Dead).is_none(), "pending: no failure");
+/// let why = failure_at_takeover(Some(&lease), Liveness::Dead).unwrap();
+/// assert!(why.contains("pid 7"), "{why}");
+/// ```
+pub fn failure_at_takeover(previous: Option<&Lease>, owner: Liveness) -> Option<String> {
+    let lease = previous?;
+    Some(match owner {
+        Liveness::Dead => format!(
+            "{} ended while holding it, without handing it back (killed or crashed)",
+            lease.owner
+        ),
+        Liveness::Alive | Liveness::Unknown => format!(
+            "{} stopped renewing its lease (it ended or was cut off from the store)",
+            lease.owner
+        ),
+    })
+}
+
+/// Whether an item that failed `failures` times is held aside rather than resumed again, for a
+/// service that allows at most `max_failed` failed attempts: it is, once it has used them all.
+///
+/// ```
+/// use planned_stop::internals::is_held_aside;
+/// assert!(!is_held_aside(0, 5));
+/// assert!(!is_held_aside(4, 5));
+/// assert!(is_held_aside(5, 5));
+/// ```
+pub fn is_held_aside(failures: u32, max_failed: u32) -> bool {
+    failures >= max_failed
+}
+
 /// Whether `owner` holds `lease`, and so may acknowledge the item or hand it back. An owner whose
 /// lease lapsed still holds it until someone else leases the item.
 ///

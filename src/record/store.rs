@@ -37,6 +37,15 @@ pub struct ResumeItem {
     pub stopped_at: DateTime<Utc>,
     /// How many stops handed it back (1 the first time).
     pub attempts: u32,
+    /// How many of its attempts failed: a life that held it ended without handing it back or
+    /// completing it (killed, crashed), or handed it back because its task panicked. A planned
+    /// stop that hands it back is not a failure. Past the service's maximum
+    /// ([`crate::ServiceBuilder::max_failed_attempts`]) the item is held aside for a person.
+    #[serde(default)]
+    pub failures: u32,
+    /// What the last failed attempt was, for the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
 }
 
 impl ResumeItem {
@@ -56,7 +65,18 @@ impl ResumeItem {
             stopped_by,
             stopped_at,
             attempts,
+            failures: 0,
+            last_failure: None,
         }
+    }
+
+    /// The same item with `failures` failed attempts, the last one `last` (for other
+    /// [`RecordStore`] backends).
+    #[must_use]
+    pub fn with_failures(mut self, failures: u32, last: Option<String>) -> ResumeItem {
+        self.failures = failures;
+        self.last_failure = last;
+        self
     }
 
     /// The item read back as `T`, the type the participant handed back.
@@ -73,8 +93,10 @@ pub struct ItemState {
     pub item: ResumeItem,
     /// Who is resuming it; `None` while pending.
     pub lease: Option<Lease>,
-    /// Why the store does not accept the item, when it does not (a hand-edited database row:
-    /// a NULL, an id that is not an item id): it is kept for the operator and never offered.
+    /// Why the item is kept aside, when it is: it failed too often
+    /// ([`RecordStore::hold_aside`]), or the store does not accept it (a hand-edited database
+    /// row: a NULL, an id that is not an item id). It is kept for the operator and never offered
+    /// until released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<String>,
 }
@@ -174,8 +196,22 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()>;
 
     /// Makes item `id` pending again. With `Some(owner)`, only if `owner` holds its lease; with
-    /// `None` (an operator), whoever holds it. Returns whether it was leased.
+    /// `None` (an operator), whoever holds it, and an item held aside
+    /// ([`RecordStore::hold_aside`], or a row the store could not accept) is offered again with
+    /// its failures counted from zero. Returns whether it was leased or held aside.
     fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool>;
+
+    /// `owner`, holding item `id`, keeps it aside for a person rather than resuming it (it
+    /// failed too often): its lease ends, it stays listed with `reason`
+    /// ([`ItemState::quarantined`]), and no lease offers it again until an operator releases it
+    /// ([`RecordStore::release`] with `None`). Refused like [`RecordStore::acknowledge`] unless
+    /// `owner` holds its lease.
+    fn hold_aside<'a>(
+        &'a self,
+        owner: &'a Owner,
+        id: &'a str,
+        reason: &'a str,
+    ) -> RecordFuture<'a, ()>;
 
     /// Removes item `id` whatever its lease (an operator giving the work up). Returns whether it
     /// existed.
@@ -204,23 +240,40 @@ pub(crate) fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
     }
 }
 
+/// What a stop writes for an item: its counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Stops that handed it back, this one included.
+    pub(crate) attempts: u32,
+    /// Failed attempts, this one included when it failed.
+    pub(crate) failures: u32,
+    /// The last failure's description.
+    pub(crate) last_failure: Option<String>,
+}
+
 /// What a stop writes for `unfinished`, given what the store holds under its id (`existing`):
-/// the item's attempt count, or `None` to leave the stored item as it is. The one rule every
-/// store follows:
+/// the item's counts, or `None` to leave the stored item as it is. The one rule every store
+/// follows:
 ///
 /// - new work (`resumed: false`) is written once, with attempt 1; an id already taken is left;
 /// - a handed-back item is written again (pending, attempts + 1) only while `stopper` holds its
 ///   lease. One that is gone (acknowledged, or dropped by an operator) is not brought back, and one
 ///   someone else holds now (released by an operator, or taken over after its lease lapsed) is
-///   theirs: the operator's decision wins over the holder's hand-back.
-pub(crate) fn attempts_after_persist(
+///   theirs: the operator's decision wins over the holder's hand-back;
+/// - either way, an attempt that failed ([`Unfinished::failure`]) counts one failure more.
+pub(crate) fn counts_after_persist(
     stopper: &Owner,
     unfinished: &Unfinished,
     existing: Option<&ItemState>,
-) -> Option<u32> {
+) -> Option<Counts> {
     let id = unfinished.id.as_deref().unwrap_or_default();
+    let failed = u32::from(unfinished.failure.is_some());
     match (unfinished.resumed, existing) {
-        (false, None) => Some(1),
+        (false, None) => Some(Counts {
+            attempts: 1,
+            failures: failed,
+            last_failure: unfinished.failure.clone(),
+        }),
         (false, Some(_)) => {
             tracing::warn!(
                 id,
@@ -228,9 +281,14 @@ pub(crate) fn attempts_after_persist(
             );
             None
         }
-        (true, Some(existing)) if holds(existing.lease.as_ref(), stopper) => {
-            Some(existing.item.attempts.saturating_add(1))
-        }
+        (true, Some(existing)) if holds(existing.lease.as_ref(), stopper) => Some(Counts {
+            attempts: existing.item.attempts.saturating_add(1),
+            failures: existing.item.failures.saturating_add(failed),
+            last_failure: unfinished
+                .failure
+                .clone()
+                .or_else(|| existing.item.last_failure.clone()),
+        }),
         (true, Some(existing)) => {
             tracing::warn!(id, holder = ?existing.lease.as_ref().map(|l| l.owner.to_string()),
                 "an item handed back is not this process's any more (released by an operator, or \

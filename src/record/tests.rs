@@ -25,6 +25,7 @@ fn record() -> StopRecord {
             participant: "jobs".into(),
             item: "job-3".into(),
             resumed: false,
+            failure: None,
         }],
         unanswered: vec![],
         notes: vec![],
@@ -212,6 +213,7 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
         participant: "jobs".into(),
         item: "job-4".into(),
         resumed: false,
+        failure: None,
     });
     block_on(store.persist(&owner(42), &two)).unwrap();
     let fifo = |path: &std::path::Path| {
@@ -309,6 +311,7 @@ fn an_item_file_past_the_size_limit_is_skipped() {
         participant: "jobs".into(),
         item: "job-4".into(),
         resumed: false,
+        failure: None,
     });
     block_on(store.persist(&owner(42), &two)).unwrap();
     let path = store.dir().join("planned-stop-items/item-1.item.json");
@@ -438,6 +441,7 @@ fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release()
             participant: "jobs".into(),
             item: format!("job-{n}").into(),
             resumed: false,
+            failure: None,
         });
     }
     block_on(store.persist(&owner(42), &three)).unwrap();

@@ -196,20 +196,25 @@ impl DrainRun {
                     .as_ref()
                     .is_none_or(|c| c.phase != phase || now > c.deadline);
                 self.cut |= report.cut;
-                self.unfinished
-                    .extend(report.unfinished.into_iter().map(|item| Unfinished {
+                let new = report
+                    .unfinished
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| Unfinished {
                         id: None,
                         participant: name.to_owned(),
-                        item,
+                        item: item.clone(),
                         resumed: false,
-                    }));
-                self.unfinished
-                    .extend(report.handed_back.into_iter().map(|resumed| Unfinished {
-                        id: Some(resumed.id),
-                        participant: name.to_owned(),
-                        item: resumed.item,
-                        resumed: true,
-                    }));
+                        failure: report.failure_of_new(i),
+                    });
+                let back = report.handed_back.iter().map(|resumed| Unfinished {
+                    id: Some(resumed.id.clone()),
+                    participant: name.to_owned(),
+                    item: resumed.item.clone(),
+                    resumed: true,
+                    failure: report.failure_of_resumed(&resumed.id),
+                });
+                self.unfinished.extend(new.chain(back));
                 let note = |note| Note {
                     participant: name.to_owned(),
                     note,

@@ -155,6 +155,16 @@ pub struct DrainReport {
     /// Unfinished items that could not be serialised as JSON, each as why: lost, so the stop
     /// ends `record_lost` (exit 74) with them in its ERROR log line, as an item too large does.
     pub unrecordable: Vec<String>,
+    /// Which items' attempts failed in this life, and why ([`DrainReport::with_failed`]).
+    pub(crate) failed: Vec<(FailedItem, String)>,
+}
+
+/// An item of a [`DrainReport`] whose attempt failed: new work by its place in `unfinished`, or
+/// a handed-back item by its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FailedItem {
+    New(usize),
+    Resumed(String),
 }
 
 impl DrainReport {
@@ -204,6 +214,59 @@ impl DrainReport {
     ) -> DrainReport {
         self.handed_back.extend(items.into_iter().map(|l| l.item));
         self
+    }
+
+    /// Hands back new work whose attempt failed in this life (its task panicked, say): recorded
+    /// as [`DrainReport::unfinished`] does, with one failed attempt counted, so an item that
+    /// keeps failing is held aside for a person ([`crate::ServiceBuilder::max_failed_attempts`]).
+    ///
+    /// ```
+    /// let report = planned_stop::DrainReport::done().with_failed("job-7", "it panicked");
+    /// assert_eq!(report.unfinished, ["job-7"]);
+    /// ```
+    #[must_use]
+    pub fn with_failed<T: Serialize>(mut self, item: T, why: impl Into<String>) -> DrainReport {
+        match serde_json::to_value(&item) {
+            Ok(value) => {
+                self.failed
+                    .push((FailedItem::New(self.unfinished.len()), why.into()));
+                self.unfinished.push(value);
+            }
+            Err(e) => self
+                .unrecordable
+                .push(format!("an item that cannot be serialised as JSON ({e})")),
+        }
+        self
+    }
+
+    /// [`DrainReport::with_handed_back`] for one resumed item whose attempt failed in this life:
+    /// handed back with one failed attempt counted.
+    #[must_use]
+    pub fn with_failed_handed_back(
+        mut self,
+        item: crate::record::Leased,
+        why: impl Into<String>,
+    ) -> DrainReport {
+        self.failed
+            .push((FailedItem::Resumed(item.item.id.clone()), why.into()));
+        self.handed_back.push(item.item);
+        self
+    }
+
+    /// Why the attempt of the `index`-th new item failed, if it did.
+    pub(crate) fn failure_of_new(&self, index: usize) -> Option<String> {
+        self.failed
+            .iter()
+            .find(|(f, _)| *f == FailedItem::New(index))
+            .map(|(_, why)| why.clone())
+    }
+
+    /// Why the attempt of handed-back item `id` failed, if it did.
+    pub(crate) fn failure_of_resumed(&self, id: &str) -> Option<String> {
+        self.failed
+            .iter()
+            .find(|(f, _)| matches!(f, FailedItem::Resumed(r) if r == id))
+            .map(|(_, why)| why.clone())
     }
 
     /// Adds a remark for people, kept apart from the items to resume.

@@ -42,6 +42,7 @@ pub struct ServiceBuilder {
     pub(super) records: Records,
     pub(super) allow_shared_state: bool,
     pub(super) lease_for: Duration,
+    pub(super) max_failed_attempts: u32,
     pub(super) forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
 }
 
@@ -112,6 +113,25 @@ impl ServiceBuilder {
     /// one's items are offered again at once.
     pub fn lease_for(mut self, lease_for: Duration) -> Self {
         self.lease_for = lease_for;
+        self
+    }
+
+    /// How many failed attempts an item may have before it is held aside for a person rather
+    /// than resumed again (default [`crate::DEFAULT_MAX_FAILED_ATTEMPTS`], at least 1: 0
+    /// fails the start). An attempt fails when the life holding the item ends without handing it
+    /// back or completing it (killed, crashed), or hands it back because its task panicked
+    /// ([`crate::TaskGroup`], [`crate::DrainReport::with_failed`]); a planned stop that hands it
+    /// back is no failure, or every deploy would count. An item held aside stays in the record
+    /// store, listed with its failures and the last one, until an operator releases it
+    /// ([`crate::record::RecordStore::release`]) or drops it; holding it aside is a WARN and a
+    /// metric (`planned_stop_items_held_aside_total`).
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()))
+    ///     .max_failed_attempts(3);
+    /// ```
+    pub fn max_failed_attempts(mut self, max: u32) -> Self {
+        self.max_failed_attempts = max;
         self
     }
 
@@ -365,6 +385,9 @@ impl ServiceBuilder {
                 min: MIN_LEASE,
             });
         }
+        if self.max_failed_attempts == 0 {
+            return Err(StartError::NoAttemptAllowed);
+        }
         let own = match self.identity {
             Some(id) => id,
             None => ProcessIdentity::current()?,
@@ -491,6 +514,7 @@ impl ServiceBuilder {
             owner,
             records,
             lease_for: self.lease_for,
+            max_failed_attempts: self.max_failed_attempts,
             held,
             unexpected_code,
         })

@@ -34,6 +34,7 @@ pub struct ServiceHandle {
     pub(super) owner: Owner,
     pub(super) records: Option<Arc<dyn RecordStore>>,
     pub(super) lease_for: Duration,
+    pub(super) max_failed_attempts: u32,
     /// The items this process leased and has not acknowledged or released: renewed while it runs.
     pub(super) held: Held,
     pub(super) unexpected_code: i32,
@@ -214,10 +215,14 @@ impl ServiceHandle {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let lease_for = self.lease_for;
+        let max_failed = self.max_failed_attempts;
         let held = self.held.clone();
         async move {
             let leased = match store {
-                Some(store) => store.lease(&owner, max, lease_for).await?,
+                Some(store) => {
+                    let leased = store.lease(&owner, max, lease_for).await?;
+                    hold_aside_exhausted(store.as_ref(), &owner, leased, max_failed).await
+                }
                 None => Vec::new(),
             };
             crate::telemetry::leased(leased.len());
@@ -287,4 +292,41 @@ impl ServiceHandle {
     pub fn owner(&self) -> &Owner {
         &self.owner
     }
+}
+
+/// The items of `leased` that may be resumed: each one that has used up its failed attempts
+/// ([`crate::record::lease::is_held_aside`]) is held aside for a person instead, with a WARN and a
+/// metric. One that cannot be held aside (the store failed) is not resumed either: it stays
+/// leased to this process, and is offered (and held aside) again once this process is gone.
+async fn hold_aside_exhausted(
+    store: &dyn RecordStore,
+    owner: &Owner,
+    leased: Vec<Leased>,
+    max_failed: u32,
+) -> Vec<Leased> {
+    let mut resumable = Vec::with_capacity(leased.len());
+    for item in leased {
+        if !crate::record::lease::is_held_aside(item.item.failures, max_failed) {
+            resumable.push(item);
+            continue;
+        }
+        let reason = format!(
+            "held aside after {} failed attempts (at most {max_failed} allowed); the last: {}",
+            item.item.failures,
+            item.item.last_failure.as_deref().unwrap_or("unknown")
+        );
+        match store.hold_aside(owner, &item.item.id, &reason).await {
+            Ok(()) => {
+                tracing::warn!(id = %item.item.id, participant = %item.item.participant,
+                    failures = item.item.failures, last = ?item.item.last_failure,
+                    "an item failed too often and is held aside for a person, not resumed: \
+                     release it to offer it again, or drop it");
+                crate::telemetry::held_aside(&item.item.participant);
+            }
+            Err(e) => tracing::warn!(id = %item.item.id,
+                error = %crate::error_chain::ErrorChain(&e),
+                "an item that failed too often could not be held aside; it is not resumed"),
+        }
+    }
+    resumable
 }

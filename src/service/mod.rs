@@ -85,7 +85,17 @@ pub enum StartError {
         /// The shortest accepted.
         min: Duration,
     },
+    /// No failed attempt is allowed at all: every resumed item would be held aside at once.
+    #[error(
+        "at most 0 failed attempts leaves no attempt to an item: give \
+         ServiceBuilder::max_failed_attempts at least 1"
+    )]
+    NoAttemptAllowed,
 }
+
+/// How many failed attempts an item may have before it is held aside, unless the application
+/// says otherwise ([`ServiceBuilder::max_failed_attempts`]).
+pub const DEFAULT_MAX_FAILED_ATTEMPTS: u32 = 5;
 
 /// Entry point; see the module docs.
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +124,7 @@ impl PlannedStopService {
             records: Records::None,
             allow_shared_state: false,
             lease_for: DEFAULT_LEASE,
+            max_failed_attempts: DEFAULT_MAX_FAILED_ATTEMPTS,
             forced_exit: None,
         }
     }

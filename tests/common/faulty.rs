@@ -97,6 +97,14 @@ impl RecordStore for Faulty {
     ) -> planned_stop::record::RecordFuture<'a, bool> {
         self.inner.release(o, id)
     }
+    fn hold_aside<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        id: &'a str,
+        reason: &'a str,
+    ) -> planned_stop::record::RecordFuture<'a, ()> {
+        self.inner.hold_aside(o, id, reason)
+    }
     fn remove<'a>(&'a self, id: &'a str) -> planned_stop::record::RecordFuture<'a, bool> {
         self.inner.remove(id)
     }

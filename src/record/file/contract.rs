@@ -50,6 +50,16 @@ impl RecordStore for FileRecordStore {
         self.off_thread(move |s| s.release_now(owner.as_ref(), &id))
     }
 
+    fn hold_aside<'a>(
+        &'a self,
+        owner: &'a Owner,
+        id: &'a str,
+        reason: &'a str,
+    ) -> RecordFuture<'a, ()> {
+        let (owner, id, reason) = (owner.clone(), id.to_owned(), reason.to_owned());
+        self.off_thread(move |s| s.hold_aside_now(&owner, &id, &reason))
+    }
+
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
         let id = id.to_owned();
         self.off_thread(move |s| s.remove_now(&id))

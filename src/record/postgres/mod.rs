@@ -20,6 +20,7 @@
 //! TLS is the application's: [`PgRecordStore::connector`] takes a function that connects
 //! however it likes (`postgres-native-tls`, `tokio-postgres-rustls`) and spawns the connection.
 
+mod aside;
 mod config;
 mod operations;
 mod rows;
@@ -373,6 +374,15 @@ impl RecordStore for PgRecordStore {
 
     fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
         Box::pin(self.release_db(owner, id))
+    }
+
+    fn hold_aside<'a>(
+        &'a self,
+        owner: &'a Owner,
+        id: &'a str,
+        reason: &'a str,
+    ) -> RecordFuture<'a, ()> {
+        Box::pin(self.hold_aside_db(owner, id, reason))
     }
 
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {

@@ -2,10 +2,11 @@
 //! release what a failed lease may have taken, acknowledge, release. Each runs in one
 //! transaction through [`PgRecordStore::run`](super::PgRecordStore), within the operation timeout.
 
+use super::aside::{columns_of, count_failures};
 use super::rows::{COLUMNS, as_i64, col, item_of, owner_key, pid_of, quarantine};
 use super::{PgRecordStore, backend, db_now};
 use crate::record::lease::{self, Lease, Liveness, Owner};
-use crate::record::store::{Leased, RecordStore, ResumeItem, checked_item, lease_end};
+use crate::record::store::{Leased, RecordStore, ResumeItem, lease_end};
 use crate::record::{RecordError, StopRecord};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,23 +25,7 @@ impl PgRecordStore {
                 // New work and handed-back items apart: a handed-back item is written again only
                 // while this process holds it (`attempts_after_persist`, the rule every store
                 // follows), so an acknowledgement or an operator's drop is never undone.
-                let (mut ids, mut participants, mut values) = (Vec::new(), Vec::new(), Vec::new());
-                let (mut back, mut back_participants, mut back_values) =
-                    (Vec::new(), Vec::new(), Vec::new());
-                for unfinished in &record.unfinished {
-                    let id = checked_item(unfinished).map_err(|reason| RecordError::Invalid {
-                        path: "postgres".into(),
-                        reason,
-                    })?;
-                    let (ids, participants, values) = if unfinished.resumed {
-                        (&mut back, &mut back_participants, &mut back_values)
-                    } else {
-                        (&mut ids, &mut participants, &mut values)
-                    };
-                    ids.push(id.to_owned());
-                    participants.push(unfinished.participant.clone());
-                    values.push(unfinished.item.clone());
-                }
+                let (new, back) = columns_of(&record)?;
                 let by = (&stopper.host, as_i64(u64::from(stopper.pid)), as_i64(stopper.start));
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
                 // Items this process holds come back pending, their attempts counted up (saturating:
@@ -49,12 +34,14 @@ impl PgRecordStore {
                     .execute(
                         "UPDATE planned_stop_items AS i SET participant = n.participant, item = n.item, \
                          stopped_by_host = $4, stopped_by_pid = $5, stopped_by_start = $6, stopped_at = $7, \
-                         attempts = LEAST(GREATEST(i.attempts, 0), 2147483646) + 1, lease_owner = NULL, \
+                         attempts = LEAST(GREATEST(i.attempts, 0), 2147483646) + 1, \
+                         failures = LEAST(GREATEST(i.failures, 0), 2147483646) + (n.failure IS NOT NULL)::int, \
+                         last_failure = COALESCE(n.failure, i.last_failure), lease_owner = NULL, \
                          lease_host = NULL, lease_pid = NULL, lease_start = NULL, leased_at = NULL, \
                          lease_expires = NULL \
-                         FROM unnest($2::text[], $3::text[], $9::jsonb[]) AS n(id, participant, item) \
+                         FROM unnest($2::text[], $3::text[], $9::jsonb[], $10::text[]) AS n(id, participant, item, failure) \
                          WHERE i.service = $1 AND i.id = n.id AND i.lease_owner = $8 AND i.quarantined IS NULL",
-                        &[&service, &back, &back_participants, by.0, &by.1, &by.2, &record.finished_at, &owner_key(&stopper), &back_values],
+                        &[&service, &back.ids, &back.participants, by.0, &by.1, &by.2, &record.finished_at, &owner_key(&stopper), &back.values, &back.failures],
                     )
                     .await
                     .map_err(|e| backend("hand items back", e))?;
@@ -62,16 +49,16 @@ impl PgRecordStore {
                 let inserted = tx
                     .execute(
                         "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
-                         stopped_by_pid, stopped_by_start, stopped_at, attempts) \
-                         SELECT $1, n.id, n.participant, n.item, $4, $5, $6, $7, 1 \
-                         FROM unnest($2::text[], $3::text[], $8::jsonb[]) AS n(id, participant, item) \
+                         stopped_by_pid, stopped_by_start, stopped_at, attempts, failures, last_failure) \
+                         SELECT $1, n.id, n.participant, n.item, $4, $5, $6, $7, 1, (n.failure IS NOT NULL)::int, n.failure \
+                         FROM unnest($2::text[], $3::text[], $8::jsonb[], $9::text[]) AS n(id, participant, item, failure) \
                          ON CONFLICT DO NOTHING",
-                        &[&service, &ids, &participants, by.0, &by.1, &by.2, &record.finished_at, &values],
+                        &[&service, &new.ids, &new.participants, by.0, &by.1, &by.2, &record.finished_at, &new.values, &new.failures],
                     )
                     .await
                     .map_err(|e| backend("insert the items", e))?;
-                let left_alone = (back.len() as u64).saturating_sub(handed_back)
-                    + (ids.len() as u64).saturating_sub(inserted);
+                let left_alone = (back.ids.len() as u64).saturating_sub(handed_back)
+                    + (new.ids.len() as u64).saturating_sub(inserted);
                 if left_alone > 0 {
                     tracing::warn!(left_alone, "items handed back that are not this process's any \
                         more (acknowledged, dropped or released by an operator, or taken over), or \
@@ -114,14 +101,16 @@ impl PgRecordStore {
                     // holds it there, and is left to whoever holds it otherwise.
                     tx.execute(
                         "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
-                         stopped_by_pid, stopped_by_start, stopped_at, attempts) \
-                         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE NOT EXISTS \
+                         stopped_by_pid, stopped_by_start, stopped_at, attempts, failures, last_failure) \
+                         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12 WHERE NOT EXISTS \
                          (SELECT 1 FROM planned_stop_acks WHERE service = $1 AND id = $2) \
                          ON CONFLICT (service, id) DO UPDATE SET participant = EXCLUDED.participant, \
                          item = EXCLUDED.item, stopped_by_host = EXCLUDED.stopped_by_host, \
                          stopped_by_pid = EXCLUDED.stopped_by_pid, stopped_by_start = EXCLUDED.stopped_by_start, \
                          stopped_at = EXCLUDED.stopped_at, \
                          attempts = LEAST(GREATEST(planned_stop_items.attempts, 0), 2147483646) + 1, \
+                         failures = LEAST(GREATEST(planned_stop_items.failures, 0) + EXCLUDED.failures, 2147483647), \
+                         last_failure = COALESCE(EXCLUDED.last_failure, planned_stop_items.last_failure), \
                          lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_start = NULL, \
                          leased_at = NULL, lease_expires = NULL \
                          WHERE planned_stop_items.lease_owner = $10 AND planned_stop_items.quarantined IS NULL",
@@ -136,6 +125,8 @@ impl PgRecordStore {
                             &item.stopped_at,
                             &i32::try_from(item.attempts).unwrap_or(i32::MAX),
                             &owner_key(&item.stopped_by),
+                            &i32::try_from(item.failures).unwrap_or(i32::MAX),
+                            &item.last_failure,
                         ],
                     )
                     .await
@@ -246,6 +237,7 @@ impl PgRecordStore {
                         break;
                     }
                     let mut taken = Vec::new();
+                    let (mut failed, mut why) = (Vec::new(), Vec::new());
                     for row in &rows {
                         let (state, problem) = item_of(row);
                         examined.push(state.item.id.clone());
@@ -258,9 +250,17 @@ impl PgRecordStore {
                             .as_ref()
                             .map_or(Liveness::Dead, |l| *seen.get(&owner_key(&l.owner)).unwrap_or(&Liveness::Unknown));
                         if lease::is_offered(state.lease.as_ref(), now, holder) {
-                            taken.push(state.item);
+                            let mut item = state.item;
+                            if let Some(failure) = lease::failure_at_takeover(state.lease.as_ref(), holder) {
+                                item.failures = item.failures.saturating_add(1);
+                                item.last_failure = Some(failure.clone());
+                                failed.push(item.id.clone());
+                                why.push(failure);
+                            }
+                            taken.push(item);
                         }
                     }
+                    count_failures(&tx, &service, &failed, &why).await?;
                     if taken.is_empty() {
                         continue;
                     }
@@ -423,7 +423,8 @@ impl PgRecordStore {
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
                 let row = tx
                     .query_opt(
-                        "SELECT lease_owner FROM planned_stop_items WHERE service = $1 AND id = $2 FOR UPDATE",
+                        "SELECT lease_owner, quarantined IS NOT NULL FROM planned_stop_items \
+                         WHERE service = $1 AND id = $2 FOR UPDATE",
                         &[&service, &id],
                     )
                     .await
@@ -431,6 +432,11 @@ impl PgRecordStore {
                 let Some(row) = row else {
                     return Err(RecordError::UnknownItem { id });
                 };
+                if owner.is_none() && row.try_get::<_, bool>(1).unwrap_or(false) {
+                    super::aside::offer_again(&tx, &service, &id).await?;
+                    tx.commit().await.map_err(|e| backend("commit the release", e))?;
+                    return Ok(true);
+                }
                 let holder: Option<String> = row
                     .try_get(0)
                     .map_err(|e| backend("an item row does not fit this schema", e))?;

@@ -61,6 +61,16 @@ pub(super) fn item_of(row: &Row) -> (ItemState, Option<String>) {
     if attempts < 0 {
         p.push(format!("attempts {attempts} is negative"));
     }
+    let failures: i32 = col(row, "failures", p);
+    if failures < 0 {
+        p.push(format!("failures {failures} is negative"));
+    }
+    let last_failure = row
+        .try_get::<_, Option<String>>("last_failure")
+        .unwrap_or_else(|e| {
+            p.push(format!("last_failure: {e}"));
+            None
+        });
     let by_pid: i64 = col(row, "stopped_by_pid", p);
     let item = ResumeItem {
         participant: col(row, "participant", p),
@@ -72,6 +82,8 @@ pub(super) fn item_of(row: &Row) -> (ItemState, Option<String>) {
         ),
         stopped_at: col(row, "stopped_at", p),
         attempts: u32::try_from(attempts).unwrap_or(0),
+        failures: u32::try_from(failures).unwrap_or(0),
+        last_failure,
         id,
     };
     let lease = match row.try_get::<_, Option<String>>("lease_owner") {
@@ -109,8 +121,8 @@ pub(super) fn item_of(row: &Row) -> (ItemState, Option<String>) {
 }
 
 pub(super) const COLUMNS: &str = "id, participant, item, stopped_by_host, stopped_by_pid, stopped_by_start, \
-    stopped_at, attempts, lease_owner, lease_host, lease_pid, lease_start, leased_at, lease_expires, \
-    quarantined";
+    stopped_at, attempts, failures, last_failure, lease_owner, lease_host, lease_pid, lease_start, \
+    leased_at, lease_expires, quarantined";
 
 /// Marks a row the crate cannot accept, once: it keeps its data for the operator (`records list`
 /// shows it with the reason) and loses any lease, and no lease ever offers it again.

@@ -6,9 +6,9 @@ use crate::record::RecordError;
 use tokio_postgres::Client;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
-pub(super) const MIGRATIONS: [&str; 3] = [
+pub(super) const MIGRATIONS: [&str; 4] = [
     // 1: items with their lease, acknowledgements, the last stop per service.
     "CREATE TABLE planned_stop_items (
         service text NOT NULL,
@@ -56,6 +56,10 @@ pub(super) const MIGRATIONS: [&str; 3] = [
             SELECT service FROM planned_stop_items UNION SELECT service FROM planned_stop_acks
             UNION SELECT service FROM planned_stop_stops
         ) AS known;",
+    // 4: failed attempts are counted, so an item that keeps failing is held aside for a person
+    // (its reason in `quarantined`) rather than offered forever.
+    "ALTER TABLE planned_stop_items ADD COLUMN failures integer NOT NULL DEFAULT 0,
+        ADD COLUMN last_failure text;",
 ];
 
 /// Creates or upgrades the schema, once per database whatever the number of replicas starting.
