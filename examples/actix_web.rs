@@ -17,9 +17,10 @@
 //! `/ws` is a WebSocket echo whose sessions receive a Close frame with 1001 (Going Away) at a stop.
 //!
 //! Metrics: a Prometheus recorder takes what the `metrics` feature records (docs/operations.md,
-//! "Metrics"), served at `/metrics` by an admin listener of its own — not the ingress, so it
-//! answers during the drain, and after the stop until one scrape has read the stop's last numbers
-//! (within the exit grace).
+//! "Metrics"), served at `/metrics` by `planned_stop::web::Admin` — an admin server with status and
+//! readiness on an address and a `System` of its own, not the ingress, so it answers during the
+//! drain, and after the stop until one scrape has read the stop's last numbers (within the exit
+//! grace).
 //!
 //! The environment can move it (the tests run it this way): `EXAMPLE_DIR` (the base directory),
 //! `EXAMPLE_ADDR` and `EXAMPLE_METRICS_ADDR` (port 0 picks a free one; the addresses are printed),
@@ -27,12 +28,11 @@
 
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use planned_stop::{Drain, DrainPhase, DrainReport, Layout, PlannedStopService, WorkSet};
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// How long `/metrics` stays up after a stop for a last scrape, at most.
 const LAST_SCRAPE: Duration = Duration::from_secs(5);
@@ -128,48 +128,6 @@ async fn echo(
     Ok(response)
 }
 
-/// The admin listener: `/metrics` from the Prometheus recorder, on a `System` of its own so it
-/// outlives the application's (which the runner stops at the end of the stop). `scrapes` counts
-/// the scrapes begun, so `main` knows when one began after the stop.
-fn admin(
-    addr: String,
-    metrics: PrometheusHandle,
-    scrapes: watch::Sender<u64>,
-) -> std::io::Result<(actix_web::dev::ServerHandle, std::net::SocketAddr)> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        actix_web::rt::System::new().block_on(async move {
-            let scrapes = actix_web::web::Data::new(scrapes);
-            let server = HttpServer::new(move || {
-                let metrics = metrics.clone();
-                App::new().app_data(scrapes.clone()).route(
-                    "/metrics",
-                    actix_web::web::get().to(
-                        move |scrapes: actix_web::web::Data<watch::Sender<u64>>| {
-                            scrapes.send_modify(|n| *n += 1);
-                            metrics.run_upkeep();
-                            std::future::ready(metrics.render())
-                        },
-                    ),
-                )
-            })
-            .workers(1)
-            .disable_signals()
-            .shutdown_timeout(1)
-            .bind(addr);
-            let server = match server {
-                Ok(server) => server,
-                Err(e) => return tx.send(Err(e)).unwrap_or(()),
-            };
-            let bound = server.addrs()[0];
-            let server = server.run();
-            let _ = tx.send(Ok((server.handle(), bound)));
-            let _ = server.await;
-        })
-    });
-    rx.recv().map_err(std::io::Error::other)?
-}
-
 #[actix_web::main]
 async fn main() -> std::io::Result<ExitCode> {
     // The warnings the docs call loud go somewhere: install a subscriber.
@@ -192,12 +150,6 @@ async fn main() -> std::io::Result<ExitCode> {
         )
         .and_then(PrometheusBuilder::install_recorder)
         .map_err(std::io::Error::other)?;
-    let (scrapes, mut scraped) = watch::channel(0);
-    let (admin, metrics_addr) = admin(
-        env("EXAMPLE_METRICS_ADDR", "127.0.0.1:9090"),
-        metrics,
-        scrapes,
-    )?;
     // planned-stop: the runner, the watcher and the previous life's resume list.
     let stop = match PlannedStopService::builder(Layout::Slots(base.join("run")))
         .state_dir(base.join("state"))
@@ -213,6 +165,17 @@ async fn main() -> std::io::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    // The admin server: metrics, status and readiness on an address and a System of their own,
+    // answering through the whole drain and until the process ends.
+    let mut admin = planned_stop::web::Admin::new(&stop)
+        .readiness("/ready")
+        .status("/status")
+        .metrics("/metrics", move || {
+            metrics.run_upkeep();
+            metrics.render()
+        })
+        .bind(env("EXAMPLE_METRICS_ADDR", "127.0.0.1:9090"))?;
+    let metrics_addr = admin.addrs()[0];
     // The participant needs the handle: registered now, before `ready` (a stop waits for it).
     let jobs = Jobs(WorkSet::new(&stop), Duration::from_secs(job_secs)).start();
     stop.add_participant(DrainPhase::Work, "jobs", jobs.clone().recipient());
@@ -243,11 +206,8 @@ async fn main() -> std::io::Result<ExitCode> {
     let code = planned_stop::web::serve(server, &stop)
         .grace(Duration::from_secs(2))
         .await;
-    // The stop has concluded and its last numbers are recorded: keep `/metrics` up until a
-    // scrape begun from now on has been answered (a graceful stop of the admin listener finishes
-    // it), or for `LAST_SCRAPE` at most.
-    let before = *scraped.borrow_and_update();
-    let _ = actix_web::rt::time::timeout(LAST_SCRAPE, scraped.wait_for(|n| *n > before)).await;
-    admin.stop(true).await;
+    // The stop has concluded and its last numbers are recorded: wait for a scrape begun from
+    // now on, for `LAST_SCRAPE` at most.
+    admin.last_scrape(LAST_SCRAPE).await;
     code
 }

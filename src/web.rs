@@ -19,6 +19,12 @@
 //! - returns a future that `main` awaits: it resolves once the runner has stopped, to the exit
 //!   code of its verdict, so a planned stop ends the process with 0 and anything else does not.
 //!
+//! [`readiness`], [`status`] and [`CloseWhenStopping`] only tell the truth under [`serve`]: mounted
+//! in an `App` whose server runs without it, the service logs one WARN (at `ready()`, or when the
+//! `App` is built, whichever is later) naming what to do. [`Admin`] serves readiness, status and
+//! metrics on an address and a `System` of their own, which answer through the whole drain and
+//! until the process ends, so the stop's last numbers can be scraped.
+//!
 //! ```no_run
 //! use actix_web::{App, HttpServer, get};
 //! use planned_stop::{Layout, PlannedStopService};
@@ -48,6 +54,10 @@
 //!         .await
 //! }
 //! ```
+
+mod admin;
+
+pub use admin::{Admin, AdminServer};
 
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::DrainPhase;
@@ -89,6 +99,12 @@ const SERVER_SHUTDOWN_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
 /// # }
 /// ```
 pub fn readiness(path: &str, service: &ServiceHandle) -> Resource {
+    service.integration.mounted("planned_stop::web::readiness");
+    readiness_resource(path, service)
+}
+
+/// [`readiness`] without noting that the application mounted it (the admin server's own).
+fn readiness_resource(path: &str, service: &ServiceHandle) -> Resource {
     let status = service.subscribe();
     actix_web::web::resource(path).to(move || {
         let state = status.borrow().state;
@@ -128,6 +144,12 @@ pub fn readiness(path: &str, service: &ServiceHandle) -> Resource {
 /// # }
 /// ```
 pub fn status(path: &str, service: &ServiceHandle) -> Resource {
+    service.integration.mounted("planned_stop::web::status");
+    status_resource(path, service)
+}
+
+/// [`status`] without noting that the application mounted it (the admin server's own).
+fn status_resource(path: &str, service: &ServiceHandle) -> Resource {
     let service = service.clone();
     actix_web::web::resource(path).to(move || {
         let body = status_json(&service);
@@ -187,6 +209,9 @@ pub struct CloseWhenStopping {
 impl CloseWhenStopping {
     /// The middleware for the runner of `service`.
     pub fn new(service: &ServiceHandle) -> Self {
+        service
+            .integration
+            .mounted("planned_stop::web::CloseWhenStopping");
         CloseWhenStopping {
             status: service.subscribe(),
         }
@@ -303,6 +328,7 @@ where
 /// actix `System`, is an error when awaited, never a panic. The server's own signal handling is
 /// turned off, and it becomes the ingress drain participant.
 pub fn serve(server: impl Servable, service: &ServiceHandle) -> Serve {
+    service.integration.served();
     Serve {
         server: server.start_under_runner(),
         service: service.clone(),

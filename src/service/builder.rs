@@ -515,6 +515,7 @@ impl ServiceBuilder {
             records,
             lease_for: self.lease_for,
             max_failed_attempts: self.max_failed_attempts,
+            integration: Arc::default(),
             held,
             unexpected_code,
         })

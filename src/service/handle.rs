@@ -35,6 +35,8 @@ pub struct ServiceHandle {
     pub(super) records: Option<Arc<dyn RecordStore>>,
     pub(super) lease_for: Duration,
     pub(super) max_failed_attempts: u32,
+    /// Whether the actix-web integration is used whole (see `integration`).
+    pub(crate) integration: Arc<super::integration::Integration>,
     /// The items this process leased and has not acknowledged or released: renewed while it runs.
     pub(super) held: Held,
     pub(super) unexpected_code: i32,
@@ -96,6 +98,7 @@ impl ServiceHandle {
     /// The application is ready: `Starting → Running`. A stop requested during start-up is acted
     /// on now.
     pub fn ready(&self) {
+        self.integration.readied();
         self.runner.do_send(Ready);
     }
 

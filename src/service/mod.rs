@@ -29,6 +29,7 @@
 
 mod builder;
 mod handle;
+pub(crate) mod integration;
 
 pub use builder::ServiceBuilder;
 pub use handle::ServiceHandle;

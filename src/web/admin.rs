@@ -1,0 +1,175 @@
+//! [`Admin`]: readiness, status and metrics on an address and an actix `System` of their own.
+//!
+//! Why: the application's server is the ingress drain participant — its listener closes during
+//! the drain and it ends with the application's `System` — so `/metrics` mounted there cannot be
+//! scraped for the stop's last numbers, and `/status` cannot be read while the work phase runs.
+//! The admin server runs on a thread and a `System` no stop touches: it answers through the whole
+//! drain and until the process ends. Its readiness and status are the same as [`super::readiness`]
+//! and [`super::status`].
+
+use crate::service::ServiceHandle;
+use actix_web::{App, HttpServer};
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The admin server's routes, before it is bound.
+///
+/// ```no_run
+/// # fn f(stop: planned_stop::ServiceHandle) -> std::io::Result<()> {
+/// let admin = planned_stop::web::Admin::new(&stop)
+///     .readiness("/ready")
+///     .status("/status")
+///     .metrics("/metrics", || "# the recorder's rendering, e.g. PrometheusHandle::render\n".into())
+///     .bind("127.0.0.1:9090")?;
+/// println!("admin on http://{}", admin.addrs()[0]);
+/// # Ok(()) }
+/// ```
+#[must_use = "an admin server that is not bound serves nothing"]
+pub struct Admin {
+    service: ServiceHandle,
+    readiness: Option<String>,
+    status: Option<String>,
+    metrics: Option<(String, Render)>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin")
+            .field("readiness", &self.readiness)
+            .field("status", &self.status)
+            .field("metrics", &self.metrics.as_ref().map(|(path, _)| path))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// An admin server for `service`, with no routes yet.
+    pub fn new(service: &ServiceHandle) -> Admin {
+        Admin {
+            service: service.clone(),
+            readiness: None,
+            status: None,
+            metrics: None,
+        }
+    }
+
+    /// [`super::readiness`] at `path`.
+    pub fn readiness(mut self, path: &str) -> Admin {
+        self.readiness = Some(path.to_owned());
+        self
+    }
+
+    /// [`super::status`] at `path`.
+    pub fn status(mut self, path: &str) -> Admin {
+        self.status = Some(path.to_owned());
+        self
+    }
+
+    /// `render`'s text at `path` (`text/plain`): the metrics recorder's exposition, such as
+    /// `metrics_exporter_prometheus::PrometheusHandle::render`. Each answer counts as a scrape
+    /// for [`AdminServer::last_scrape`].
+    pub fn metrics(
+        mut self,
+        path: &str,
+        render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> Admin {
+        self.metrics = Some((path.to_owned(), Arc::new(render)));
+        self
+    }
+
+    /// Binds `addr` (port 0 picks a free one) and starts serving on a thread and `System` of its
+    /// own; an address that cannot be bound is the error, before anything runs.
+    pub fn bind(self, addr: impl ToSocketAddrs) -> io::Result<AdminServer> {
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        let (scraped_tx, scraped) = watch::channel(0_u64);
+        let (bound_tx, bound) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("planned-stop-admin".into())
+            .spawn(move || {
+                actix_web::rt::System::new().block_on(self.run(addrs, scraped_tx, bound_tx));
+            })?;
+        let addrs = bound
+            .recv()
+            .map_err(|_| io::Error::other("the admin server's thread ended before it bound"))??;
+        Ok(AdminServer { addrs, scraped })
+    }
+
+    /// The server, on its own `System`: runs until the process ends.
+    async fn run(
+        self,
+        addrs: Vec<SocketAddr>,
+        scraped: watch::Sender<u64>,
+        bound: std::sync::mpsc::Sender<io::Result<Vec<SocketAddr>>>,
+    ) {
+        let scraped = Arc::new(scraped);
+        let Admin {
+            service,
+            readiness,
+            status,
+            metrics,
+        } = self;
+        let server = HttpServer::new(move || {
+            let mut app = App::new();
+            if let Some(path) = &readiness {
+                app = app.service(super::readiness_resource(path, &service));
+            }
+            if let Some(path) = &status {
+                app = app.service(super::status_resource(path, &service));
+            }
+            if let Some((path, render)) = &metrics {
+                let (render, scraped) = (render.clone(), scraped.clone());
+                app = app.route(
+                    path,
+                    actix_web::web::get().to(move || {
+                        let body = render();
+                        scraped.send_modify(|n| *n += 1);
+                        std::future::ready(body)
+                    }),
+                );
+            }
+            app
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(&addrs[..]);
+        let server = match server {
+            Ok(server) => server,
+            Err(e) => return bound.send(Err(e)).unwrap_or(()),
+        };
+        let _ = bound.send(Ok(server.addrs()));
+        if let Err(e) = server.run().await {
+            tracing::error!(error = %crate::error_chain::ErrorChain(&e), "the admin server failed");
+        }
+    }
+}
+
+/// A running admin server: it answers until the process ends.
+#[derive(Debug)]
+pub struct AdminServer {
+    addrs: Vec<SocketAddr>,
+    scraped: watch::Receiver<u64>,
+}
+
+impl AdminServer {
+    /// The addresses it listens on.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Waits until a metrics scrape that began after this call has been rendered (its answer on
+    /// its way), or `within`
+    /// has passed; returns whether one was. Await it after the stop (once
+    /// [`ServiceHandle::stopped`] resolved) and before `main` returns, so the stop's last numbers
+    /// are read; keep `within` inside the service's exit grace.
+    pub async fn last_scrape(&mut self, within: Duration) -> bool {
+        let before = *self.scraped.borrow_and_update();
+        actix_web::rt::time::timeout(within, self.scraped.wait_for(|n| *n > before))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}

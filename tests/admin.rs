@@ -1,0 +1,173 @@
+//! Issue 36.7: the actix-web integration is loud when it is half used, and the admin server
+//! answers through the whole drain and after the application's `System` has ended.
+//!
+//! Each test runs a real service in this process with real HTTP over 127.0.0.1.
+
+mod common;
+
+use common::actors::{LogCapture, ParticipantControl};
+use common::http_get;
+use planned_stop::web::Admin;
+use planned_stop::{DrainPhase, Layout, PlannedStopService, ServiceHandle, StopRequest};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+fn service(dir: &Path) -> ServiceHandle {
+    PlannedStopService::builder(Layout::Slots(dir.join("run")))
+        .owns_process_exit(false)
+        .handle_signals(false)
+        .events(false)
+        .start()
+        .unwrap()
+}
+
+/// `http_get` off the event loop (the runner and the servers keep running meanwhile).
+async fn get(port: u16, path: &'static str) -> Option<(u16, String)> {
+    tokio::task::spawn_blocking(move || http_get(port, path))
+        .await
+        .unwrap()
+}
+
+/// Polls `path` until `done` holds of its answer, within the common event timeout.
+async fn until(port: u16, path: &'static str, done: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + common::EVENT_TIMEOUT;
+    loop {
+        if let Some((code, body)) = get(port, path).await
+            && done(code, &body)
+        {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path} never answered as expected"
+        );
+        actix::clock::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn state_is(want: &'static str) -> impl Fn(u16, &str) -> bool {
+    move |code, body| {
+        code == 200
+            && serde_json::from_str::<serde_json::Value>(body).is_ok_and(|v| v["state"] == want)
+    }
+}
+
+#[test]
+fn the_admin_server_answers_through_the_drain_and_after_the_system_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let rendered = Arc::new(AtomicU64::new(0));
+    let counter = rendered.clone();
+    let mut admin = None;
+    let port = actix::System::new().block_on(async {
+        let h = service(dir.path());
+        let (slow, control) = ParticipantControl::start();
+        h.add_participant(DrainPhase::Work, "slow", slow);
+        let server = Admin::new(&h)
+            .readiness("/ready")
+            .status("/status")
+            .metrics("/metrics", move || {
+                format!("renders {}\n", counter.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+            .bind("127.0.0.1:0")
+            .unwrap();
+        let port = server.addrs()[0].port();
+        h.ready();
+        until(port, "/status", state_is("running")).await;
+        assert_eq!(get(port, "/ready").await.unwrap().0, 200);
+        h.request_stop(StopRequest::Planned);
+        let mut asks = control.asks.clone();
+        asks.wait_for(|n| *n > 0).await.unwrap();
+        // The work phase runs: the application's ingress would be closed by now.
+        let status = until(port, "/status", state_is("draining")).await;
+        assert!(status.contains("\"work\""), "{status}");
+        assert_eq!(get(port, "/ready").await.unwrap().0, 503);
+        assert_eq!(get(port, "/metrics").await.unwrap().0, 200);
+        assert!(control.finish(&[]), "the participant was waiting");
+        h.stopped().await;
+        admin = Some(server);
+        port
+    });
+    // The application's System has ended; the admin server still answers until the process does.
+    let (code, body) = http_get(port, "/status").expect("the admin server answers");
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["state"], "stopped", "{status}");
+    assert_eq!(status["exit_code"], 0, "{status}");
+    let before = rendered.load(Ordering::SeqCst);
+    let (code, body) = http_get(port, "/metrics").unwrap();
+    assert_eq!((code, body), (200, format!("renders {}\n", before + 1)));
+    // `last_scrape` waits for a scrape begun after it, and says when none came.
+    let mut admin = admin.unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let scraper = std::thread::spawn(move || {
+        // Scrape until one lands after `last_scrape` began (each answer bumps the count).
+        let start = rendered.load(Ordering::SeqCst);
+        while rendered.load(Ordering::SeqCst) < start + 3 {
+            http_get(port, "/metrics").unwrap();
+        }
+    });
+    assert!(runtime.block_on(admin.last_scrape(common::EVENT_TIMEOUT)));
+    scraper.join().unwrap();
+    assert!(
+        !runtime.block_on(admin.last_scrape(Duration::from_millis(50))),
+        "no scrape came"
+    );
+}
+
+/// Runs an `HttpServer` with readiness mounted — under `web::serve` when `served`, plainly
+/// otherwise — waits until its workers mounted the route, then calls `ready()`; returns how
+/// many warnings about a half-used integration were logged.
+fn warnings_when_ready(served: bool) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    actix::System::new().block_on(async {
+        let h = service(dir.path());
+        let mounted = h.clone();
+        let server = actix_web::HttpServer::new(move || {
+            actix_web::App::new().service(planned_stop::web::readiness("/ready", &mounted))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .unwrap();
+        let port = server.addrs()[0].port();
+        let running = if served {
+            let serve = planned_stop::web::serve(server, &h);
+            actix::spawn(async move {
+                let _ = serve.await;
+            })
+        } else {
+            let server = server.run();
+            actix::spawn(async move {
+                let _ = server.await;
+            })
+        };
+        // The App factory has run (readiness answers 503 "starting"), and only now is it ready.
+        until(port, "/ready", |code, _| code == 503).await;
+        h.ready();
+        until(port, "/ready", |code, _| code == 200).await;
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+        running.abort();
+    });
+    logs.count(
+        tracing::Level::WARN,
+        "does not run under planned_stop::web::serve",
+    )
+}
+
+#[test]
+fn readiness_mounted_without_serve_is_a_warning_at_ready() {
+    assert_eq!(warnings_when_ready(false), 1);
+}
+
+#[test]
+fn readiness_mounted_under_serve_is_no_warning() {
+    assert_eq!(warnings_when_ready(true), 0);
+}
