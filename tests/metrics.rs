@@ -19,46 +19,9 @@ use planned_stop::record::RecordStore;
 use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-/// The example's executable, built once per test run with the features it needs (a no-op when
-/// it is up to date).
-fn example_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--example",
-                "actix_web",
-                "--features",
-                "actix-web,metrics",
-            ])
-            .args([
-                "--message-format",
-                "json-render-diagnostics",
-                "--manifest-path",
-            ])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "cannot build the example");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|m| {
-                m["reason"] == "compiler-artifact"
-                    && m["target"]["name"] == "actix_web"
-                    && m["target"]["kind"][0] == "example"
-            })
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo names the example's executable")
-    })
-}
 
 /// The example running as a child process, killed when dropped.
 struct Example {
@@ -71,7 +34,7 @@ struct Example {
 impl Example {
     /// Starts the example on free ports, under `base`, with jobs that take `job_secs`.
     fn start(base: &Path, job_secs: u64) -> Example {
-        let mut child = Command::new(example_binary())
+        let mut child = Command::new(common::example_binary("actix_web", "actix-web,metrics"))
             .env("EXAMPLE_DIR", base)
             .env("EXAMPLE_ADDR", "127.0.0.1:0")
             .env("EXAMPLE_METRICS_ADDR", "127.0.0.1:0")

@@ -209,3 +209,39 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
     Some((status, body))
 }
+
+/// The executable of example `name`, built once per test run with `features` (a no-op when it
+/// is up to date).
+pub fn example_binary(name: &str, features: &str) -> PathBuf {
+    use std::sync::{Mutex, OnceLock};
+    static BUILT: OnceLock<Mutex<std::collections::HashMap<String, PathBuf>>> = OnceLock::new();
+    let key = format!("{name} {features}");
+    let mut built = BUILT.get_or_init(Mutex::default).lock().unwrap();
+    if let Some(path) = built.get(&key) {
+        return path.clone();
+    }
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "--example", name, "--features", features])
+        .args([
+            "--message-format",
+            "json-render-diagnostics",
+            "--manifest-path",
+        ])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cannot build the example {name}");
+    let path = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["target"]["name"] == name
+                && m["target"]["kind"][0] == "example"
+        })
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .expect("cargo names the example's executable");
+    built.insert(key, path.clone());
+    path
+}

@@ -1,0 +1,422 @@
+//! Issue 36.8: a real application whose jobs are tasks (`examples/task_service.rs`, built by this
+//! test and run as real processes), stopped under load across lives with a journal of finished
+//! jobs: every job is done exactly once; a panicking job makes each stop not clean and is held
+//! aside after its attempts; a payload that cannot be recorded is refused at once; and, on
+//! PostgreSQL, a second replica takes over what the first one's stop left while it runs.
+
+#![cfg(unix)]
+
+mod common;
+
+use common::process::{json_of, run, s};
+use common::{EVENT_TIMEOUT, http_get, wait_until};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+fn features() -> &'static str {
+    if cfg!(feature = "postgres") {
+        "actix-web,postgres"
+    } else {
+        "actix-web"
+    }
+}
+
+/// One life of the example, killed when dropped.
+struct Life {
+    child: Child,
+    pid: u32,
+    port: u16,
+    admin: u16,
+    stderr: PathBuf,
+}
+
+impl Life {
+    fn start(base: &Path, env: &[(&str, &str)]) -> Life {
+        let stderr = unique(base.join("stderr"));
+        let mut child = Command::new(common::example_binary("task_service", features()))
+            .env("EXAMPLE_DIR", base)
+            .env("EXAMPLE_ADDR", "127.0.0.1:0")
+            .env("EXAMPLE_ADMIN_ADDR", "127.0.0.1:0")
+            .env("EXAMPLE_JOURNAL", base.join("journal"))
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut admin, mut port) = (None, None);
+        let mut line = String::new();
+        while port.is_none() {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the example ended at its start"
+            );
+            if let Some(a) = line.trim().strip_prefix("admin http://127.0.0.1:") {
+                admin = a.parse().ok();
+            }
+            if let Some(rest) = line.trim().strip_prefix("serving http://127.0.0.1:") {
+                port = rest.split(' ').next().and_then(|p| p.parse().ok());
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        Life {
+            pid: child.id(),
+            port: port.unwrap(),
+            admin: admin.expect("the admin address is printed"),
+            child,
+            stderr,
+        }
+    }
+
+    fn post(&self, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let code = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (
+            code,
+            answer.split("\r\n\r\n").nth(1).unwrap_or("").to_owned(),
+        )
+    }
+
+    /// The admin server's status.
+    fn status(&self) -> serde_json::Value {
+        let (code, body) = http_get(self.admin, "/status").expect("the admin server answers");
+        assert_eq!(code, 200);
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// `planned-stop stop --wait 30 --require-clean --json`: its exit code and answer.
+    fn stop(&self, base: &Path) -> (Option<i32>, serde_json::Value) {
+        let pid = self.pid.to_string();
+        let out = run(&[
+            "stop",
+            "--pid",
+            &pid,
+            "--dir",
+            s(&base.join("run")),
+            "--json",
+            "--wait",
+            "30",
+            "--require-clean",
+        ]);
+        (out.status.code(), json_of(&out))
+    }
+
+    fn exit_code(&mut self) -> Option<i32> {
+        common::wait_for("the example did not exit", || {
+            self.child.try_wait().unwrap()
+        })
+        .code()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unique(path: PathBuf) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    path.with_extension(format!("{}.log", N.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// How often each job name is in the journal.
+fn journal(base: &Path) -> BTreeMap<String, usize> {
+    let text = std::fs::read_to_string(base.join("journal")).unwrap_or_default();
+    let mut done = BTreeMap::new();
+    for line in text.lines() {
+        let name = line.split(' ').nth(1).unwrap().to_owned();
+        *done.entry(name).or_default() += 1;
+    }
+    done
+}
+
+/// Keep-alive load on `port` from `clients` connections until the listener closes: each client
+/// sends `GET /` again and again on one connection, opens a new one when an answer says
+/// `Connection: close`, and stops when a connect is refused. Returns the requests answered, the
+/// seconds it ran, and the requests that got no answer (a request written to a pooled connection
+/// the server closed without answering it).
+fn load(
+    port: u16,
+    clients: usize,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(u64, f64, u64)> {
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let workers: Vec<_> = (0..clients)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || client(port, &stop))
+            })
+            .collect();
+        let (mut answered, mut lost) = (0, 0);
+        for w in workers {
+            let (a, l) = w.join().unwrap();
+            answered += a;
+            lost += l;
+        }
+        (answered, started.elapsed().as_secs_f64(), lost)
+    })
+}
+
+/// One keep-alive client (see [`load`]): answered, lost.
+fn client(port: u16, stop: &AtomicBool) -> (u64, u64) {
+    let (mut answered, mut lost) = (0, 0);
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) else {
+            return (answered, lost);
+        };
+        stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+        let mut reader = BufReader::new(stream);
+        loop {
+            if reader
+                .get_mut()
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .is_err()
+            {
+                lost += 1;
+                break;
+            }
+            match read_answer(&mut reader) {
+                Some(close) => {
+                    answered += 1;
+                    if close || stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                }
+                None => {
+                    lost += 1;
+                    break;
+                }
+            }
+        }
+    }
+    (answered, lost)
+}
+
+/// Reads one answer; whether it said `Connection: close`, or `None` when none came.
+fn read_answer(reader: &mut BufReader<TcpStream>) -> Option<bool> {
+    let (mut close, mut length) = (false, 0usize);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let lower = line.to_ascii_lowercase();
+        if lower == "\r\n" {
+            break;
+        }
+        close |= lower.starts_with("connection: close");
+        if let Some(n) = lower.strip_prefix("content-length:") {
+            length = n.trim().parse().ok()?;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(close)
+}
+
+/// 20 jobs from handlers and 2 from `main` across two lives under keep-alive load: the first
+/// stop cancels what runs and hands it back, the second life finishes it, and every job is in
+/// the journal exactly once. Both stops are clean (0); the load is at least 300 requests a
+/// second over keep-alive connections.
+#[test]
+fn task_jobs_are_each_done_once_across_lives_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let env = [
+        ("EXAMPLE_MAIN_JOBS", "2"),
+        ("EXAMPLE_JOB_MS", "5000"),
+        ("EXAMPLE_RESUME_MS", "200"),
+    ];
+    let mut first = Life::start(base, &env);
+    let stop_load = Arc::new(AtomicBool::new(false));
+    let traffic = load(first.port, 4, stop_load.clone());
+    let mut names = vec![
+        format!("main-{}-0", first.pid),
+        format!("main-{}-1", first.pid),
+    ];
+    for n in 0..20 {
+        let (name, ms) = (format!("web-{n}"), if n % 2 == 0 { 30 } else { 5000 });
+        assert_eq!(first.post(&format!("/jobs/{name}/{ms}")).0, 202);
+        names.push(name);
+    }
+    wait_until("the short jobs are done", || {
+        (0..20)
+            .step_by(2)
+            .all(|n| journal(base).contains_key(&format!("web-{n}")))
+    });
+    let (code, answer) = first.stop(base);
+    assert_eq!(
+        (code, &answer["outcome"]),
+        (Some(0), &serde_json::json!("stopped_planned")),
+        "{answer}"
+    );
+    assert_eq!(first.exit_code(), Some(0), "{}", first.stderr());
+    let (answered, secs, lost) = traffic.join().unwrap();
+    let rate = answered as f64 / secs;
+    eprintln!("load: {answered} requests in {secs:.2} s ({rate:.0}/s), {lost} lost");
+    assert!(
+        rate >= 300.0,
+        "the load must be at least 300 req/s: {rate:.0}"
+    );
+    let handed_back = 22 - journal(base).len();
+    assert!(
+        handed_back >= 11,
+        "the long jobs were handed back: {:?}",
+        journal(base)
+    );
+    // The second life spawns no jobs of its own: it only resumes what the first left.
+    let mut second = Life::start(base, &[("EXAMPLE_RESUME_MS", "200")]);
+    wait_until("every job is done", || journal(base).len() == names.len());
+    let (code, answer) = second.stop(base);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(second.exit_code(), Some(0));
+    let done = journal(base);
+    names.sort();
+    assert_eq!(done.keys().cloned().collect::<Vec<_>>(), names);
+    assert!(
+        done.values().all(|&n| n == 1),
+        "each exactly once: {done:?}"
+    );
+}
+
+/// A job that panics makes each stop not clean (`--require-clean` answers 13) and counts a failed
+/// attempt; after `EXAMPLE_MAX_FAILED` (2) the third life holds it aside (WARN, `records list`)
+/// and its stop is clean again. A payload that cannot be recorded is refused at once (422).
+#[test]
+fn a_panicking_job_is_unclean_at_each_stop_then_held_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let env = [("EXAMPLE_MAX_FAILED", "2"), ("EXAMPLE_RESUME_MS", "100")];
+    for life in 1..=3 {
+        let mut service = Life::start(base, &env);
+        if life == 1 {
+            let (code, body) = service.post("/bad");
+            assert_eq!(code, 422, "{body}");
+            assert!(body.contains("cannot be recorded"), "{body}");
+            assert_eq!(service.post("/jobs/poison-1/10").0, 202);
+        }
+        if life < 3 {
+            wait_until("the poison job panicked", || {
+                service.stderr().contains("a task panicked")
+            });
+        } else {
+            wait_until("the poison job is held aside", || {
+                service.stderr().contains("held aside")
+            });
+        }
+        let (code, answer) = service.stop(base);
+        assert_eq!(service.exit_code(), Some(0), "a planned stop either way");
+        if life < 3 {
+            assert_eq!(code, Some(13), "not clean: {answer}");
+            let notes = answer["drain"]["notes"].to_string();
+            assert!(notes.contains("panicked"), "{answer}");
+        } else {
+            assert_eq!(code, Some(0), "held aside, nothing panicked: {answer}");
+        }
+    }
+    let out = run(&[
+        "records",
+        "list",
+        "--state",
+        s(&base.join("state")),
+        "--json",
+    ]);
+    let items = json_of(&out)["items"].clone();
+    assert_eq!(items.as_array().unwrap().len(), 1, "{items}");
+    assert_eq!(items[0]["item"]["item"]["name"], "poison-1");
+    assert_eq!(items[0]["item"]["failures"], 2);
+    assert!(
+        items[0]["quarantined"]
+            .as_str()
+            .unwrap()
+            .contains("poison job poison-1"),
+        "{items}"
+    );
+    assert!(!journal(base).contains_key("bad"));
+}
+
+/// Two replicas on PostgreSQL: A's stop hands its jobs back to the database while B runs, and B's
+/// resume loop takes them within a few of its periods, without a restart, and finishes each once.
+#[test]
+#[cfg_attr(not(feature = "postgres"), ignore = "needs the postgres feature")]
+fn a_replica_takes_over_what_anothers_stop_left_while_it_runs() {
+    let Ok(url) = std::env::var("PLANNED_STOP_TEST_DATABASE_URL") else {
+        eprintln!("skipped: PLANNED_STOP_TEST_DATABASE_URL is not set (.ci/run sets it)");
+        return;
+    };
+    let service = format!("task-service-{}", std::process::id());
+    let period = 300;
+    let env = |dir: &str| {
+        vec![
+            ("EXAMPLE_RECORDS", url.clone()),
+            ("EXAMPLE_SERVICE", service.clone()),
+            ("EXAMPLE_RESUME_MS", period.to_string()),
+            ("PLANNED_STOP_HOST", dir.to_owned()),
+            // The work phase at once: the jobs are cancelled and handed back, not finished.
+            ("EXAMPLE_GRACE_MS", "0".to_owned()),
+        ]
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    for d in [&a_dir, &b_dir] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let to_refs = |v: &Vec<(&'static str, String)>| {
+        v.iter().map(|(k, v)| (*k, v.clone())).collect::<Vec<_>>()
+    };
+    let a_env = to_refs(&env("host-a"));
+    let a_env: Vec<(&str, &str)> = a_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b_env = to_refs(&env("host-b"));
+    let b_env: Vec<(&str, &str)> = b_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut a = Life::start(&a_dir, &a_env);
+    let mut b = Life::start(&b_dir, &b_env);
+    for n in 0..6 {
+        assert_eq!(a.post(&format!("/jobs/fleet-{n}/3000")).0, 202);
+    }
+    let (code, answer) = a.stop(&a_dir);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(a.exit_code(), Some(0));
+    let stopped = Instant::now();
+    wait_until("B holds A's jobs", || {
+        b.status()["items_held"]
+            .as_array()
+            .is_some_and(|held| !held.is_empty())
+    });
+    let took = stopped.elapsed();
+    eprintln!("B took A's items {took:?} after A's stop (period {period} ms)");
+    assert!(took < Duration::from_millis(period * 10), "{took:?}");
+    wait_until("B finished every job", || journal(&b_dir).len() == 6);
+    let (code, answer) = b.stop(&b_dir);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(b.exit_code(), Some(0));
+    assert!(journal(&b_dir).values().all(|&n| n == 1));
+    assert!(
+        journal(&a_dir).is_empty(),
+        "A was stopped before any finished"
+    );
+}
