@@ -412,3 +412,46 @@ fn renewals_their_failures_and_lost_leases_are_counted() {
     );
     assert_eq!(scrape.get("planned_stop_leases_lost_total"), 1.0);
 }
+
+/// Issue 36.5: an item that used up its failed attempts is held aside at the resume, not
+/// resumed, and counted under its participant.
+#[test]
+fn an_item_held_aside_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = planned_stop::record::FileRecordStore::open(
+        dir.path().join("state"),
+        planned_stop::record::Sharing::Refused,
+    )
+    .unwrap();
+    let items = ["poison", "fine"].map(|id| {
+        let mut item = serde_json::json!({"id": id, "participant": "jobs", "item": id});
+        if id == "poison" {
+            item["failure"] = serde_json::json!("its task panicked: poison pill");
+        }
+        item
+    });
+    left_by_another_process(&store, items.to_vec());
+    let shared = std::sync::Arc::new(store.clone());
+    let scrape = recorded(async || {
+        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            .owns_process_exit(false)
+            .record_store(shared)
+            .max_failed_attempts(1)
+            .handle_signals(false)
+            .events(false)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        let resumed = h.resume().await.unwrap();
+        let ids: Vec<&str> = resumed.iter().map(|l| l.item.id.as_str()).collect();
+        assert_eq!(ids, ["fine"]);
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    assert_eq!(
+        scrape.get("planned_stop_items_held_aside_total{participant=\"jobs\"}"),
+        1.0,
+        "{scrape:?}"
+    );
+}
