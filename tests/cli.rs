@@ -1491,3 +1491,35 @@ fn a_symlink_planted_as_the_outcome_reserve_is_never_followed() {
         "removed"
     );
 }
+
+/// Issue 37.3: `stop --restart --wait` sent while a stop is draining answered `stopped_planned`,
+/// 0 — the deploy saw success and, under `Restart=on-failure`, the service stayed down. The
+/// target ends as the stop under way says (for good, exit 0): the restart answer is
+/// `not_restarted`, 16, saying so. 20 rounds.
+#[cfg(unix)]
+#[test]
+fn a_restart_asked_while_a_stop_drains_is_never_reported_as_done() {
+    for _ in 0..20 {
+        let d = dirs();
+        let mut service = serve(
+            &d,
+            &["--jobs", "1", "--job-ms", "600", "--drain-ms", "5000"],
+        );
+        let pid = service.pid_arg();
+        assert_eq!(stop(&d, &pid, &[]).status.code(), Some(0));
+        service.expect("stop_accepted");
+        let out = stop(&d, &pid, &["--restart", "--wait", "20"]);
+        let report = json_of(&out);
+        assert_eq!(report["outcome"], "not_restarted", "{report}");
+        assert_eq!(out.status.code(), Some(16), "{report}");
+        assert_eq!(report["exit_code"], 0, "{report}");
+        assert!(
+            report["message"]
+                .as_str()
+                .unwrap()
+                .contains("did not restart"),
+            "{report}"
+        );
+        assert_eq!(service.exit_code(), Some(0));
+    }
+}

@@ -20,6 +20,11 @@
 //! | 9 | the target accepted the stop and was killed before it finished (`stop --wait`) |
 //! | 10 | the target stopped but could not record its unfinished work (`stop --wait`) |
 //! | 11 | no such item in the state directory (`records release`, `records drop`) |
+//! | 12 | the target finished its stop but was still alive at the deadline (`stop --wait`) |
+//! | 13 | the target stopped as planned, but its drain was not clean (`stop --wait --require-clean`) |
+//! | 14 | the target was still running at the deadline and was killed (`stop --wait --kill`) |
+//! | 15 | no service of that name ever started with the database (`records --records`) |
+//! | 16 | a restart whose target stopped for good instead (`stop --restart --wait`) |
 
 mod demo;
 mod records;
@@ -68,6 +73,8 @@ pub const EXIT_NOT_CLEAN: u8 = 13;
 pub const EXIT_KILLED_AT_DEADLINE: u8 = 14;
 /// `records` with `--records`: no service of that name ever started with this database.
 pub const EXIT_UNKNOWN_SERVICE: u8 = 15;
+/// `stop --restart`: the target stopped for good instead (a stop under way was accepted first).
+pub const EXIT_NOT_RESTARTED: u8 = 16;
 
 /// The version and the features this binary was built with (`--version`).
 fn version_text() -> &'static str {

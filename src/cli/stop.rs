@@ -305,6 +305,11 @@ pub fn run(args: StopArgs) -> u8 {
         bar.finish_and_clear();
     }
     let (kind, code, text, extra) = match &outcome {
+        WaitOutcome::StoppedPlanned { exit_code, outcome }
+            if args.restart && outcome.action != StopAction::Restart =>
+        {
+            report::not_restarted(&args, *exit_code, outcome)
+        }
         WaitOutcome::StoppedPlanned { exit_code, outcome } => {
             // Racing stoppers: the target accepted one request; say whose.
             // Following a stop under way (--wait-only), whichever request it was is ours.

@@ -62,6 +62,7 @@ impl Integration {
     }
 
     /// `what` was mounted in an application's `App`.
+    #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
     pub(crate) fn mounted(&self, what: &'static str) -> bool {
         self.note(|u| {
             if !u.mounted.contains(&what) {
@@ -71,6 +72,7 @@ impl Integration {
     }
 
     /// A server runs under `web::serve`.
+    #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
     pub(crate) fn served(&self) -> bool {
         self.note(|u| u.served = true)
     }

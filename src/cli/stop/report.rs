@@ -143,6 +143,34 @@ pub(super) fn already_stopped(
     Some((kind, exit, text, extra))
 }
 
+/// A `--restart` whose target stopped as planned for good: a stop under way (or a request that
+/// raced this one) was accepted, so nothing restarts it. Never a success: the deploy must start
+/// the service again.
+pub(super) fn not_restarted(
+    args: &StopArgs,
+    exit_code: i32,
+    outcome: &planned_stop::stopper::Outcome,
+) -> (&'static str, u8, String, serde_json::Value) {
+    let accepted = outcome.request_id.as_deref().map_or_else(
+        || "a signal or its own request".to_owned(),
+        |id| format!("request {id}"),
+    );
+    let text = format!(
+        "process {} stopped as planned for good (exit code {exit_code}) on {accepted}, which it had          accepted before this restart request: it did not restart; start the service again",
+        args.pid()
+    );
+    let extra = json!({
+        "exit_code": exit_code,
+        "verdict": outcome.verdict,
+        "cause": outcome.cause,
+        "accepted_request_id": outcome.request_id,
+        "action": outcome.action,
+        "clean": outcome.drain.as_ref().is_none_or(DrainSummary::is_clean),
+        "drain": outcome.drain,
+    });
+    ("not_restarted", crate::cli::EXIT_NOT_RESTARTED, text, extra)
+}
+
 pub(super) fn report_error(args: &StopArgs, error: StopperError) -> u8 {
     let (kind, code) = match &error {
         StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),
