@@ -18,7 +18,9 @@
 //! - `POST /bad` offers a job whose payload cannot be recorded (a map with tuple keys): refused at
 //!   once, with 422 and the reason, instead of being lost at the stop;
 //! - the `ResumeLoop` takes over, every `EXAMPLE_RESUME_MS`, what stopped or dead replicas left;
-//! - `planned_stop::web::Admin` serves status and readiness on an address of its own.
+//! - `planned_stop::web::Admin` serves status and readiness on an address of its own;
+//! - it serves the listening sockets a `.socket` unit (or any supervisor) hands it, so a restart
+//!   refuses no connection: they wait in the socket's queue for the next life.
 //!
 //! The environment moves it (the tests run it this way): `EXAMPLE_DIR` (base directory),
 //! `EXAMPLE_ADDR`, `EXAMPLE_ADMIN_ADDR` (port 0 picks a free one; both are printed),
@@ -139,6 +141,21 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// For the tests of a failed restart in place: a successor (started by its predecessor, which
+/// names it in `PLANNED_STOP_READY_PID`) that `EXAMPLE_FAIL_AS_SUCCESSOR` tells to `exit` at once
+/// or to `hang` before it is ready.
+fn fail_as_successor() {
+    let successor =
+        std::env::var("PLANNED_STOP_READY_PID").ok() == Some(std::process::id().to_string());
+    match std::env::var("EXAMPLE_FAIL_AS_SUCCESSOR").as_deref() {
+        Ok("exit") if successor => std::process::exit(3),
+        Ok("hang") if successor => loop {
+            std::thread::park();
+        },
+        _ => {}
+    }
+}
+
 /// The record store: PostgreSQL when `EXAMPLE_RECORDS` names one (feature `postgres`), else the
 /// state directory under `base`.
 fn with_records(
@@ -157,37 +174,18 @@ fn with_records(
     Ok(builder.state_dir(base.join("state")))
 }
 
-#[actix_web::main]
-async fn main() -> std::io::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
-        || std::env::temp_dir().join("planned-stop-task-service"),
-        PathBuf::from,
-    );
-    let builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
-        .drain_deadline(Duration::from_secs(20))
-        .max_failed_attempts(env_u64("EXAMPLE_MAX_FAILED", 3) as u32);
-    let stop = match with_records(builder, &base)?.start() {
-        Ok(stop) => stop,
-        Err(e) => {
-            eprintln!("cannot start: {e}");
-            return Ok(ExitCode::from(2));
-        }
-    };
+/// The task group, the resume loop that feeds it what earlier lives and other replicas left, and
+/// the jobs `main` spawns itself.
+fn jobs(stop: &planned_stop::ServiceHandle) -> Jobs {
     let journal = Journal(std::env::var_os("EXAMPLE_JOURNAL").map(|p| Arc::new(p.into())));
     let jobs = Jobs {
-        group: TaskGroup::new(&stop, "jobs"),
+        group: TaskGroup::new(stop, "jobs"),
         journal: journal.clone(),
     };
     // What earlier lives and other replicas left: leased now and every period, into the group.
     let resumed = journal.clone();
     ResumeLoop::new(
-        &stop,
+        stop,
         Duration::from_millis(env_u64("EXAMPLE_RESUME_MS", 1000)),
     )
     .deliver_to(&jobs.group, move |job, cancel| {
@@ -203,6 +201,39 @@ async fn main() -> std::io::Result<ExitCode> {
             extra: None,
         });
     }
+    jobs
+}
+
+#[actix_web::main]
+async fn main() -> std::io::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
+        || std::env::temp_dir().join("planned-stop-task-service"),
+        PathBuf::from,
+    );
+    let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
+        .drain_deadline(Duration::from_secs(20))
+        .max_failed_attempts(env_u64("EXAMPLE_MAX_FAILED", 3) as u32);
+    if let Some(ms) = std::env::var("EXAMPLE_RESTART_IN_PLACE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        builder = builder.restart_in_place(Duration::from_millis(ms));
+    }
+    fail_as_successor();
+    let stop = match with_records(builder, &base)?.start() {
+        Ok(stop) => stop,
+        Err(e) => {
+            eprintln!("cannot start: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let jobs = jobs(&stop);
     let admin = planned_stop::web::Admin::new(&stop)
         .readiness("/ready")
         .status("/status")
@@ -216,8 +247,17 @@ async fn main() -> std::io::Result<ExitCode> {
             .route("/", web::get().to(|| async { "hello\n" }))
             .route("/jobs/{name}/{ms}", web::post().to(spawn_job))
             .route("/bad", web::post().to(bad_job))
-    })
-    .bind(env("EXAMPLE_ADDR", "127.0.0.1:8080"))?;
+    });
+    // The sockets systemd (a `.socket` unit) or a supervisor handed over, else new ones: a
+    // restart then refuses nothing, the connections wait in the socket's queue.
+    let handed = std::env::var_os("LISTEN_FDS").is_some();
+    let server = if handed && std::env::var_os("EXAMPLE_IGNORE_INHERITED").is_some() {
+        server.bind(env("EXAMPLE_ADDR", "127.0.0.1:8080"))? // for the test: refused by `serve`
+    } else {
+        planned_stop::web::listeners_or_bind(&stop, env("EXAMPLE_ADDR", "127.0.0.1:8080"))?
+            .into_iter()
+            .try_fold(server, HttpServer::listen)?
+    };
     let addr = server.addrs()[0];
     stop.ready();
     println!("admin http://{}", admin.addrs()[0]);

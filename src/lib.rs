@@ -108,6 +108,7 @@
 mod clock;
 mod error_chain;
 mod events;
+mod handover;
 mod identity;
 mod lifecycle;
 pub mod marker;
@@ -154,6 +155,7 @@ pub use work::{JobId, Refusal, Refused, Unreadable, WorkSet};
 pub mod internals {
     pub use crate::clock::{Clock, SystemClock};
     pub use crate::events::{SlotEvents, Wakeups};
+    pub use crate::handover::{RestartMode, restart_mode};
     pub use crate::identity::{parse_proc_stat, parse_status_uids};
     pub use crate::lifecycle::{Lifecycle, Step};
     pub use crate::outcome::may_speak_for;

@@ -112,6 +112,13 @@ pub enum Phase {
     Held,
     /// Accepted; the participants are draining.
     Draining,
+    /// A planned restart in place: the successor is starting, and the drain begins once it says
+    /// it is ready. The process keeps serving meanwhile.
+    HandingOver,
+    /// A planned restart in place did not happen (`note` says why): the successor ended or was
+    /// not ready in time. The process did not stop and keeps serving; nothing follows for this
+    /// request.
+    RestartFailed,
     /// Stopped; `exit_code` is the process's exit code.
     Stopped,
     /// The stop finished, but the unfinished items could not be made durable (the record store
@@ -136,7 +143,10 @@ impl Phase {
     /// assert!(Phase::Stopped.is_final() && !Phase::Draining.is_final());
     /// ```
     pub fn is_final(self) -> bool {
-        !matches!(self, Phase::Held | Phase::Draining)
+        !matches!(
+            self,
+            Phase::Held | Phase::Draining | Phase::HandingOver | Phase::RestartFailed
+        )
     }
 }
 
@@ -185,6 +195,13 @@ pub struct Outcome {
     /// good.
     #[serde(default, skip_serializing_if = "is_stop")]
     pub action: StopAction,
+    /// The successor's pid, once a restart in place has handed over to it: it serves now, and
+    /// the process stops as planned. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successor: Option<u32>,
+    /// Why a restart in place did not happen (phase `restart_failed`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 fn is_stop(action: &StopAction) -> bool {

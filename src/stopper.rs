@@ -425,6 +425,19 @@ pub enum WaitOutcome {
         /// Its outcome file, phase `held`.
         outcome: Outcome,
     },
+    /// A planned restart in place of this request did not happen: the successor ended or was
+    /// not ready in time (`outcome.note` says why). The target did not stop and keeps serving.
+    /// Only [`wait_for_request`] reports it (the outcome must answer this very request).
+    RestartFailed {
+        /// Its outcome file, phase `restart_failed`.
+        outcome: Outcome,
+    },
+    /// A planned restart in place was still handing over at the deadline: the successor had
+    /// not said it was ready yet, and the target still serves.
+    HandingOver {
+        /// Its outcome file, phase `handing_over`.
+        outcome: Outcome,
+    },
 }
 
 /// Where a wait stands, for a progress display.
@@ -447,6 +460,8 @@ pub enum Progress {
     Draining,
     /// Seen, but held until the target declares itself ready.
     Held,
+    /// A restart in place: the successor is starting.
+    HandingOver,
 }
 
 /// Waits up to `timeout` for `target` to exit, calling `progress` on every poll. See the module
@@ -485,6 +500,21 @@ pub fn wait_with(
     target: &ProcessIdentity,
     timeout: Duration,
     watch: ExitWatch,
+    progress: impl FnMut(Progress, Duration),
+) -> WaitOutcome {
+    wait_for_request(store, target, None, timeout, watch, progress)
+}
+
+/// [`wait_with`] for the request `request_id` (the one [`request`] wrote): it also ends when the
+/// target's outcome says this request's restart in place failed
+/// ([`WaitOutcome::RestartFailed`]) — the target keeps running then, so only the request's own
+/// outcome can end the wait.
+pub fn wait_for_request(
+    store: &MarkerStore,
+    target: &ProcessIdentity,
+    request_id: Option<&str>,
+    timeout: Duration,
+    watch: ExitWatch,
     mut progress: impl FnMut(Progress, Duration),
 ) -> WaitOutcome {
     let started = Instant::now();
@@ -517,10 +547,21 @@ pub fn wait_with(
             }
             return WaitOutcome::after_exit(outcome);
         }
+        if let Some(failed) = outcome
+            .as_ref()
+            .filter(|o| o.phase == Phase::RestartFailed && is_own_request(o, request_id))
+        {
+            return WaitOutcome::RestartFailed {
+                outcome: failed.clone(),
+            };
+        }
         let elapsed = started.elapsed();
         if elapsed >= timeout {
             return match outcome {
                 Some(outcome) if outcome.phase == Phase::Held => WaitOutcome::Held { outcome },
+                Some(outcome) if outcome.phase == Phase::HandingOver => {
+                    WaitOutcome::HandingOver { outcome }
+                }
                 Some(outcome) if outcome.phase == Phase::Draining => {
                     WaitOutcome::StillDraining { outcome }
                 }
@@ -534,6 +575,7 @@ pub fn wait_with(
             match outcome.as_ref().map(|o| o.phase) {
                 Some(Phase::Draining) => Progress::Draining,
                 Some(Phase::Held) => Progress::Held,
+                Some(Phase::HandingOver) => Progress::HandingOver,
                 _ => Progress::Waiting,
             },
             elapsed,
@@ -663,7 +705,7 @@ impl WaitOutcome {
                     outcome: o,
                 }
             }
-            Some(o) if matches!(o.phase, Phase::Draining | Phase::Held) => {
+            Some(o) if matches!(o.phase, Phase::Draining | Phase::Held | Phase::HandingOver) => {
                 WaitOutcome::KilledWhileDraining { outcome: o }
             }
             Some(o) if o.phase == Phase::RecordLost => WaitOutcome::RecordLost {

@@ -34,6 +34,13 @@ fn send(states: &[NotifyState<'_>]) {
     }
 }
 
+/// A successor of a restart in place tells systemd it is the main process now (`MAINPID=`, with
+/// `NotifyAccess=all` in the unit), before its predecessor exits: systemd then follows it rather
+/// than taking the predecessor's exit for the service's.
+pub(crate) fn main_process_now() {
+    send(&[NotifyState::MainPid(std::process::id())]);
+}
+
 /// The extension to ask for while draining: what is left of the drain (its length, less what has
 /// passed since it began), plus [`EXTEND_EVERY`].
 fn extension(drain: Duration, began: Instant) -> u32 {

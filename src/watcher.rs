@@ -4,7 +4,9 @@
 //! the watcher closes that gap by probing the process's marker slot on a fixed delay and telling the
 //! runner when a marker for this process is there. What it guarantees:
 //!
-//! - **At most one [`PlannedStop`] per process life**; after sending it the watcher stops.
+//! - **At most one [`PlannedStop`] per process life**; after sending it the watcher stops — but
+//!   for a restart when the service restarts in place, which may leave the runner running (its
+//!   successor failed): then it watches on until the runner drains.
 //! - It ticks with a fixed *delay* (`run_later` re-armed after each tick), not a fixed rate, so after
 //!   a stall (a suspended laptop, a paused VM, a busy executor) there is one tick, not a burst.
 //! - It never sends while the runner is draining or stopped, and stops as soon as the runner's
@@ -207,6 +209,8 @@ pub struct MarkerWatcherActor {
     events: Option<SlotEvents>,
     /// Whether a panic ends the process (the service's `owns_process_exit`).
     ends_process: bool,
+    /// Whether a delivered restart leaves the watch on (the service restarts in place).
+    keeps_after_restart: bool,
 }
 
 impl std::fmt::Debug for MarkerWatcherActor {
@@ -237,7 +241,16 @@ impl MarkerWatcherActor {
             wakeups: None,
             events: None,
             ends_process: true,
+            keeps_after_restart: false,
         }
+    }
+
+    /// Keeps watching after delivering a restart (default `false`): with restart in place the
+    /// runner stays running until the successor is ready, and when the successor fails it runs
+    /// on, so a later marker must reach it. A stop, and the runner's drain, still end the watch.
+    pub fn keeps_watching_after_restarts(mut self, keep: bool) -> Self {
+        self.keeps_after_restart = keep;
+        self
     }
 
     /// Whether a panic of the watcher ends the process (default `true`); `false` when the
@@ -295,7 +308,11 @@ impl MarkerWatcherActor {
                 WatchStep::Continue
             }
         };
+        let restart = matches!(&step, WatchStep::Deliver(s) if s.action == crate::marker::StopAction::Restart);
         let send = self.watch.on_step(step);
+        if restart && self.keeps_after_restart {
+            self.watch = Watch::Looking;
+        }
         self.send(send, ctx);
         self.watch.is_looking()
     }

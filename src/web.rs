@@ -56,8 +56,10 @@
 //! ```
 
 mod admin;
+mod listen;
 
 pub use admin::{Admin, AdminServer};
+pub use listen::{inherited_listeners, listeners_or_bind};
 
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::DrainPhase;
@@ -329,11 +331,26 @@ where
 /// turned off, and it becomes the ingress drain participant.
 pub fn serve(server: impl Servable, service: &ServiceHandle) -> Serve {
     service.integration.served();
+    let server = match listen::unused_inherited() {
+        Some(handed) => Err(ignored_sockets(handed)),
+        None => server.start_under_runner(),
+    };
     Serve {
-        server: server.start_under_runner(),
+        server,
         service: service.clone(),
         grace: Duration::ZERO,
     }
+}
+
+/// The error (and ERROR line) of a server that ignores the sockets handed to this process.
+fn ignored_sockets(handed: usize) -> io::Error {
+    let e = io::Error::other(format!(
+        "{handed} listening socket(s) were handed to this process (LISTEN_FDS) and the server \
+             does not serve them: connections queued on them would wait for nobody; bind the \
+             server through planned_stop::web::listeners_or_bind"
+    ));
+    tracing::error!(error = %e, "refusing to serve");
+    e
 }
 
 /// An `HttpServer` running under the runner; `.await` it (see [`serve`]).
@@ -406,6 +423,10 @@ impl IntoFuture for Serve {
     }
 }
 
+/// How long the workers have to dispatch the connections already accepted, between the pause of
+/// the accept loop and the graceful stop (dispatching takes microseconds; see `Ingress`).
+const DISPATCH_SETTLE: Duration = Duration::from_millis(50);
+
 /// The HTTP server as the ingress drain participant.
 struct Ingress {
     server: ServerHandle,
@@ -430,7 +451,15 @@ impl Handler<Drain> for Ingress {
                 );
                 actix::clock::sleep(grace).await;
             }
-            let left = drain.within.saturating_sub(grace);
+            // Stop accepting first, and give the workers a moment to dispatch what the accept
+            // thread queued for them: a worker that begins its graceful stop drops the
+            // connections queued to it but not yet dispatched (actix-server's `Shutdown` state),
+            // each a connection reset or closed without an answer. Paused, nothing new is queued;
+            // connections keep waiting in the socket's own queue — for the next life, when the
+            // socket is held by a supervisor (`listeners_or_bind`).
+            server.pause().await;
+            actix::clock::sleep(DISPATCH_SETTLE.min(drain.within.saturating_sub(grace))).await;
+            let left = drain.within.saturating_sub(grace + DISPATCH_SETTLE);
             tracing::info!("closing the HTTP listener; finishing in-flight requests");
             match actix::clock::timeout(left, server.stop(true)).await {
                 Ok(()) => DrainReport::done(),

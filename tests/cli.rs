@@ -1523,3 +1523,64 @@ fn a_restart_asked_while_a_stop_drains_is_never_reported_as_done() {
         assert_eq!(service.exit_code(), Some(0));
     }
 }
+
+/// Issue 37.1: `serve --restart-in-place-ms`: a planned restart starts the successor (the same
+/// command), waits for its `ready`, and only then drains and exits 0 — not 75; the stopper names
+/// the successor, which resumes the job the old process handed back. 20 rounds, each restarting
+/// the previous round's successor.
+#[cfg(unix)]
+#[test]
+fn serve_restarts_in_place_and_the_successor_resumes_what_it_left() {
+    let d = dirs();
+    let args = [
+        "--restart-in-place-ms",
+        "10000",
+        "--jobs",
+        "1",
+        "--job-ms",
+        "600000",
+        "--drain-ms",
+        "200",
+        "--resume-every-ms",
+        "50",
+    ];
+    let mut service = serve(&d, &args);
+    let mut target = service.pid();
+    let mut successors = Vec::new();
+    for round in 0..20 {
+        let out = stop(&d, &target.to_string(), &["--restart", "--wait", "20"]);
+        let report = json_of(&out);
+        assert_eq!(
+            report["outcome"], "stopped_planned",
+            "round {round}: {report}"
+        );
+        assert_eq!(
+            (out.status.code(), &report["exit_code"]),
+            (Some(0), &serde_json::json!(0)),
+            "{report}"
+        );
+        let successor = report["successor"].as_u64().expect("the successor") as u32;
+        successors.push(successor);
+        // The successor writes to the same stdout: its ready, then what it resumed.
+        let ready = service.expect("ready");
+        assert_eq!(ready["pid"], successor, "round {round}");
+        let resumed = loop {
+            let event = service.expect("resumed");
+            if event["jobs"].as_u64().unwrap_or(0) > 0 {
+                break event;
+            }
+        };
+        assert_eq!(resumed["items"].as_array().unwrap().len(), 1, "{resumed}");
+        assert!(
+            ProcessIdentity::of(target).is_none(),
+            "round {round}: the predecessor is gone"
+        );
+        target = successor;
+    }
+    assert_eq!(service.exit_code(), Some(0), "the first process exited 0");
+    let out = stop(&d, &target.to_string(), &["--wait", "20"]);
+    assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+    for pid in successors {
+        assert!(ProcessIdentity::of(pid).is_none(), "pid {pid} is gone");
+    }
+}

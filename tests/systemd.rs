@@ -182,3 +182,45 @@ fn a_service_whose_loop_blocks_for_a_second() {
         1
     });
 }
+
+/// Issue 37.5: under systemd a restart in place must move the unit's main process to the
+/// successor before the predecessor exits, or systemd takes that exit for the service's. A real
+/// `serve --restart-in-place-ms` with `$NOTIFY_SOCKET` set: the successor sends `MAINPID=` with
+/// its own pid, then its own `READY=1`; the predecessor exits 0.
+#[test]
+fn a_successor_tells_systemd_it_is_the_main_process() {
+    use common::process::{dirs, json_of, stop_json};
+    let d = dirs();
+    let socket_path = d.run.parent().unwrap().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(common::EVENT_TIMEOUT))
+        .unwrap();
+    let mut service = common::process::Serve::start_with_env(
+        &[
+            "--dir",
+            common::process::s(&d.run),
+            "--state",
+            common::process::s(&d.state),
+            "--restart-in-place-ms",
+            "10000",
+        ],
+        &[("NOTIFY_SOCKET", socket_path.to_str().unwrap())],
+    );
+    let out = stop_json(&d.run, &service.pid_arg(), &["--restart", "--wait", "20"]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    let successor = report["successor"].as_u64().expect("a successor") as u32;
+    assert_eq!(service.exit_code(), Some(0));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let main_pid = format!("MAINPID={successor}");
+    while !seen.iter().any(|m: &String| m.contains(&main_pid)) {
+        let n = socket
+            .recv(&mut buf)
+            .expect("the successor notifies systemd");
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let out = stop_json(&d.run, &successor.to_string(), &["--wait", "20"]);
+    assert_eq!(out.status.code(), Some(0), "{}", json_of(&out));
+}

@@ -38,8 +38,33 @@ struct Life {
 
 impl Life {
     fn start(base: &Path, env: &[(&str, &str)]) -> Life {
+        let command = Command::new(common::example_binary("task_service", features()));
+        Life::spawn(command, base, env)
+    }
+
+    /// A life handed `socket` as systemd hands a `.socket` unit's: descriptor 3, `LISTEN_FDS=1`,
+    /// and `LISTEN_PID` its own pid (set by a shell that then execs it, keeping the pid).
+    fn handed(socket: &std::net::TcpListener, base: &Path, env: &[(&str, &str)]) -> Life {
+        use command_fds::{CommandFdExt, FdMapping};
+        let mut command = Command::new("/bin/sh");
+        command
+            .args(["-c", "export LISTEN_PID=$$; exec \"$0\""])
+            .arg(common::example_binary("task_service", features()))
+            .env("LISTEN_FDS", "1")
+            .env("LISTEN_FDNAMES", "http");
+        let fd = socket.try_clone().unwrap().into();
+        command
+            .fd_mappings(vec![FdMapping {
+                parent_fd: fd,
+                child_fd: 3,
+            }])
+            .unwrap();
+        Life::spawn(command, base, env)
+    }
+
+    fn spawn(mut command: Command, base: &Path, env: &[(&str, &str)]) -> Life {
         let stderr = unique(base.join("stderr"));
-        let mut child = Command::new(common::example_binary("task_service", features()))
+        let mut child = command
             .env("EXAMPLE_DIR", base)
             .env("EXAMPLE_ADDR", "127.0.0.1:0")
             .env("EXAMPLE_ADMIN_ADDR", "127.0.0.1:0")
@@ -419,4 +444,304 @@ fn a_replica_takes_over_what_anothers_stop_left_while_it_runs() {
         journal(&a_dir).is_empty(),
         "A was stopped before any finished"
     );
+}
+
+/// One request on a fresh connection, as a client without a pool sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fresh {
+    Ok,
+    Refused,
+    /// Reset after the connection was made.
+    Reset,
+    /// Closed without an answer after the connection was made.
+    Closed,
+    Not200(u16),
+}
+
+fn fresh_request(port: u16) -> Fresh {
+    let mut stream = match TcpStream::connect(("127.0.0.1", port)) {
+        Ok(stream) => stream,
+        Err(_) => return Fresh::Refused,
+    };
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    let sent = stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    if sent.is_err() || stream.read_to_string(&mut answer).is_err() {
+        return Fresh::Reset;
+    }
+    if answer.is_empty() {
+        return Fresh::Closed;
+    }
+    match answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+    {
+        Some(200) => Fresh::Ok,
+        Some(code) => Fresh::Not200(code),
+        None => Fresh::Reset,
+    }
+}
+
+/// The inode of the socket behind descriptor `fd` of process `pid` (`socket:[N]`).
+fn socket_inode(pid: u32, fd: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Issue 37.2: with the listening socket held by its supervisor (as a `.socket` unit holds it)
+/// and handed to each life as systemd hands it, 20 planned restarts in a row under 8 clients
+/// opening a fresh connection per request refuse nothing, reset nothing, and answer every
+/// request 200: the connections made while no life runs wait in the socket's queue for the next.
+/// Each life serves from that very socket (same inode), on its port.
+#[cfg(target_os = "linux")]
+#[test]
+fn restarts_with_the_socket_held_by_the_supervisor_refuse_no_connection() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = socket.local_addr().unwrap().port();
+    let inode = socket_inode(std::process::id(), socket.as_raw_fd());
+    let env = [("EXAMPLE_GRACE_MS", "0"), ("EXAMPLE_RESUME_MS", "60000")];
+    let mut life = Life::handed(&socket, base, &env);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally: Arc<std::sync::Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, tally) = (stop.clone(), tally.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let seen = format!("{:?}", fresh_request(port));
+                    *tally.lock().unwrap().entry(seen).or_default() += 1;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..20 {
+        assert_eq!(life.port, port, "it serves the handed socket's port");
+        assert_eq!(socket_inode(life.pid, 3), inode, "the very socket");
+        let (code, answer) = life.stop(base);
+        assert_eq!(code, Some(0), "{answer}");
+        assert_eq!(life.exit_code(), Some(0), "{}", life.stderr());
+        // The supervisor starts the next life; meanwhile connections queue on the socket.
+        life = Life::handed(&socket, base, &env);
+    }
+    let before = tally.lock().unwrap().get("Ok").copied().unwrap_or(0);
+    wait_until("the last life serves", || {
+        tally.lock().unwrap().get("Ok").copied().unwrap_or(0) > before + 100
+    });
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let tally = tally.lock().unwrap().clone();
+    eprintln!("fresh connections across 20 restarts: {tally:?}");
+    assert_eq!(
+        tally.keys().collect::<Vec<_>>(),
+        ["Ok"],
+        "only 200s: {tally:?}"
+    );
+}
+
+/// Issue 37.4: a server that binds an address of its own while sockets were handed to it would
+/// leave their queued connections to nobody: `web::serve` refuses to run it, loudly, and the
+/// process does not exit 0.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_server_that_ignores_the_handed_socket_fails_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = socket.local_addr().unwrap().port();
+    let mut life = Life::handed(&socket, dir.path(), &[("EXAMPLE_IGNORE_INHERITED", "1")]);
+    assert_ne!(life.port, port);
+    let code = life.exit_code();
+    assert!(code.is_some_and(|c| c != 0), "{code:?}");
+    let stderr = life.stderr();
+    assert!(
+        stderr.contains("ERROR") && stderr.contains("planned_stop::web::listeners_or_bind"),
+        "{stderr}"
+    );
+}
+
+/// `planned-stop stop --pid PID --dir BASE/run --json --wait 20` and `extra`: code and answer.
+fn stop_pid(base: &Path, pid: u32, extra: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let pid = pid.to_string();
+    let run_dir = base.join("run");
+    let mut args = vec![
+        "stop",
+        "--pid",
+        &pid,
+        "--dir",
+        s(&run_dir),
+        "--json",
+        "--wait",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    (out.status.code(), json_of(&out))
+}
+
+/// The inodes of the sockets listening on 127.0.0.1:`port` (from /proc/net/tcp).
+fn listening_inodes(port: u16) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.get(1) == Some(&local.as_str()) && cols.get(3) == Some(&"0A"))
+                .then(|| format!("socket:[{}]", cols[9]))
+        })
+        .collect()
+}
+
+/// Processes this test did not start itself (successors), killed when the test ends.
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            // SAFETY: kill(2) of a pid this test learned from the outcome of its own restart.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    planned_stop::ProcessIdentity::of(pid).is_some()
+}
+
+/// Issue 37.1, 37.4, 37.7: 20 planned restarts in place in a row, under 8 clients opening a
+/// fresh connection per request: each successor serves from the very socket the first process
+/// bound (one listening socket on the port, the same inode, the successor's descriptor 3), each
+/// predecessor exits 0 as planned, nothing is refused, reset or answered other than 200, and a
+/// job running across the swaps is handed from life to life and done exactly once.
+#[cfg(target_os = "linux")]
+#[test]
+fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "10000"),
+        ("EXAMPLE_GRACE_MS", "0"),
+        ("EXAMPLE_RESUME_MS", "100"),
+    ];
+    let first = Life::start(base, &env);
+    let port = first.port;
+    let inode = listening_inodes(port);
+    assert_eq!(inode.len(), 1, "one listening socket: {inode:?}");
+    assert_eq!(first.post("/jobs/swap-1/1500").0, 202);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally: Arc<std::sync::Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, tally) = (stop.clone(), tally.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let seen = format!("{:?}", fresh_request(port));
+                    *tally.lock().unwrap().entry(seen).or_default() += 1;
+                }
+            })
+        })
+        .collect();
+    let mut reap = Reap(Vec::new());
+    let mut target = first.pid;
+    for round in 0..20 {
+        let (code, answer) = stop_pid(base, target, &["--restart"]);
+        assert_eq!(
+            (code, &answer["outcome"]),
+            (Some(0), &serde_json::json!("stopped_planned")),
+            "round {round}: {answer}"
+        );
+        assert_eq!(
+            answer["exit_code"], 0,
+            "restarted in place: exit 0, not 75: {answer}"
+        );
+        let successor = answer["successor"].as_u64().expect("the successor's pid") as u32;
+        reap.0.push(successor);
+        assert!(!alive(target), "the predecessor is gone");
+        assert!(alive(successor));
+        assert_eq!(
+            listening_inodes(port),
+            inode,
+            "round {round}: the very socket, never re-bound"
+        );
+        assert_eq!(
+            vec![socket_inode(successor, 3)],
+            inode,
+            "round {round}: the successor's descriptor 3"
+        );
+        target = successor;
+    }
+    wait_until("the job is done after the swaps", || {
+        journal(base).contains_key("swap-1")
+    });
+    // The load ends before the last, plain stop closes the socket for good.
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let (code, answer) = stop_pid(base, target, &[]);
+    assert_eq!(code, Some(0), "{answer}");
+    let tally = tally.lock().unwrap().clone();
+    eprintln!("fresh connections across 20 restarts in place: {tally:?}");
+    assert_eq!(
+        tally.keys().collect::<Vec<_>>(),
+        ["Ok"],
+        "only 200s: {tally:?}"
+    );
+    assert_eq!(journal(base).get("swap-1"), Some(&1), "{:?}", journal(base));
+    drop(first);
+}
+
+/// Issue 37.3: a successor that exits at once, one that never says it is ready (killed at the
+/// timeout), and one that binds its own socket instead of the handed one (it never says ready):
+/// each time the restart did not happen (`restart_failed`, 17, saying why), the old process never
+/// stopped accepting and keeps serving, and a later stop is an ordinary planned stop.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_successor_leaves_the_old_process_serving() {
+    for (mode, value, why) in [
+        (
+            "EXAMPLE_FAIL_AS_SUCCESSOR",
+            "exit",
+            "ended before it was ready",
+        ),
+        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang", "was not ready within"),
+        // It refuses to say it is ready, and `web::serve` refuses to run its server: it ends.
+        ("EXAMPLE_IGNORE_INHERITED", "1", "ended before it was ready"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let env = [("EXAMPLE_RESTART_IN_PLACE_MS", "1500"), (mode, value)];
+        let mut life = Life::start(base, &env);
+        let (code, answer) = stop_pid(base, life.pid, &["--restart"]);
+        assert_eq!(answer["outcome"], "restart_failed", "{value}: {answer}");
+        assert_eq!(code, Some(17), "{value}: {answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(why),
+            "{value}: {answer}"
+        );
+        assert!(alive(life.pid), "{value}: the old process keeps running");
+        assert_eq!(
+            http_get(life.port, "/").map(|(c, _)| c),
+            Some(200),
+            "{value}: and serving"
+        );
+        if value == "1" {
+            assert!(
+                life.stderr().contains("does not serve them"),
+                "{}",
+                life.stderr()
+            );
+        }
+        let (code, answer) = life.stop(base);
+        assert_eq!(code, Some(0), "{value}: {answer}");
+        assert_eq!(life.exit_code(), Some(0));
+    }
 }

@@ -25,6 +25,7 @@
 //! | 14 | the target was still running at the deadline and was killed (`stop --wait --kill`) |
 //! | 15 | no service of that name ever started with the database (`records --records`) |
 //! | 16 | a restart whose target stopped for good instead (`stop --restart --wait`) |
+//! | 17 | a restart in place did not happen; the target keeps serving (`stop --restart --wait`) |
 
 mod demo;
 mod records;
@@ -75,6 +76,8 @@ pub const EXIT_KILLED_AT_DEADLINE: u8 = 14;
 pub const EXIT_UNKNOWN_SERVICE: u8 = 15;
 /// `stop --restart`: the target stopped for good instead (a stop under way was accepted first).
 pub const EXIT_NOT_RESTARTED: u8 = 16;
+/// `stop --restart`: a restart in place did not happen (its successor failed); the target serves.
+pub const EXIT_RESTART_FAILED: u8 = 17;
 
 /// The version and the features this binary was built with (`--version`).
 fn version_text() -> &'static str {

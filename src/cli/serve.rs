@@ -75,6 +75,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = planned_stop::DEFAULT_MAX_FAILED_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_failed_attempts: u32,
+    /// Restart in place: a planned restart starts the successor (this command again, with its
+    /// arguments) and waits up to N milliseconds for it to be ready before this process drains
+    /// and exits 0; a successor that fails leaves this process running (0: off, a restart exits
+    /// 75 for the supervisor).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub restart_in_place_ms: u64,
     /// Poll only: do not use filesystem notifications.
     #[arg(long)]
     pub no_events: bool,
@@ -233,6 +239,9 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
     builder = builder
         .lease_for(Duration::from_millis(args.lease_ms))
         .max_failed_attempts(args.max_failed_attempts);
+    if args.restart_in_place_ms > 0 {
+        builder = builder.restart_in_place(Duration::from_millis(args.restart_in_place_ms));
+    }
     let duration = Duration::from_millis(args.job_ms);
     let job = |name: &str, leased| {
         Job {

@@ -273,9 +273,10 @@ pub fn run(args: StopArgs) -> u8 {
     } else {
         stopper::ExitWatch::Events
     };
-    let outcome = stopper::wait_with(
+    let outcome = stopper::wait_for_request(
         &store,
         &requested.target,
+        request_id.as_deref(),
         timeout,
         watch,
         |progress, elapsed| {
@@ -335,6 +336,12 @@ pub fn run(args: StopArgs) -> u8 {
                          next start there pushes it",
                         args.pid()
                     )
+                } else if let (true, Some(successor)) = (own, outcome.successor) {
+                    format!(
+                        "process {} restarted in place: its successor, pid {successor}, serves \
+                         from the same sockets, and it stopped as planned (exit code {exit_code})",
+                        args.pid()
+                    )
                 } else if own {
                     format!(
                         "process {} stopped as planned (exit code {exit_code})",
@@ -362,6 +369,7 @@ pub fn run(args: StopArgs) -> u8 {
                     "spilled": outcome.spilled,
                     "clean": clean,
                     "drain": outcome.drain,
+                    "successor": outcome.successor,
                 }),
             )
         }
@@ -496,6 +504,8 @@ pub fn run(args: StopArgs) -> u8 {
             ),
             json!({ "held_since": outcome.accepted_at }),
         ),
+        WaitOutcome::RestartFailed { outcome } => report::restart_failed(&args, outcome),
+        WaitOutcome::HandingOver { outcome } => report::still_handing_over(&args, outcome),
         // A kind of answer this build's library knows and this table does not: never success.
         other => (
             "unknown",

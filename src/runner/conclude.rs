@@ -34,8 +34,11 @@ impl RunnerActor {
         }
         let finished_at = self.clock.now();
         let action = run.requester.action;
-        let code = match (verdict, action) {
-            (StopVerdict::Planned, crate::marker::StopAction::Restart) => {
+        let successor = run.requester.successor;
+        self.handed_to = successor;
+        let code = match (verdict, action, successor) {
+            // Restarted in place: the successor serves, this process stops as planned.
+            (StopVerdict::Planned, crate::marker::StopAction::Restart, None) => {
                 self.config.exit_codes.restart
             }
             _ => self.config.exit_codes.code(run.cause, verdict),
@@ -247,6 +250,8 @@ impl RunnerActor {
             spilled,
             drain: Some(crate::outcome::DrainSummary::of(&record)),
             action: record.action,
+            successor: self.handed_to,
+            note: None,
         });
         if self.config.owns_process_exit {
             if let Some(system) = System::try_current() {

@@ -38,6 +38,8 @@ pub(crate) struct Requester {
     pub(crate) action: crate::marker::StopAction,
     /// When the marker that asked was written, when one did.
     pub(crate) written_at: Option<DateTime<Utc>>,
+    /// The successor a restart in place handed over to, once it is ready.
+    pub(crate) successor: Option<u32>,
 }
 
 impl From<super::PlannedStop> for Requester {
@@ -48,6 +50,7 @@ impl From<super::PlannedStop> for Requester {
             stopper_pid: s.stopper_pid,
             action: s.action,
             written_at: Some(s.written_at),
+            successor: None,
         }
     }
 }

@@ -188,6 +188,8 @@ impl RunnerActor {
                 .as_ref()
                 .map(|run| run.requester.action)
                 .unwrap_or_default(),
+            successor: None,
+            note: None,
         };
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");

@@ -34,6 +34,8 @@ impl Handler<HeldStop> for RunnerActor {
             spilled: false,
             drain: None,
             action: stop.action,
+            successor: None,
+            note: None,
         });
     }
 }
@@ -63,6 +65,9 @@ impl Handler<PlannedStop> for RunnerActor {
 
     fn handle(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
         let _in_stop = self.in_stop();
+        let Some(stop) = self.take_for_restart(stop, ctx) else {
+            return;
+        };
         let step = self.lifecycle.planned_stop();
         match step {
             Step::Hold => self.held = Some(stop),

@@ -27,6 +27,7 @@ mod guard;
 mod handlers;
 mod messages;
 pub(crate) mod process_end;
+mod restart;
 
 pub(crate) use crate::lifecycle::DrainPhase;
 pub use config::{ExitCodes, RunnerConfig};
@@ -77,6 +78,14 @@ pub struct RunnerActor {
     /// The span of the stop under way, from its acceptance to its conclusion: every log line of
     /// one stop carries its request id, cause and verdict, so they can be found together.
     stop_span: Option<tracing::Span>,
+    /// Restart in place, when the service asked for it and it can work here.
+    in_place: restart::InPlace,
+    /// A restart in place is under way: the successor is starting.
+    handing_over: bool,
+    /// A request that came while a hand-over ran, for after it (see `restart`).
+    deferred: Option<PlannedStop>,
+    /// The successor this stop handed over to (a restart in place), for the final outcome.
+    handed_to: Option<u32>,
 }
 
 impl std::fmt::Debug for RunnerActor {
@@ -121,6 +130,10 @@ impl RunnerActor {
             unrecorded: Vec::new(),
             awaiting: Arc::default(),
             stop_span: None,
+            in_place: None,
+            handing_over: false,
+            deferred: None,
+            handed_to: None,
         }
     }
 
@@ -254,6 +267,8 @@ impl RunnerActor {
             spilled: false,
             drain: None,
             action: requester.action,
+            successor: requester.successor,
+            note: None,
         });
         self.drain = Some(DrainRun::new(
             cause,

@@ -43,6 +43,7 @@ pub struct ServiceBuilder {
     pub(super) allow_shared_state: bool,
     pub(super) lease_for: Duration,
     pub(super) max_failed_attempts: u32,
+    pub(super) restart_in_place: Option<Duration>,
     pub(super) forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
 }
 
@@ -132,6 +133,25 @@ impl ServiceBuilder {
     /// ```
     pub fn max_failed_attempts(mut self, max: u32) -> Self {
         self.max_failed_attempts = max;
+        self
+    }
+
+    /// Restarts in place (off by default): a planned restart starts the successor — the
+    /// executable on disk now, with this process's arguments and environment — hands it the
+    /// listening sockets taken through [`crate::web::listeners_or_bind`], and waits up to
+    /// `ready_within` for its [`ServiceHandle::ready`]. Only then does this process stop
+    /// accepting, drain as in a planned stop, record what is left (for the successor's resume)
+    /// and exit with the planned code (0), so no connection is refused across the swap. A
+    /// successor that ends, or is not ready in time (it is killed), leaves this process serving,
+    /// and the restart is reported as failed. Unix only; for PID 1 (a container) and elsewhere a
+    /// restart exits with the restart code for the supervisor, with a WARN at the start.
+    ///
+    /// ```
+    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()))
+    ///     .restart_in_place(std::time::Duration::from_secs(30));
+    /// ```
+    pub fn restart_in_place(mut self, ready_within: Duration) -> Self {
+        self.restart_in_place = Some(ready_within);
         self
     }
 
@@ -435,6 +455,10 @@ impl ServiceBuilder {
         let unexpected_code = config.exit_codes.unexpected;
         let owns_exit = config.owns_process_exit;
         let mut actor = RunnerActor::new(store.clone(), own, config, self.clock.clone());
+        let handover = Arc::new(crate::handover::Handover::default());
+        let in_place = in_place(self.restart_in_place, own.pid, &handover);
+        let restarts_in_place = in_place.is_some();
+        actor.restart_in_place(in_place);
         for (phase, name, recipient) in self.participants {
             actor.add_participant(phase, name, recipient);
         }
@@ -465,7 +489,8 @@ impl ServiceBuilder {
             self.clock,
         )
         .with_held_notice(runner.clone().recipient())
-        .ends_process_on_panic(owns_exit);
+        .ends_process_on_panic(owns_exit)
+        .keeps_watching_after_restarts(restarts_in_place);
         if self.events {
             match SlotEvents::watch(&store.slot_path(own.pid)) {
                 Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),
@@ -516,8 +541,30 @@ impl ServiceBuilder {
             lease_for: self.lease_for,
             max_failed_attempts: self.max_failed_attempts,
             integration: Arc::default(),
+            handover,
             held,
             unexpected_code,
         })
+    }
+}
+
+/// The runner's restart in place, when it was asked for and can work here (a WARN when not).
+fn in_place(
+    asked: Option<Duration>,
+    pid: u32,
+    handover: &Arc<crate::handover::Handover>,
+) -> Option<(Arc<crate::handover::Handover>, Duration)> {
+    use crate::handover::{RestartMode, restart_mode};
+    let within = asked?;
+    match restart_mode(true, pid, cfg!(unix)) {
+        RestartMode::InPlace => Some((handover.clone(), within)),
+        RestartMode::BySupervisor(why) => {
+            tracing::warn!(
+                why = why.unwrap_or_default(),
+                "restart in place is off: a planned restart exits with the restart code, for \
+                 the supervisor to start the process again"
+            );
+            None
+        }
     }
 }

@@ -37,6 +37,9 @@ pub struct ServiceHandle {
     pub(super) max_failed_attempts: u32,
     /// Whether the actix-web integration is used whole (see `integration`).
     pub(crate) integration: Arc<super::integration::Integration>,
+    /// The listening sockets a restart in place hands to the successor.
+    #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
+    pub(crate) handover: Arc<crate::handover::Handover>,
     /// The items this process leased and has not acknowledged or released: renewed while it runs.
     pub(super) held: Held,
     pub(super) unexpected_code: i32,
@@ -99,6 +102,11 @@ impl ServiceHandle {
     /// on now.
     pub fn ready(&self) {
         self.integration.readied();
+        // A successor of a restart in place: its predecessor stops accepting from now on.
+        if crate::handover::signal_ready() {
+            #[cfg(all(unix, feature = "systemd"))]
+            crate::systemd::main_process_now();
+        }
         self.runner.do_send(Ready);
     }
 

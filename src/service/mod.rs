@@ -126,6 +126,7 @@ impl PlannedStopService {
             allow_shared_state: false,
             lease_for: DEFAULT_LEASE,
             max_failed_attempts: DEFAULT_MAX_FAILED_ATTEMPTS,
+            restart_in_place: None,
             forced_exit: None,
         }
     }

@@ -171,6 +171,45 @@ pub(super) fn not_restarted(
     ("not_restarted", crate::cli::EXIT_NOT_RESTARTED, text, extra)
 }
 
+/// A restart in place of this request that did not happen: the target keeps serving.
+pub(super) fn restart_failed(
+    args: &StopArgs,
+    outcome: &planned_stop::stopper::Outcome,
+) -> (&'static str, u8, String, serde_json::Value) {
+    let why = outcome.note.as_deref().unwrap_or("no reason given");
+    let text = format!(
+        "process {} did not restart: {why}; it did not stop and keeps serving",
+        args.pid()
+    );
+    let extra = json!({ "note": outcome.note, "action": outcome.action });
+    (
+        "restart_failed",
+        crate::cli::EXIT_RESTART_FAILED,
+        text,
+        extra,
+    )
+}
+
+/// A restart in place still handing over at the deadline.
+pub(super) fn still_handing_over(
+    args: &StopArgs,
+    outcome: &planned_stop::stopper::Outcome,
+) -> (&'static str, u8, String, serde_json::Value) {
+    let text = format!(
+        "process {} began a restart in place at {} and its successor was not ready yet; it \
+         keeps serving until the successor is, or gives the restart up",
+        args.pid(),
+        outcome.accepted_at
+    );
+    let extra = json!({ "since": outcome.accepted_at });
+    (
+        "still_handing_over",
+        crate::cli::EXIT_STILL_DRAINING,
+        text,
+        extra,
+    )
+}
+
 pub(super) fn report_error(args: &StopArgs, error: StopperError) -> u8 {
     let (kind, code) = match &error {
         StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),

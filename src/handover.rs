@@ -1,0 +1,320 @@
+//! Restart in place: a planned restart starts the successor — the executable on disk now, with
+//! this process's arguments and environment — hands it the listening sockets this process serves,
+//! and waits until it says it is ready; only then does this process drain and exit.
+//!
+//! Why: a restart that leaves the new process to a supervisor closes the listening socket first,
+//! and every connection until the next bind is refused. Handed over, the socket itself stays open
+//! across the swap (never re-bound, no `SO_REUSEPORT`): old and new accept from one queue until
+//! the old one stops accepting. The successor finds its sockets the way a systemd-activated
+//! service does (`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`: descriptors 3 and up), so one code
+//! path serves both (`web::listeners_or_bind`). It says it is ready over an inherited pipe
+//! (`PLANNED_STOP_READY_FD`, for the pid `PLANNED_STOP_READY_PID`): its `ServiceHandle::ready()`
+//! writes one line and closes it. A successor that exits, or is not ready in time (it is killed
+//! then), leaves this process serving as before, and the restart is reported as failed.
+//!
+//! The descriptors are placed with `command-fds`. `LISTEN_PID` must be the successor's own pid,
+//! known only after the fork, and setting a variable between fork and exec is not safe in a
+//! threaded process; so the successor is started through `/bin/sh`, which exports its own pid
+//! (`$$`) and then execs the executable, keeping that pid. This is what Unix offers; elsewhere
+//! (and for PID 1 of a container, whose exit ends the container) a restart falls back to the
+//! supervisor's way: exit with the restart code.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The variable naming the descriptor a successor writes its readiness to.
+pub(crate) const READY_FD_ENV: &str = "PLANNED_STOP_READY_FD";
+/// The pid that descriptor is meant for (a variable inherited further is ignored).
+pub(crate) const READY_PID_ENV: &str = "PLANNED_STOP_READY_PID";
+/// What a ready successor writes.
+const READY_LINE: &[u8] = b"READY\n";
+
+/// Why a restart in place did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum HandoverError {
+    /// The successor could not be started at all.
+    #[error(
+        "cannot start the successor {exe}: {source}; check that the executable is there and runs"
+    )]
+    Spawn {
+        /// The executable.
+        exe: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The successor ended before it said it was ready.
+    #[error("the successor (pid {pid}) ended before it was ready ({status}); its log says why")]
+    EndedBeforeReady {
+        /// Its pid.
+        pid: u32,
+        /// How it ended.
+        status: String,
+    },
+    /// The successor did not say it was ready in time, and was killed.
+    #[error(
+        "the successor (pid {pid}) was not ready within {within:?} and was killed; give it more \
+         time (ServiceBuilder::restart_in_place) or find what holds its start"
+    )]
+    NotReadyInTime {
+        /// Its pid.
+        pid: u32,
+        /// The time it had.
+        within: Duration,
+    },
+}
+
+/// How a planned restart is carried out here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartMode {
+    /// The successor is started and handed the sockets.
+    InPlace,
+    /// The process exits with the restart code, for its supervisor; the reason, when restart in
+    /// place was asked for and cannot work here.
+    BySupervisor(Option<&'static str>),
+}
+
+/// The one decision: restart in place when it was asked for, on Unix, and not as PID 1.
+///
+/// ```
+/// use planned_stop::internals::{RestartMode, restart_mode};
+/// assert_eq!(restart_mode(false, 4242, true), RestartMode::BySupervisor(None));
+/// assert_eq!(restart_mode(true, 4242, true), RestartMode::InPlace);
+/// assert!(matches!(restart_mode(true, 1, true), RestartMode::BySupervisor(Some(_))));
+/// assert!(matches!(restart_mode(true, 4242, false), RestartMode::BySupervisor(Some(_))));
+/// ```
+pub fn restart_mode(asked: bool, pid: u32, unix: bool) -> RestartMode {
+    match (asked, pid, unix) {
+        (false, _, _) => RestartMode::BySupervisor(None),
+        (true, _, false) => {
+            RestartMode::BySupervisor(Some("restart in place needs Unix descriptor passing"))
+        }
+        (true, 1, true) => RestartMode::BySupervisor(Some(
+            "this process is PID 1 (of a container): its exit ends the container and the \
+             successor with it; the orchestrator's rolling update is the restart there",
+        )),
+        (true, _, true) => RestartMode::InPlace,
+    }
+}
+
+/// The sockets this process serves, for a successor, and whether this process said it was ready
+/// to its own predecessor.
+#[derive(Debug, Default)]
+pub(crate) struct Handover {
+    listeners: Mutex<Vec<OwnedFd>>,
+}
+
+impl Handover {
+    /// Keeps a duplicate of `listener`, to hand to a successor.
+    #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
+    pub(crate) fn offer(&self, listener: &std::net::TcpListener) -> io::Result<()> {
+        let copy: OwnedFd = listener.try_clone()?.into();
+        if let Ok(mut listeners) = self.listeners.lock() {
+            listeners.push(copy);
+        }
+        Ok(())
+    }
+
+    /// Duplicates of the sockets offered, for one successor.
+    #[cfg(unix)]
+    fn sockets(&self) -> io::Result<Vec<OwnedFd>> {
+        let listeners = self
+            .listeners
+            .lock()
+            .map_err(|_| io::Error::other("poisoned"))?;
+        listeners.iter().map(OwnedFd::try_clone).collect()
+    }
+}
+
+/// A successor started and not yet ready.
+#[cfg(unix)]
+#[derive(Debug)]
+pub(crate) struct Starting {
+    child: std::process::Child,
+    ready: OwnedFd,
+}
+
+#[cfg(unix)]
+impl Handover {
+    /// Starts the successor with the sockets and the readiness pipe.
+    pub(crate) fn start_successor(&self) -> Result<Starting, HandoverError> {
+        use command_fds::{CommandFdExt, FdMapping};
+        let exe = executable_on_disk();
+        let spawn = |source| HandoverError::Spawn {
+            exe: exe.clone(),
+            source,
+        };
+        let sockets = self.sockets().map_err(spawn)?;
+        let (ready, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| spawn(e.into()))?;
+        let n = sockets.len();
+        let mut command = std::process::Command::new("/bin/sh");
+        command
+            .args([
+                "-c",
+                "export LISTEN_PID=$$ PLANNED_STOP_READY_PID=$$; exec \"$0\" \"$@\"",
+            ])
+            .arg(&exe)
+            .args(std::env::args_os().skip(1))
+            .env("LISTEN_FDS", n.to_string())
+            .env("LISTEN_FDNAMES", vec!["http"; n].join(":"))
+            .env(READY_FD_ENV, (3 + n).to_string());
+        let mut mappings: Vec<FdMapping> = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(i, fd)| FdMapping {
+                parent_fd: fd,
+                child_fd: 3 + i as i32,
+            })
+            .collect();
+        mappings.push(FdMapping {
+            parent_fd: ready_w,
+            child_fd: 3 + n as i32,
+        });
+        command
+            .fd_mappings(mappings)
+            .map_err(|e| spawn(io::Error::other(e)))?;
+        let child = command.spawn().map_err(spawn)?;
+        // The command (and with it this process's copy of the pipe's write end) is dropped here:
+        // the pipe reads end-of-file once the successor has closed or lost its end.
+        drop(command);
+        tracing::info!(successor = child.id(), exe = %exe.display(), sockets = n,
+            "restart in place: the successor is starting");
+        Ok(Starting { child, ready })
+    }
+}
+
+#[cfg(unix)]
+impl Starting {
+    /// Blocks until the successor says it is ready (its pid), ends first, or `within` passes (it
+    /// is killed then). Runs on a blocking thread.
+    pub(crate) fn wait_ready(mut self, within: Duration) -> Result<u32, HandoverError> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let pid = self.child.id();
+        let deadline = std::time::Instant::now() + within;
+        let mut got = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let timeout = Timespec::try_from(left).ok();
+            let mut fds = [PollFd::new(&self.ready, PollFlags::IN)];
+            let polled = rustix::event::poll(&mut fds, timeout.as_ref());
+            if matches!(polled, Ok(0)) || left.is_zero() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(HandoverError::NotReadyInTime { pid, within });
+            }
+            let mut buf = [0u8; 16];
+            match rustix::io::read(&self.ready, &mut buf) {
+                Ok(0) => {
+                    // End of file: the successor closed its end without the line, or ended.
+                    let status = self
+                        .child
+                        .wait()
+                        .map_or_else(|e| e.to_string(), |s| s.to_string());
+                    return Err(HandoverError::EndedBeforeReady { pid, status });
+                }
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if got.starts_with(READY_LINE) {
+                        return Ok(pid);
+                    }
+                }
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err(HandoverError::EndedBeforeReady {
+                        pid,
+                        status: format!("its readiness pipe failed: {e}"),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The executable as it is on disk now: a deploy replaces the file, and `/proc/self/exe` then
+/// names the old one's path with " (deleted)" after it.
+fn executable_on_disk() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+        Some(path) => PathBuf::from(path),
+        None => exe,
+    }
+}
+
+/// The sockets handed to this process were taken by the application (`web::listeners_or_bind`).
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Notes that the application took the sockets handed to it.
+#[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
+pub(crate) fn sockets_taken() {
+    TAKEN.store(true, Ordering::SeqCst);
+}
+
+/// How many listening sockets were handed to this process (`LISTEN_FDS`, when `LISTEN_PID` is
+/// this process) and not taken by the application. Read from the two variables alone: no
+/// descriptor is touched.
+pub(crate) fn untaken_sockets() -> usize {
+    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    if var("LISTEN_PID") != Some(std::process::id()) || TAKEN.load(Ordering::SeqCst) {
+        return 0;
+    }
+    var("LISTEN_FDS").unwrap_or(0) as usize
+}
+
+/// Whether this process already told its predecessor it is ready.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+/// In a successor: tells the predecessor this process is ready (once); returns whether it did. A
+/// no-op in a process no predecessor started (the variables are absent, or meant for another
+/// pid).
+pub(crate) fn signal_ready() -> bool {
+    #[cfg(unix)]
+    {
+        let meant_for_me = std::env::var(READY_PID_ENV)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+            == Some(std::process::id());
+        let fd = std::env::var(READY_FD_ENV)
+            .ok()
+            .and_then(|f| f.parse::<i32>().ok());
+        let (true, Some(fd)) = (meant_for_me, fd) else {
+            return false;
+        };
+        if fd < 3 || SIGNALLED.load(Ordering::SeqCst) {
+            return false;
+        }
+        let untaken = untaken_sockets();
+        if untaken > 0 {
+            tracing::error!(
+                untaken,
+                "this process was handed listening sockets and does not serve them: it does not \
+                 tell its predecessor it is ready, which keeps serving; bind the server through \
+                 planned_stop::web::listeners_or_bind"
+            );
+            return false;
+        }
+        if SIGNALLED.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        use std::os::fd::FromRawFd;
+        // SAFETY: the predecessor placed its readiness pipe at `fd` for this very pid (checked
+        // above), and nothing else in this process owns that descriptor; `SIGNALLED` makes this
+        // the one place that takes it, once.
+        let pipe = unsafe { OwnedFd::from_raw_fd(fd) };
+        if let Err(e) = rustix::io::write(&pipe, READY_LINE) {
+            tracing::warn!(error = %e, "cannot tell the predecessor this process is ready");
+        }
+        drop(pipe);
+        tracing::info!("told the predecessor this process is ready: it stops accepting now");
+        true
+    }
+    #[cfg(not(unix))]
+    false
+}

@@ -1,0 +1,167 @@
+//! Restart in place, in the runner (`handover` does the process work): a planned restart request
+//! starts the successor first, and the drain begins only once the successor says it is ready.
+//!
+//! Why before the drain, not inside it: until the successor is ready nothing is decided — the
+//! process keeps serving and the lifecycle stays `Running`, so a successor that fails leaves it
+//! exactly as it was (the stop's latched verdict is never undone). While a hand-over runs, another
+//! request waits its turn: it is looked at again if the hand-over fails, and answered by the
+//! restart's own outcome if it succeeds (the process is gone; its successor serves).
+
+use super::drain::Requester;
+use super::{PlannedStop, RunnerActor};
+use crate::handover::{Handover, HandoverError};
+use crate::lifecycle::{RunnerState, StopCause, StopVerdict};
+use crate::marker::StopAction;
+use crate::outcome::{Outcome, Phase};
+use actix::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How this runner restarts in place: the sockets to hand over and how long a successor has.
+pub(crate) type InPlace = Option<(Arc<Handover>, Duration)>;
+
+impl RunnerActor {
+    /// Makes planned restarts start a successor first (`None`: they exit with the restart code).
+    pub(crate) fn restart_in_place(&mut self, in_place: InPlace) {
+        self.in_place = in_place;
+    }
+
+    /// Takes `stop` for a restart in place (begun now, or kept while one runs): `None` when it
+    /// was taken, the request back otherwise.
+    pub(super) fn take_for_restart(
+        &mut self,
+        stop: PlannedStop,
+        ctx: &mut Context<Self>,
+    ) -> Option<PlannedStop> {
+        if self.handing_over {
+            self.deferred = Some(stop);
+            return None;
+        }
+        let restart_here = self.in_place.is_some()
+            && stop.action == StopAction::Restart
+            && self.lifecycle.state() == RunnerState::Running;
+        if !restart_here {
+            return Some(stop);
+        }
+        // Consumed now, as an accepted request is: it cannot be seen again.
+        let stop = self.claim().map(|m| PlannedStop::from(&m)).unwrap_or(stop);
+        self.begin_handover(stop, ctx);
+        None
+    }
+
+    fn begin_handover(&mut self, stop: PlannedStop, ctx: &mut Context<Self>) {
+        let Some((handover, within)) = self.in_place.clone() else {
+            return;
+        };
+        self.handing_over = true;
+        tracing::info!(
+            request_id = stop.request_id.as_deref(),
+            within_ms = within.as_millis() as u64,
+            "planned restart in place: starting the successor; serving meanwhile"
+        );
+        self.publish_outcome(self.restart_outcome(&stop, Phase::HandingOver, None));
+        let started = async move {
+            #[cfg(unix)]
+            {
+                let run = move || handover.start_successor()?.wait_ready(within);
+                tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
+                    Err(HandoverError::EndedBeforeReady {
+                        pid: 0,
+                        status: format!("the hand-over thread failed: {e}"),
+                    })
+                })
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = (handover, within);
+                Err(HandoverError::EndedBeforeReady {
+                    pid: 0,
+                    status: "restart in place needs Unix".into(),
+                })
+            }
+        };
+        ctx.spawn(
+            started
+                .into_actor(self)
+                .map(move |result, actor, ctx| actor.handed_over(stop, result, ctx)),
+        );
+    }
+
+    /// The successor answered (ready: its pid), or the hand-over failed.
+    fn handed_over(
+        &mut self,
+        stop: PlannedStop,
+        result: Result<u32, HandoverError>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.handing_over = false;
+        match result {
+            Ok(pid) if self.lifecycle.state() == RunnerState::Running => {
+                tracing::info!(
+                    successor = pid,
+                    "the successor is ready: this process stops accepting and drains"
+                );
+                let step = self.lifecycle.planned_stop();
+                let mut requester = Requester::from(stop);
+                requester.successor = Some(pid);
+                self.act(step, requester, ctx);
+            }
+            Ok(pid) => {
+                // A signal or the application's own request began a stop meanwhile: the stop
+                // the operator asked for wins over the restart under way.
+                tracing::warn!(
+                    successor = pid,
+                    "a stop began while the successor started: the successor is stopped"
+                );
+                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the restart in place did not happen; still serving");
+                let outcome =
+                    self.restart_outcome(&stop, Phase::RestartFailed, Some(e.to_string()));
+                self.publish_outcome(outcome);
+                self.retry_deferred(ctx);
+            }
+        }
+    }
+
+    /// After a failed hand-over: a request that came meanwhile is acted on now, if it is still in
+    /// the slot (the one this hand-over claimed is gone, and is not acted on twice).
+    fn retry_deferred(&mut self, ctx: &mut Context<Self>) {
+        if self.deferred.take().is_none() {
+            return;
+        }
+        let Some(marker) = self.claim() else {
+            return;
+        };
+        let stop = PlannedStop::from(&marker);
+        if stop.action == StopAction::Restart {
+            return self.begin_handover(stop, ctx);
+        }
+        let step = self.lifecycle.planned_stop();
+        self.act(step, Requester::from(stop), ctx);
+    }
+
+    fn restart_outcome(&self, stop: &PlannedStop, phase: Phase, note: Option<String>) -> Outcome {
+        let now = self.clock.now();
+        Outcome {
+            pid: self.own.pid,
+            start: self.own.start,
+            phase,
+            cause: StopCause::Marker,
+            verdict: StopVerdict::Planned,
+            request_id: stop.request_id.clone(),
+            accepted_at: now,
+            drain_deadline: now,
+            finished_at: (phase == Phase::RestartFailed).then_some(now),
+            exit_code: None,
+            spilled: false,
+            drain: None,
+            action: StopAction::Restart,
+            successor: None,
+            note,
+        }
+    }
+}
