@@ -745,3 +745,49 @@ fn a_failed_successor_leaves_the_old_process_serving() {
         assert_eq!(life.exit_code(), Some(0));
     }
 }
+
+/// Issue 37.3: a stop asked while a restart in place is handing over waits for it; when the
+/// hand-over fails (a successor that never becomes ready, killed at the timeout), the waiting
+/// stop is acted on: `stopped_planned`, its own request, 0; the restart's stopper hears
+/// `restart_failed` (17) or `not_restarted` (16), never success.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stop_during_a_failing_restart_is_acted_on_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_path_buf();
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "2000"),
+        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
+    ];
+    let mut life = Life::start(&base, &env);
+    let pid = life.pid;
+    let restart = {
+        let base = base.clone();
+        std::thread::spawn(move || stop_pid(&base, pid, &["--restart"]))
+    };
+    let outcome = base
+        .join("run")
+        .join(format!("planned-stop-{pid}.outcome.json"));
+    wait_until("the hand-over began", || {
+        std::fs::read_to_string(&outcome).is_ok_and(|o| o.contains("handing_over"))
+    });
+    let (code, answer) = stop_pid(&base, pid, &[]);
+    assert_eq!(
+        (code, &answer["outcome"]),
+        (Some(0), &serde_json::json!("stopped_planned")),
+        "{answer}"
+    );
+    assert_eq!(answer["own_request"], true, "{answer}");
+    let (code, answer) = restart.join().unwrap();
+    // It may read the failure, or only the stop that followed it (the outcome file moved on
+    // before its next look): either way, never success.
+    let seen = (
+        code,
+        answer["outcome"].as_str().unwrap_or_default().to_owned(),
+    );
+    assert!(
+        seen == (Some(17), "restart_failed".into()) || seen == (Some(16), "not_restarted".into()),
+        "{answer}"
+    );
+    assert_eq!(life.exit_code(), Some(0));
+}
