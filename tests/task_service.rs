@@ -791,3 +791,55 @@ fn a_stop_during_a_failing_restart_is_acted_on_after_it() {
     );
     assert_eq!(life.exit_code(), Some(0));
 }
+
+/// Issue 37.2 with systemd's own tool: `systemd-socket-activate` holds the socket, starts the
+/// service at the first connection (which waits in the queue meanwhile, never refused) and hands
+/// the socket over as a `.socket` unit does; the service serves it and stops as planned.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_socket_from_systemd_socket_activate_is_served() {
+    let tool = [
+        "/usr/bin/systemd-socket-activate",
+        "/bin/systemd-socket-activate",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .expect("systemd-socket-activate stands in for systemd: apt-get install systemd");
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut command = Command::new(tool);
+    command
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg("--fdname=http")
+        .arg(format!("--setenv=EXAMPLE_DIR={}", base.display()))
+        .arg("--setenv=EXAMPLE_ADMIN_ADDR=127.0.0.1:0")
+        .arg(common::example_binary("task_service", features()));
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Connects before the service runs are queued on the tool's socket, then served.
+    wait_until("the tool listens", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    assert_eq!(
+        fresh_request(port),
+        Fresh::Ok,
+        "the first connection is served"
+    );
+    let served = (0..20)
+        .map(|_| fresh_request(port))
+        .filter(|r| *r == Fresh::Ok)
+        .count();
+    assert_eq!(served, 20);
+    // The tool execs the service: same pid.
+    let (code, answer) = stop_pid(base, child.id(), &[]);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
