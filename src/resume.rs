@@ -34,7 +34,11 @@ type Deliver = Box<dyn FnMut(Leased) -> Option<Leased>>;
 /// The default of [`ResumeLoop::at_most`]: items taken by one lease.
 pub const DEFAULT_RESUME_BATCH: usize = 32;
 
-/// A loop that leases what is on offer while the service runs; see the module docs.
+/// A loop that leases what stopped or dead replicas left while the service runs: at a period the
+/// application sets, at most [`ResumeLoop::at_most`] items a lease (so replicas share), each
+/// delivered to the participant or task group it was recorded under; it stops leasing once a drain
+/// has begun, and as a drain participant itself hands back in the same stop what a lease under way
+/// brought after that.
 ///
 /// ```
 /// # use planned_stop::{Layout, PlannedStopService, JobEnd, ResumeLoop, TaskGroup};

@@ -49,7 +49,12 @@ pub enum JobEnd {
     Unfinished,
 }
 
-/// Jobs that run as spawned futures, drained as one participant; see the module docs.
+/// Jobs that run as spawned futures, drained as one participant: each job's payload is recorded
+/// when it is spawned (refused at once when it cannot be), its task runs on the service's
+/// `System` wherever it was spawned from (a request handler included), and the drain cancels every
+/// task's [`CancellationToken`], waits for the tasks up to its phase's deadline and hands back
+/// every job still held; a resumed job is acknowledged only when its task says [`JobEnd::Done`],
+/// and a task that panics hands its job back as a failed attempt and makes the drain not clean.
 ///
 /// ```
 /// # use planned_stop::{Layout, PlannedStopService, JobEnd, TaskGroup};

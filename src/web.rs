@@ -659,10 +659,11 @@ impl Handler<Drain> for LongLivedDrain {
             let all_closed = counts.wait_for(|c| c.open == 0);
             let closed = actix::clock::timeout(drain.within, all_closed).await;
             let c = *shared.counts.borrow();
+            // The record names the participant (the kind) before the note: not again here.
             let note = format!(
-                "{}: {} open at the stop; {} told to go away and closed, {} ended otherwise, {} still \
+                "{} open at the stop; {} told to go away and closed, {} ended otherwise, {} still \
                  open at the deadline",
-                shared.kind, c.open_at_stop, c.closed_for_stop, c.ended_otherwise, c.open
+                c.open_at_stop, c.closed_for_stop, c.ended_otherwise, c.open
             );
             let report = DrainReport::done().with_note(note);
             match closed {

@@ -108,7 +108,13 @@ impl<J> std::error::Error for Refused<J> {
     }
 }
 
-/// The jobs of a participant, new and resumed; see the module docs.
+/// The jobs of a drain participant, each with where it came from, so none is lost: [`WorkSet::add`]
+/// new work (serialised then: what cannot be recorded is refused at once), [`WorkSet::add_resumed`]
+/// what [`ServiceHandle::resume`] leased, [`WorkSet::complete`] a job when its work is done (a
+/// resumed item is acknowledged then, never when merely queued), and answer a [`crate::Drain`]
+/// with [`WorkSet::drain`]: new work is handed back as new items, resumed work under its own ids.
+/// Create it after the service started, and register its participant before
+/// [`ServiceHandle::ready`].
 ///
 /// ```
 /// # use planned_stop::{Layout, PlannedStopService, StopRequest, WorkSet};

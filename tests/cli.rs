@@ -1052,10 +1052,20 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
     let out = stop(&d, &pid, &["--start", &other]);
     assert_eq!(json_of(&out)["outcome"], "already_gone");
     assert_eq!(out.status.code(), Some(5));
-    let zero = stop(&d, "0", &[]);
-    assert_eq!(zero.status.code(), Some(2), "--pid 0 is a usage error");
+    // Issue 38.9: `--pid 0` is what systemd prints as the MainPID of a stopped unit: no process
+    // runs, so the answer is "already gone" (5), not a usage error (2).
+    let zero = stop(&d, "0", &["--wait", "5"]);
+    let report = json_of(&zero);
+    assert_eq!(zero.status.code(), Some(5), "{report}");
+    assert_eq!(report["outcome"], "already_gone", "{report}");
+    assert!(
+        report["message"].as_str().unwrap().contains("pid 0"),
+        "{report}"
+    );
     // With --json even a malformed command line is one JSON object (issue 25.9).
-    assert_eq!(json_of(&zero)["outcome"], "error");
+    let bad = stop(&d, "-3", &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(json_of(&bad)["outcome"], "error");
 }
 
 /// Issue 25.15: `stop --dir D` without `--pid` stops the one process that announced watching D

@@ -688,8 +688,10 @@ fn websocket_sessions_are_told_to_go_away_with_1001() {
             .unwrap()
             .unwrap();
         assert!(
+            // Issue 38.9: the participant names the kind once (`websocket: 1 open …`, never
+            // `websocket: websocket: …`).
             record.notes.iter().any(|n| n.participant == "websocket"
-                && n.note.contains(
+                && n.note.starts_with(
                     "1 open at the stop; 1 told to go away and closed, 0 ended otherwise, 0 still open"
                 )),
             "round {round}: {record:#?}"
@@ -735,7 +737,7 @@ fn sse_streams_end_cleanly_at_a_stop() {
         assert!(
             record.notes.iter().any(|n| n.participant == "sse"
                 && n.note
-                    .contains("1 open at the stop; 1 told to go away and closed")),
+                    .starts_with("1 open at the stop; 1 told to go away and closed")),
             "round {round}: {record:#?}"
         );
     }

@@ -3,9 +3,9 @@
 mod report;
 
 use super::{
-    EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN, EXIT_OK,
-    EXIT_RECORD_LOST, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED, EXIT_USAGE,
-    LayoutArgs, chain, fail, path_json,
+    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN,
+    EXIT_OK, EXIT_RECORD_LOST, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED,
+    EXIT_USAGE, LayoutArgs, chain, fail, path_json,
 };
 use clap::Args;
 use planned_stop::marker::{MarkerStore, StopAction};
@@ -20,7 +20,8 @@ use std::time::Duration;
 pub struct StopArgs {
     /// The process to stop. Without it, the one process that has announced watching the
     /// directory (its start fingerprint is checked as with --start); none or several is an error.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// 0 (what systemd prints as the MainPID of a stopped unit) names no process: already gone.
+    #[arg(long)]
     pub pid: Option<u32>,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -147,6 +148,13 @@ fn fail_stop(args: &StopArgs, message: String) -> u8 {
 
 pub fn run(args: StopArgs) -> u8 {
     let mut args = args;
+    if args.pid == Some(0) {
+        // Never passed on: to kill(2), pid 0 is the caller's whole process group.
+        let text = "no process has pid 0 (what `systemctl show -p MainPID --value` prints for a \
+                    stopped unit): nothing is running to stop";
+        report(&args, "already_gone", EXIT_GONE, text.to_owned(), json!({}));
+        return EXIT_GONE;
+    }
     let store = match args.layout.layout().and_then(|layout| {
         let store = MarkerStore::builder(layout)
             .allow_shared_dir(args.allow_shared_dir)

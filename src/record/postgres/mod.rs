@@ -55,7 +55,14 @@ pub type Connector = Arc<
 
 type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 
-/// The record store in PostgreSQL. See the module docs.
+/// The record store in PostgreSQL, so any replica resumes any item: rows scoped by a service name
+/// (one database serves several services), a schema the crate creates and versions itself, claims
+/// with `FOR UPDATE SKIP LOCKED` (concurrent claimers never wait on each other or share an item),
+/// leases judged on the database's clock (replicas whose clocks disagree still agree on expiry;
+/// an owner on this host is looked up, one elsewhere keeps its items until its lease expires), and
+/// with [`PgRecordStore::spill_to`] a local fallback when the database cannot be reached at a stop
+/// (the outcome says `spilled`; the next lease on that host pushes the items). TLS is the
+/// application's ([`PgRecordStore::connector`]).
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), planned_stop::record::RecordError> {
