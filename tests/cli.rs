@@ -1594,3 +1594,54 @@ fn serve_restarts_in_place_and_the_successor_resumes_what_it_left() {
         assert!(ProcessIdentity::of(pid).is_none(), "pid {pid} is gone");
     }
 }
+
+/// Issue 38.9: every `--json` answer is one JSON object — an unusable directory for `status` and
+/// `records list` too — and every answer of `stop` names the request (the one given when none
+/// was sent: a command line that does not parse, `already_stopped`); a stop without `--pid`
+/// through `--marker` asks whether `--marker` is right, not `--dir`.
+#[cfg(unix)]
+#[test]
+fn every_json_answer_is_json_and_names_its_request() {
+    let d = dirs();
+    let missing = d.run.join("missing");
+    for args in [
+        vec!["status", "--dir", s(&missing), "--json"],
+        vec!["records", "list", "--state", s(&missing), "--json"],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(json_of(&out)["outcome"], "error", "{args:?}");
+    }
+    let out = run(&[
+        "stop",
+        "--dir",
+        s(&d.run),
+        "--pid",
+        "9",
+        "--json",
+        "--bogus",
+        "--request-id",
+        "r-7",
+    ]);
+    assert_eq!(json_of(&out)["request_id"], "r-7");
+    let mut service = serve(&d, &[]);
+    let pid = service.pid_arg();
+    assert_eq!(stop(&d, &pid, &["--wait", "20"]).status.code(), Some(0));
+    assert_eq!(service.exit_code(), Some(0));
+    let again = json_of(&stop(&d, &pid, &["--request-id", "r-8"]));
+    assert_eq!(
+        (&again["outcome"], &again["request_id"]),
+        (
+            &serde_json::json!("already_stopped"),
+            &serde_json::json!("r-8")
+        ),
+        "{again}"
+    );
+    let marker = d.run.join("one.marker");
+    let out = run(&["stop", "--marker", s(&marker), "--json"]);
+    let message = json_of(&out)["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("--marker") && !message.contains("--dir"),
+        "{message}"
+    );
+}

@@ -423,6 +423,9 @@ mod with_processes {
             stderr.contains(s(&state)) || stderr.contains(s(&file)),
             "{stderr}"
         );
+        // Issue 38.9: in the state directory's own words, not the marker directory's.
+        assert!(stderr.contains("state directory"), "{stderr}");
+        assert!(!stderr.contains("marker directory"), "{stderr}");
     }
 
     #[test]

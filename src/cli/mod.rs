@@ -153,6 +153,15 @@ impl LayoutArgs {
             _ => Err("give --dir DIR or --marker FILE".to_owned()),
         }
     }
+
+    /// The flag that named the layout, for a message that asks whether it is right.
+    fn flag(&self) -> &'static str {
+        if self.marker.is_some() {
+            "--marker"
+        } else {
+            "--dir"
+        }
+    }
 }
 
 /// One slot: a slot or marker file, `--dir DIR --pid PID`, or `--marker FILE`.
@@ -221,12 +230,13 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         // `--help` and `--version` are answers, not errors; a malformed command line with
         // `--json` is still one JSON object, as every other answer of a `--json` run.
-        Err(e) if e.use_stderr() && std::env::args_os().any(|a| a == "--json") => {
+        Err(e) if e.use_stderr() && json_requested() => {
             emit(json!({
                 "outcome": "error",
                 "code": EXIT_USAGE,
                 "message": e.kind().to_string(),
                 "detail": e.to_string().trim_end(),
+                "request_id": request_id_given(),
             }));
             return ExitCode::from(EXIT_USAGE);
         }
@@ -353,10 +363,32 @@ fn act_as_owner_of(_: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Prints an error for a person and returns the usage exit code.
+/// Prints an error for a person (and, with `--json`, as one JSON object on stdout, as every
+/// other answer of a `--json` run) and returns the usage exit code.
 fn fail(message: impl std::fmt::Display) -> u8 {
     eprintln!("planned-stop: {message}");
+    if json_requested() {
+        emit(json!({ "outcome": "error", "code": EXIT_USAGE, "message": message.to_string() }));
+    }
     EXIT_USAGE
+}
+
+/// Whether the command line asked for JSON (read from the arguments themselves, so it holds
+/// also where the parsed arguments are not at hand, or could not be parsed).
+fn json_requested() -> bool {
+    std::env::args_os().any(|a| a == "--json")
+}
+
+/// The `--request-id` the command line gave, if any (for an answer to a line that did not parse).
+fn request_id_given() -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix("--request-id") {
+            Some("") => args.get(i + 1).cloned(),
+            Some(rest) => rest.strip_prefix('=').map(str::to_owned),
+            None => None,
+        })
 }
 
 /// An error and its causes on one line. The library's errors leave their cause to the source

@@ -95,7 +95,7 @@ impl StopArgs {
 }
 
 /// The one live process that announced watching `store`'s directory, for a stop without --pid.
-fn the_watcher(store: &MarkerStore) -> Result<(u32, u64), String> {
+fn the_watcher(store: &MarkerStore, flag: &str) -> Result<(u32, u64), String> {
     let live: Vec<_> = store
         .presences()
         .map_err(|e| chain(&e))?
@@ -105,7 +105,7 @@ fn the_watcher(store: &MarkerStore) -> Result<(u32, u64), String> {
     match live.as_slice() {
         [one] => Ok((one.pid, one.start)),
         [] => Err(format!(
-            "no running process has announced watching {}: give --pid (is --dir right?)",
+            "no running process has announced watching {}: give --pid (is {flag} right?)",
             store.dir().display()
         )),
         several => Err(format!(
@@ -174,7 +174,7 @@ pub fn run(args: StopArgs) -> u8 {
         Err(e) => return fail_stop(&args, e),
     };
     if args.pid.is_none() {
-        match the_watcher(&store) {
+        match the_watcher(&store, args.layout.flag()) {
             Ok((pid, start)) => {
                 args.pid = Some(pid);
                 args.start = args.start.or(Some(start));

@@ -176,7 +176,9 @@ impl FileRecordStore {
             source,
         })?;
         if !meta.is_dir() {
-            return Err(crate::marker::StoreError::NotADirectory(store.dir.clone()).into());
+            return Err(in_state_dir_words(
+                crate::marker::StoreError::NotADirectory(store.dir.clone()),
+            ));
         }
         fsx::check_own_dir(&store.dir)?;
         Ok(store)
@@ -200,7 +202,7 @@ impl FileRecordStore {
     fn prepare(&self) -> Result<(), RecordError> {
         // Each directory's own entry is made durable too, not only what it holds.
         for dir in [&self.dir, &self.items, &self.acked] {
-            fsx::prepare_own_dir(dir, self.allow_shared)?;
+            fsx::prepare_own_dir(dir, self.allow_shared).map_err(in_state_dir_words)?;
             fsx::sync_dir_of(dir)?;
         }
         Ok(())
@@ -637,6 +639,25 @@ impl FileRecordStore {
 
     fn valid(&self, id: &str) -> Option<()> {
         lease::is_valid_item_id(id).then_some(())
+    }
+}
+
+/// A directory error of the shared helpers (worded for the marker directory), in the state
+/// directory's own words: an operator must not look for a marker directory that is not there.
+fn in_state_dir_words(e: crate::marker::StoreError) -> RecordError {
+    use crate::marker::StoreError;
+    match e {
+        StoreError::Directory { path, source } => RecordError::Io {
+            op: "use the state directory",
+            path,
+            source,
+        },
+        StoreError::NotADirectory(path) => RecordError::Io {
+            op: "use as the state directory (it is not a directory)",
+            source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            path,
+        },
+        other => other.into(),
     }
 }
 

@@ -240,7 +240,10 @@ pub(super) fn report(
     extra: serde_json::Value,
 ) {
     if args.json {
-        let mut out = json!({ "outcome": kind, "pid": args.pid, "code": code, "message": text });
+        // Every answer names the request (cli.md): the one sent, or the one asked for (an
+        // answer given without sending one, such as `already_stopped`).
+        let mut out = json!({ "outcome": kind, "pid": args.pid, "code": code, "message": text,
+            "request_id": args.request_id });
         if let (Some(out), serde_json::Value::Object(extra)) = (out.as_object_mut(), extra) {
             out.extend(extra);
         }
