@@ -1645,3 +1645,46 @@ fn every_json_answer_is_json_and_names_its_request() {
         "{message}"
     );
 }
+
+/// Issue 38.6: a stopper that gives up while its marker is still live says so — the process may
+/// still stop on it — and how to withdraw it; `--wait-only` toward a process nothing was asked of
+/// says that, not "is its event loop blocked?".
+#[cfg(unix)]
+#[test]
+fn a_stopper_that_gives_up_says_its_marker_is_still_live() {
+    let d = dirs();
+    std::fs::create_dir_all(&d.run).unwrap();
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = bystander.id().to_string();
+    let out = stop(&d, &pid, &["--wait", "1"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (out.status.code(), &report["outcome"]),
+        (Some(4), &serde_json::json!("not_accepted")),
+        "{report}"
+    );
+    let message = report["message"].as_str().unwrap();
+    assert!(
+        message.contains("stays live until") && message.contains("planned-stop clear"),
+        "{message}"
+    );
+    assert!(report["marker_live_until"].is_string(), "{report}");
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+
+    let mut service = serve(&d, &[]);
+    let out = stop(&d, &service.pid_arg(), &["--wait", "1", "--wait-only"]);
+    let report = json_of(&out);
+    let message = report["message"].as_str().unwrap();
+    assert!(message.contains("no stop is under way"), "{message}");
+    assert!(!message.contains("event loop"), "{message}");
+    assert!(
+        report.get("marker_live_until").is_none(),
+        "nothing was written: {report}"
+    );
+    service.signal(libc::SIGINT);
+    assert_eq!(service.exit_code(), Some(0));
+}

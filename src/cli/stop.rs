@@ -126,6 +126,8 @@ struct Target {
     target: planned_stop::ProcessIdentity,
     request_id: Option<String>,
     slot: Option<std::path::PathBuf>,
+    /// Until when the marker written (if one was) is acted on.
+    live_until: Option<chrono::DateTime<chrono::Utc>>,
     signalled: bool,
     watching: bool,
 }
@@ -208,6 +210,7 @@ pub fn run(args: StopArgs) -> u8 {
                 target,
                 request_id: None,
                 slot: None,
+                live_until: None,
                 signalled: false,
             }),
             Some(target) => Err(StopperError::WrongIdentity {
@@ -223,6 +226,9 @@ pub fn run(args: StopArgs) -> u8 {
             request_id: r.marker.request_id,
             slot: Some(r.slot),
             signalled: r.signalled,
+            live_until: chrono::TimeDelta::from_std(store.policy().ttl)
+                .ok()
+                .and_then(|ttl| r.marker.written_at.checked_add_signed(ttl)),
             watching: r.watching,
         })
     };
@@ -440,6 +446,16 @@ pub fn run(args: StopArgs) -> u8 {
                 json!({}),
             )
         }
+        WaitOutcome::NotAccepted if args.wait_only => (
+            "not_accepted",
+            EXIT_NOT_ACCEPTED,
+            format!(
+                "process {} is running and no stop is under way: nothing was requested of it \
+                 (--wait-only follows a stop another stopper asked for)",
+                args.pid()
+            ),
+            json!({}),
+        ),
         WaitOutcome::NotAccepted => (
             "not_accepted",
             EXIT_NOT_ACCEPTED,
@@ -525,6 +541,11 @@ pub fn run(args: StopArgs) -> u8 {
     let mut extra = extra;
     extra["request_id"] = json!(request_id);
     extra["watching"] = json!(requested.watching);
+    // A stopper that gives up leaves its marker live: the target may still stop on it.
+    let (text, marker_live) = report::marker_left_live(&args, &outcome, requested.live_until, text);
+    if let Some(until) = marker_live {
+        extra["marker_live_until"] = json!(until);
+    }
     let still_running = matches!(
         outcome,
         WaitOutcome::StillDraining { .. } | WaitOutcome::NotAccepted | WaitOutcome::Held { .. }

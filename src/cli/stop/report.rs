@@ -210,6 +210,32 @@ pub(super) fn still_handing_over(
     )
 }
 
+/// When a stopper gives up while its marker is still live (not accepted, or held), says so: the
+/// target stops as planned if it reads the marker before it expires, unless it is withdrawn.
+pub(super) fn marker_left_live(
+    args: &StopArgs,
+    outcome: &WaitOutcome,
+    live_until: Option<chrono::DateTime<chrono::Utc>>,
+    text: String,
+) -> (String, Option<chrono::DateTime<chrono::Utc>>) {
+    let gave_up = matches!(outcome, WaitOutcome::NotAccepted | WaitOutcome::Held { .. });
+    match live_until.filter(|until| gave_up && *until > chrono::Utc::now()) {
+        Some(until) => {
+            let place = match (&args.layout.dir, &args.layout.marker) {
+                (Some(dir), _) => format!("--dir {} --pid {}", dir.display(), args.pid()),
+                (None, Some(file)) => format!("--marker {}", file.display()),
+                _ => String::new(),
+            };
+            let text = format!(
+                "{text}; its marker stays live until {until}: the process still stops as planned \
+                 if it reads it by then (`planned-stop clear {place}` withdraws it)"
+            );
+            (text, Some(until))
+        }
+        None => (text, None),
+    }
+}
+
 pub(super) fn report_error(args: &StopArgs, error: StopperError) -> u8 {
     let (kind, code) = match &error {
         StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),
