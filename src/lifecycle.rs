@@ -159,6 +159,8 @@ pub struct Lifecycle {
     state: Option<RunnerState>,
     verdict: Option<StopVerdict>,
     held: bool,
+    /// A Ctrl-C (SIGINT) has been received: the next one while draining forces the stop.
+    interrupted: bool,
 }
 
 impl Lifecycle {
@@ -212,6 +214,10 @@ impl Lifecycle {
     /// A signal arrived; `marker_claimed` says whether our own marker was there to claim (only
     /// consulted when [`Lifecycle::awaits_classification`]).
     pub fn signal(&mut self, kind: SignalKind, marker_claimed: bool) -> Step {
+        let second_interrupt = kind == SignalKind::Interrupt && self.interrupted;
+        if kind == SignalKind::Interrupt {
+            self.interrupted = true;
+        }
         match self.state() {
             RunnerState::Starting | RunnerState::Running => {
                 let verdict = if kind.is_planned_by_itself() || marker_claimed {
@@ -221,7 +227,12 @@ impl Lifecycle {
                 };
                 self.drain(StopCause::Signal(kind), verdict)
             }
-            RunnerState::Draining if kind == SignalKind::Interrupt => Step::Force,
+            // A *second* Ctrl-C forces, as promised: a drain begun by a marker or a SIGTERM is
+            // not cut short by the first one.
+            RunnerState::Draining if second_interrupt => Step::Force,
+            RunnerState::Draining if kind == SignalKind::Interrupt => {
+                Step::Ignore("a first Ctrl-C while draining: a second one forces the stop")
+            }
             RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
         }
     }

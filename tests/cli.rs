@@ -170,7 +170,18 @@ fn stop_wait_tells_a_clean_drain_from_a_forced_one() {
         .spawn()
         .unwrap();
     service.expect("draining");
-    service.signal(libc::SIGINT); // a Ctrl-C while draining forces the stop
+    // Issue 38.5: the first Ctrl-C of a drain begun by a marker does not force it (it says so);
+    // the second does.
+    service.signal(libc::SIGINT);
+    common::wait_until("the first Ctrl-C is answered", || {
+        service
+            .stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("a second Ctrl-C forces"))
+    });
+    service.signal(libc::SIGINT);
     let out = stopper.wait_with_output().unwrap();
     let report = json_of(&out);
     assert_eq!(report["outcome"], "stopped_planned", "{report}");
@@ -1687,4 +1698,33 @@ fn a_stopper_that_gives_up_says_its_marker_is_still_live() {
     );
     service.signal(libc::SIGINT);
     assert_eq!(service.exit_code(), Some(0));
+}
+
+/// Issue 38.5: one Ctrl-C during a drain begun by a marker forced it (`forced: true`, a job cut)
+/// where the docs promise that a *second* one forces. Now the first is answered with a WARN and the
+/// drain goes on: the job finishes, the stop is clean.
+#[cfg(unix)]
+#[test]
+fn one_ctrl_c_during_a_marker_drain_does_not_force_it() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "1", "--job-ms", "1500", "--drain-ms", "20000"],
+    );
+    let stopper = planned_stop()
+        .args(["stop", "--pid", &service.pid_arg(), "--dir"])
+        .arg(&d.run)
+        .args(["--wait", "30", "--json", "--require-clean"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    service.expect("draining");
+    service.signal(libc::SIGINT);
+    let out = stopper.wait_with_output().unwrap();
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "clean: {report}");
+    assert_eq!(report["drain"]["forced"], false, "{report}");
+    assert_eq!(service.exit_code(), Some(0));
+    let stderr = service.stderr_after_exit();
+    assert!(stderr.contains("a second Ctrl-C forces"), "{stderr}");
 }

@@ -94,6 +94,11 @@ fn while_draining_only_an_escalation_does_anything() {
         l.request(StopRequest::Planned),
         Step::Ignore("already stopping")
     );
+    // Issue 38.5: the first Ctrl-C of a drain begun otherwise does not force it; the second does.
+    assert_eq!(
+        l.signal(Interrupt, false),
+        Step::Ignore("a first Ctrl-C while draining: a second one forces the stop")
+    );
     assert_eq!(l.signal(Interrupt, false), Step::Force);
     assert_eq!(l.request(StopRequest::Force), Step::Force);
     assert_eq!(
@@ -139,4 +144,29 @@ fn a_force_before_any_drain_is_ignored_and_decides_nothing() {
 #[test]
 fn states_are_ordered_forward() {
     assert!(Starting < Running && Running < Draining && Draining < Stopped);
+}
+
+#[test]
+fn the_second_ctrl_c_forces_a_drain_however_it_began() {
+    let mut by_ctrl_c = running();
+    assert!(matches!(
+        by_ctrl_c.signal(Interrupt, false),
+        Step::Drain(..)
+    ));
+    assert_eq!(
+        by_ctrl_c.signal(Interrupt, false),
+        Step::Force,
+        "the second Ctrl-C"
+    );
+    let mut by_marker = running();
+    assert!(matches!(by_marker.planned_stop(), Step::Drain(..)));
+    assert!(
+        matches!(by_marker.signal(Interrupt, false), Step::Ignore(_)),
+        "the first Ctrl-C"
+    );
+    assert_eq!(
+        by_marker.signal(Interrupt, false),
+        Step::Force,
+        "the second"
+    );
 }

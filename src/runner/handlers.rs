@@ -95,6 +95,15 @@ impl Handler<OsSignal> for RunnerActor {
             None
         };
         let step = self.lifecycle.signal(kind, claimed.is_some());
+        if kind == crate::lifecycle::SignalKind::Interrupt
+            && matches!(step, Step::Ignore(_))
+            && self.lifecycle.state() == RunnerState::Draining
+        {
+            tracing::warn!(
+                "Ctrl-C while draining: the drain goes on; a second Ctrl-C forces the stop, \
+                 cutting it short"
+            );
+        }
         let requester = match (claimed, self.held.take()) {
             (Some(m), _) => PlannedStop::from(&m).into(),
             (None, Some(held)) => held.into(),
