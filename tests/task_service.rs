@@ -678,9 +678,24 @@ fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
         );
         target = successor;
     }
-    wait_until("the job is done after the swaps", || {
-        journal(base).contains_key("swap-1")
-    });
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while !journal(base).contains_key("swap-1") {
+        if Instant::now() > deadline {
+            let listed = run(&[
+                "records",
+                "list",
+                "--state",
+                s(&base.join("state")),
+                "--json",
+            ]);
+            panic!(
+                "the job is not done after the swaps; the store holds {}; the log: {}",
+                String::from_utf8_lossy(&listed.stdout),
+                first.stderr()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // The load ends before the last, plain stop closes the socket for good.
     stop.store(true, Ordering::Relaxed);
     for c in clients {
