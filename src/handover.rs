@@ -20,6 +20,7 @@
 //! supervisor's way: exit with the restart code.
 
 use std::io;
+#[cfg(unix)]
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -106,14 +107,14 @@ pub fn restart_mode(asked: bool, pid: u32, unix: bool) -> RestartMode {
 /// to its own predecessor.
 #[derive(Debug, Default)]
 pub(crate) struct Handover {
-    listeners: Mutex<Vec<OwnedFd>>,
+    listeners: Mutex<Vec<std::net::TcpListener>>,
 }
 
 impl Handover {
     /// Keeps a duplicate of `listener`, to hand to a successor.
     #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
     pub(crate) fn offer(&self, listener: &std::net::TcpListener) -> io::Result<()> {
-        let copy: OwnedFd = listener.try_clone()?.into();
+        let copy = listener.try_clone()?;
         if let Ok(mut listeners) = self.listeners.lock() {
             listeners.push(copy);
         }
@@ -127,7 +128,10 @@ impl Handover {
             .listeners
             .lock()
             .map_err(|_| io::Error::other("poisoned"))?;
-        listeners.iter().map(OwnedFd::try_clone).collect()
+        listeners
+            .iter()
+            .map(|l| l.try_clone().map(OwnedFd::from))
+            .collect()
     }
 }
 
@@ -150,8 +154,7 @@ impl Handover {
             source,
         };
         let sockets = self.sockets().map_err(spawn)?;
-        let (ready, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| spawn(e.into()))?;
+        let (ready, ready_w) = cloexec_pipe().map_err(|e| spawn(e.into()))?;
         let n = sockets.len();
         let mut command = std::process::Command::new("/bin/sh");
         command
@@ -235,6 +238,25 @@ impl Starting {
                 }
             }
         }
+    }
+}
+
+/// A pipe whose ends are not inherited by anything else this process starts meanwhile.
+#[cfg(unix)]
+fn cloexec_pipe() -> rustix::io::Result<(OwnedFd, OwnedFd)> {
+    #[cfg(not(any(target_os = "macos", target_os = "ios")))]
+    {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+    }
+    // Apple has no pipe2: the flags are set right after (a fork in that instant could inherit
+    // them; it would hold the pipe open, which only delays a failed successor's end-of-file).
+    #[cfg(any(target_os = "macos", target_os = "ios"))]
+    {
+        let (r, w) = rustix::pipe::pipe()?;
+        for fd in [&r, &w] {
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)?;
+        }
+        Ok((r, w))
     }
 }
 

@@ -113,6 +113,7 @@ impl RunnerActor {
                     successor = pid,
                     "a stop began while the successor started: the successor is stopped"
                 );
+                #[cfg(unix)]
                 if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                 }

@@ -13,9 +13,11 @@
 use crate::service::ServiceHandle;
 use std::io;
 use std::net::{TcpListener, ToSocketAddrs};
+#[cfg(unix)]
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The handed-over sockets were taken (they can be taken once: each becomes one `TcpListener`).
+#[cfg(unix)]
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// The listening sockets handed to this process, or, when it has none, new ones bound to `addr`.
