@@ -192,8 +192,34 @@ impl Handover {
     }
 }
 
+/// In a hand-over's pid slot: the stop that cancelled the hand-over came before the successor
+/// was spawned.
+pub(crate) const CANCELLED: u32 = u32::MAX;
+
 #[cfg(unix)]
 impl Starting {
+    /// Puts the successor's pid in `slot`, unless a stop cancelled the hand-over first: the
+    /// successor is stopped then (SIGTERM), and the hand-over ends as failed.
+    pub(crate) fn unless_cancelled(
+        mut self,
+        slot: &std::sync::atomic::AtomicU32,
+    ) -> Result<Starting, HandoverError> {
+        let pid = self.child.id();
+        match slot.compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => Ok(self),
+            Err(_) => {
+                if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+                }
+                let _ = self.child.wait();
+                Err(HandoverError::EndedBeforeReady {
+                    pid,
+                    status: "stopped: a stop of this process began first".into(),
+                })
+            }
+        }
+    }
+
     /// Blocks until the successor says it is ready (its pid), ends first, or `within` passes (it
     /// is killed then). Runs on a blocking thread.
     pub(crate) fn wait_ready(mut self, within: Duration) -> Result<u32, HandoverError> {

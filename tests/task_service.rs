@@ -858,3 +858,63 @@ fn a_socket_from_systemd_socket_activate_is_served() {
     assert_eq!(code, Some(0), "{answer}");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// Issue 37.3: a stop that begins while a successor is still starting wins over the restart: the
+/// successor is stopped with the process that was to hand over to it (it never outlives it), and
+/// the stop's outcome is not overwritten by the failed restart's.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stop_during_a_hand_over_stops_the_starting_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_path_buf();
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "20000"),
+        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
+    ];
+    let mut life = Life::start(&base, &env);
+    let pid = life.pid;
+    let restart = {
+        let base = base.clone();
+        std::thread::spawn(move || stop_pid(&base, pid, &["--restart"]))
+    };
+    let outcome = base
+        .join("run")
+        .join(format!("planned-stop-{pid}.outcome.json"));
+    wait_until("the hand-over began", || {
+        std::fs::read_to_string(&outcome).is_ok_and(|o| o.contains("handing_over"))
+    });
+    // SAFETY: kill(2) of this test's own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    assert_eq!(life.exit_code(), Some(1), "a bare SIGTERM: unexpected");
+    let stderr = life.stderr();
+    assert!(
+        stderr.contains("a stop began while the successor started"),
+        "{stderr}"
+    );
+    // Whether the stop came before or after its spawn, no successor outlives the process: no
+    // process of the example is left with this test's journal in its environment.
+    let journal = base.join("journal");
+    wait_until("the starting successor is stopped", || {
+        !example_running_with(&journal)
+    });
+    let (_, answer) = restart.join().unwrap();
+    assert_ne!(
+        answer["outcome"], "stopped_planned",
+        "never success: {answer}"
+    );
+    assert_ne!(
+        answer["outcome"], "restart_failed",
+        "the stop's outcome stands: {answer}"
+    );
+}
+
+/// Whether a process runs with `EXAMPLE_JOURNAL` set to `journal` (one of a test's examples).
+fn example_running_with(journal: &Path) -> bool {
+    let wanted = format!("EXAMPLE_JOURNAL={}", journal.display());
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read(entry.path().join("environ"))
+            .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == wanted.as_bytes()))
+            && std::fs::read_to_string(entry.path().join("stat"))
+                .is_ok_and(|stat| !stat.contains(") Z "))
+    })
+}

@@ -84,6 +84,8 @@ pub struct RunnerActor {
     handing_over: bool,
     /// A request that came while a hand-over ran, for after it (see `restart`).
     deferred: Option<PlannedStop>,
+    /// The pid of the successor being started (0 until it is spawned), while a hand-over runs.
+    starting: Option<Arc<std::sync::atomic::AtomicU32>>,
     /// The successor this stop handed over to (a restart in place), for the final outcome.
     handed_to: Option<u32>,
 }
@@ -133,6 +135,7 @@ impl RunnerActor {
             in_place: None,
             handing_over: false,
             deferred: None,
+            starting: None,
             handed_to: None,
         }
     }
@@ -235,6 +238,9 @@ impl RunnerActor {
         ctx: &mut Context<Self>,
     ) {
         let within = drain::clamp(self.config.drain_deadline);
+        if requester.successor.is_none() {
+            self.stop_starting_successor();
+        }
         let span = tracing::info_span!(
             "planned_stop",
             request_id = requester.request_id.as_deref(),

@@ -54,6 +54,8 @@ impl RunnerActor {
             return;
         };
         self.handing_over = true;
+        let starting = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        self.starting = Some(starting.clone());
         tracing::info!(
             request_id = stop.request_id.as_deref(),
             within_ms = within.as_millis() as u64,
@@ -63,7 +65,10 @@ impl RunnerActor {
         let started = async move {
             #[cfg(unix)]
             {
-                let run = move || handover.start_successor()?.wait_ready(within);
+                let run = move || {
+                    let successor = handover.start_successor()?;
+                    successor.unless_cancelled(&starting)?.wait_ready(within)
+                };
                 tokio::task::spawn_blocking(run).await.unwrap_or_else(|e| {
                     Err(HandoverError::EndedBeforeReady {
                         pid: 0,
@@ -73,7 +78,7 @@ impl RunnerActor {
             }
             #[cfg(not(unix))]
             {
-                let _ = (handover, within);
+                let _ = (handover, within, starting);
                 Err(HandoverError::EndedBeforeReady {
                     pid: 0,
                     status: "restart in place needs Unix".into(),
@@ -95,6 +100,7 @@ impl RunnerActor {
         ctx: &mut Context<Self>,
     ) {
         self.handing_over = false;
+        self.starting = None;
         match result {
             Ok(pid) if self.lifecycle.state() == RunnerState::Running => {
                 tracing::info!(
@@ -118,6 +124,10 @@ impl RunnerActor {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                 }
             }
+            // A stop began meanwhile: its own outcome stands, not overwritten by this one.
+            Err(e) if self.lifecycle.state() != RunnerState::Running => {
+                tracing::warn!(error = %e, "the restart in place did not happen; a stop is under way");
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the restart in place did not happen; still serving");
                 let outcome =
@@ -125,6 +135,27 @@ impl RunnerActor {
                 self.publish_outcome(outcome);
                 self.retry_deferred(ctx);
             }
+        }
+    }
+
+    /// A stop begins while a successor is starting: the successor is stopped (SIGTERM), so it
+    /// does not outlive the process that was to hand over to it.
+    pub(super) fn stop_starting_successor(&mut self) {
+        let Some(starting) = self.starting.take() else {
+            return;
+        };
+        // Not spawned yet (0): the hand-over stops it as soon as it is (`unless_cancelled`).
+        let pid = starting.swap(
+            crate::handover::CANCELLED,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        tracing::warn!(
+            successor = pid,
+            "a stop began while the successor started: it is stopped"
+        );
+        #[cfg(unix)]
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32).filter(|_| pid != 0) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
     }
 
