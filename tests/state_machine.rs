@@ -136,6 +136,8 @@ struct Model {
     drain_ends_ms: Option<u64>,
     participant_waiting: bool,
     exit_code: Option<i32>,
+    /// A Ctrl-C was received: a second one while draining forces the stop.
+    interrupted: bool,
 }
 
 impl Model {
@@ -155,6 +157,7 @@ impl Model {
             drain_ends_ms: None,
             participant_waiting: false,
             exit_code: None,
+            interrupted: false,
         }
     }
 
@@ -251,6 +254,8 @@ impl Model {
     }
 
     fn signal(&mut self, kind: SignalKind) {
+        let second_interrupt = kind == SignalKind::Interrupt && self.interrupted;
+        self.interrupted |= kind == SignalKind::Interrupt;
         match self.state {
             RunnerState::Starting | RunnerState::Running => {
                 let claimed = self.verdict.is_none() && self.claim();
@@ -261,7 +266,8 @@ impl Model {
                     StopVerdict::Unexpected
                 });
             }
-            RunnerState::Draining if kind == SignalKind::Interrupt => self.stop(),
+            // Issue 38.5: the *second* Ctrl-C forces, however the drain began.
+            RunnerState::Draining if second_interrupt => self.stop(),
             _ => {}
         }
     }

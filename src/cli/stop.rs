@@ -1,6 +1,7 @@
 //! `planned-stop stop`: write the marker for one process, optionally signal it, wait and report.
 
 mod report;
+mod target;
 
 use super::{
     EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN,
@@ -14,6 +15,7 @@ use report::{already_stopped, describe, kill_at_deadline, not_watching, report, 
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
+use target::the_watcher;
 
 /// Arguments of `stop`.
 #[derive(Debug, Args)]
@@ -91,33 +93,6 @@ impl StopArgs {
     /// The target's pid (resolved from the directory's watcher when --pid was not given).
     fn pid(&self) -> u32 {
         self.pid.unwrap_or_default()
-    }
-}
-
-/// The one live process that announced watching `store`'s directory, for a stop without --pid.
-fn the_watcher(store: &MarkerStore, flag: &str) -> Result<(u32, u64), String> {
-    let live: Vec<_> = store
-        .presences()
-        .map_err(|e| chain(&e))?
-        .into_iter()
-        .filter(|p| planned_stop::ProcessIdentity::is_running(p.pid, p.start))
-        .collect();
-    match live.as_slice() {
-        [one] => Ok((one.pid, one.start)),
-        [] => Err(format!(
-            "no running process has announced watching {}: give --pid (is {flag} right?)",
-            store.dir().display()
-        )),
-        several => Err(format!(
-            "{} processes watch {} (pids {}): give --pid",
-            several.len(),
-            store.dir().display(),
-            several
-                .iter()
-                .map(|p| p.pid.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
     }
 }
 

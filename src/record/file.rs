@@ -39,7 +39,7 @@ mod contract;
 mod disk;
 mod summary;
 
-use disk::{older_than, write_unique};
+use disk::{in_state_dir_words, older_than, write_unique};
 
 use summary::read_record_file;
 pub(crate) use summary::record_path;
@@ -639,25 +639,6 @@ impl FileRecordStore {
 
     fn valid(&self, id: &str) -> Option<()> {
         lease::is_valid_item_id(id).then_some(())
-    }
-}
-
-/// A directory error of the shared helpers (worded for the marker directory), in the state
-/// directory's own words: an operator must not look for a marker directory that is not there.
-fn in_state_dir_words(e: crate::marker::StoreError) -> RecordError {
-    use crate::marker::StoreError;
-    match e {
-        StoreError::Directory { path, source } => RecordError::Io {
-            op: "use the state directory",
-            path,
-            source,
-        },
-        StoreError::NotADirectory(path) => RecordError::Io {
-            op: "use as the state directory (it is not a directory)",
-            source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
-            path,
-        },
-        other => other.into(),
     }
 }
 

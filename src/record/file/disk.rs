@@ -107,3 +107,22 @@ pub(super) fn write_unique(path: &Path, bytes: &[u8], durable: bool) -> Result<(
         }
     }
 }
+
+/// A directory error of the shared helpers (worded for the marker directory), in the state
+/// directory's own words: an operator must not look for a marker directory that is not there.
+pub(super) fn in_state_dir_words(e: crate::marker::StoreError) -> RecordError {
+    use crate::marker::StoreError;
+    match e {
+        StoreError::Directory { path, source } => RecordError::Io {
+            op: "use the state directory",
+            path,
+            source,
+        },
+        StoreError::NotADirectory(path) => RecordError::Io {
+            op: "use as the state directory (it is not a directory)",
+            source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            path,
+        },
+        other => other.into(),
+    }
+}
