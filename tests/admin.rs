@@ -105,14 +105,26 @@ fn the_admin_server_answers_through_the_drain_and_after_the_system_ended() {
         .build()
         .unwrap();
     let scraper = std::thread::spawn(move || {
-        // Scrape until one lands after `last_scrape` began (each answer bumps the count).
-        let start = rendered.load(Ordering::SeqCst);
-        while rendered.load(Ordering::SeqCst) < start + 3 {
-            http_get(port, "/metrics").unwrap();
+        // Scrape until `last_scrape` has seen one and stopped the server; the last answer
+        // before that is whole.
+        let mut answers = Vec::new();
+        while let Some(answer) = http_get(port, "/metrics") {
+            answers.push(answer);
         }
+        answers
     });
     assert!(runtime.block_on(admin.last_scrape(common::EVENT_TIMEOUT)));
-    scraper.join().unwrap();
+    let answers = scraper.join().unwrap();
+    assert!(!answers.is_empty(), "a scrape was answered");
+    assert!(
+        answers
+            .iter()
+            .all(|(code, body)| *code == 200 && body.starts_with("renders "))
+    );
+    assert!(
+        http_get(port, "/metrics").is_none(),
+        "stopped after the last scrape"
+    );
     assert!(
         !runtime.block_on(admin.last_scrape(Duration::from_millis(50))),
         "no scrape came"

@@ -8,6 +8,7 @@
 //! and [`super::status`].
 
 use crate::service::ServiceHandle;
+use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpServer};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -93,10 +94,14 @@ impl Admin {
             .spawn(move || {
                 actix_web::rt::System::new().block_on(self.run(addrs, scraped_tx, bound_tx));
             })?;
-        let addrs = bound
+        let (addrs, handle) = bound
             .recv()
             .map_err(|_| io::Error::other("the admin server's thread ended before it bound"))??;
-        Ok(AdminServer { addrs, scraped })
+        Ok(AdminServer {
+            addrs,
+            scraped,
+            handle,
+        })
     }
 
     /// The server, on its own `System`: runs until the process ends.
@@ -104,7 +109,7 @@ impl Admin {
         self,
         addrs: Vec<SocketAddr>,
         scraped: watch::Sender<u64>,
-        bound: std::sync::mpsc::Sender<io::Result<Vec<SocketAddr>>>,
+        bound: std::sync::mpsc::Sender<io::Result<(Vec<SocketAddr>, ServerHandle)>>,
     ) {
         let scraped = Arc::new(scraped);
         let Admin {
@@ -141,18 +146,28 @@ impl Admin {
             Ok(server) => server,
             Err(e) => return bound.send(Err(e)).unwrap_or(()),
         };
-        let _ = bound.send(Ok(server.addrs()));
-        if let Err(e) = server.run().await {
+        let addrs = server.addrs();
+        let server = server.run();
+        let _ = bound.send(Ok((addrs, server.handle())));
+        if let Err(e) = server.await {
             tracing::error!(error = %crate::error_chain::ErrorChain(&e), "the admin server failed");
         }
     }
 }
 
 /// A running admin server: it answers until the process ends.
-#[derive(Debug)]
 pub struct AdminServer {
     addrs: Vec<SocketAddr>,
     scraped: watch::Receiver<u64>,
+    handle: ServerHandle,
+}
+
+impl std::fmt::Debug for AdminServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminServer")
+            .field("addrs", &self.addrs)
+            .finish_non_exhaustive()
+    }
 }
 
 impl AdminServer {
@@ -161,15 +176,17 @@ impl AdminServer {
         &self.addrs
     }
 
-    /// Waits until a metrics scrape that began after this call has been rendered (its answer on
-    /// its way), or `within`
-    /// has passed; returns whether one was. Await it after the stop (once
+    /// Waits until a metrics scrape that began after this call has been rendered, or `within`
+    /// has passed, then stops the admin server gracefully, so that scrape's answer is written in
+    /// full before the process ends; returns whether one came. Await it after the stop (once
     /// [`ServiceHandle::stopped`] resolved) and before `main` returns, so the stop's last numbers
     /// are read; keep `within` inside the service's exit grace.
     pub async fn last_scrape(&mut self, within: Duration) -> bool {
         let before = *self.scraped.borrow_and_update();
-        actix_web::rt::time::timeout(within, self.scraped.wait_for(|n| *n > before))
+        let came = actix_web::rt::time::timeout(within, self.scraped.wait_for(|n| *n > before))
             .await
-            .is_ok_and(|r| r.is_ok())
+            .is_ok_and(|r| r.is_ok());
+        self.handle.stop(true).await;
+        came
     }
 }
