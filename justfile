@@ -28,6 +28,11 @@ model:
 chaos secs="300":
     PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --release --features postgres --test chaos -- --ignored --nocapture --test-threads 1
 
+# One injected defect of the chaos checker, e.g. `just chaos-defect ack-skips-lease 18`: the
+# checker must report it (tests/chaos.rs, DEFECTS).
+chaos-defect name secs="72":
+    PLANNED_STOP_CHAOS_DEFECT={{name}} PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --features postgres --test chaos -- --ignored --nocapture --test-threads 1 the_chaos_checker_reports_injected_defects
+
 # Fuzz one target for longer, e.g. `just fuzz verdict 600` (installs cargo-fuzz if missing).
 fuzz target secs="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
