@@ -26,7 +26,8 @@
 //! `EXAMPLE_ADDR`, `EXAMPLE_ADMIN_ADDR` (port 0 picks a free one; both are printed),
 //! `EXAMPLE_JOURNAL` (a file each finished job appends `done NAME` to), `EXAMPLE_MAIN_JOBS`
 //! (jobs `main` spawns at start, default 0), `EXAMPLE_JOB_MS` (their length), `EXAMPLE_RESUME_MS`
-//! (default 1000), `EXAMPLE_MAX_FAILED` (default 3), and with the `postgres` feature
+//! (default 1000), `EXAMPLE_MAX_FAILED` (default 3), `EXAMPLE_READY_AFTER_MS` (a late `ready()`,
+//! default 0), and with the `postgres` feature
 //! `EXAMPLE_RECORDS` (a `postgres://` URL: replicas share their work through it) and
 //! `EXAMPLE_SERVICE` (the service name in it).
 
@@ -141,9 +142,9 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// For the tests of a failed restart in place: a successor (started by its predecessor, which
-/// names it in `PLANNED_STOP_READY_PID`) that `EXAMPLE_FAIL_AS_SUCCESSOR` tells to `exit` at once
-/// or to `hang` before it is ready.
+/// For the tests of restart in place: a successor (started by its predecessor, which names it in
+/// `PLANNED_STOP_READY_PID`) that `EXAMPLE_FAIL_AS_SUCCESSOR` tells to `exit` at once, to `hang`
+/// before it is ready, or to be `slow` (ready a second late, so a test can ask again meanwhile).
 fn fail_as_successor() {
     let successor =
         std::env::var("PLANNED_STOP_READY_PID").ok() == Some(std::process::id().to_string());
@@ -152,6 +153,7 @@ fn fail_as_successor() {
         Ok("hang") if successor => loop {
             std::thread::park();
         },
+        Ok("slow") if successor => std::thread::sleep(Duration::from_secs(1)),
         _ => {}
     }
 }
@@ -259,6 +261,8 @@ async fn main() -> std::io::Result<ExitCode> {
             .try_fold(server, HttpServer::listen)?
     };
     let addr = server.addrs()[0];
+    // For the test of a restart asked before the service is ready: it starts this much later.
+    actix_web::rt::time::sleep(Duration::from_millis(env_u64("EXAMPLE_READY_AFTER_MS", 0))).await;
     stop.ready();
     println!("admin http://{}", admin.addrs()[0]);
     println!("serving http://{addr} as pid {}", std::process::id());

@@ -308,13 +308,21 @@ impl MarkerWatcherActor {
                 WatchStep::Continue
             }
         };
-        let restart = matches!(&step, WatchStep::Deliver(s) if s.action == crate::marker::StopAction::Restart);
         let send = self.watch.on_step(step);
+        self.keep_looking_after(&send);
+        self.send(send, ctx);
+        self.watch.is_looking()
+    }
+
+    /// A delivered restart leaves the watch on when the service restarts in place: the hand-over
+    /// may fail, and the process then serves on and must see the next request. Shared by both
+    /// ways a stop goes out (found now, or held while starting and sent once running).
+    fn keep_looking_after(&mut self, send: &WatchSend) {
+        let restart =
+            matches!(send, WatchSend::Stop(s) if s.action == crate::marker::StopAction::Restart);
         if restart && self.keeps_after_restart {
             self.watch = Watch::Looking;
         }
-        self.send(send, ctx);
-        self.watch.is_looking()
     }
 
     /// Waits for the next wake-up (coalescing a burst into one probe), probes, and waits again.
@@ -366,7 +374,13 @@ impl MarkerWatcherActor {
     /// The runner's status changed.
     fn on_runner(&mut self, ctx: &mut Context<Self>) {
         let send = self.watch.on_runner(self.runner_state());
+        self.keep_looking_after(&send);
+        let resumed = self.watch.is_looking() && matches!(send, WatchSend::Stop(_));
         self.send(send, ctx);
+        if resumed {
+            // Polling ended while the stop was held: it starts again.
+            ctx.run_later(self.interval, |act, ctx| act.poll(ctx));
+        }
     }
 
     /// Waits for the next change of the runner's status, then handles it and waits again. The

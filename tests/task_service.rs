@@ -10,6 +10,7 @@ mod common;
 
 use common::process::{json_of, run, s};
 use common::{EVENT_TIMEOUT, http_get, wait_until};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -714,70 +715,90 @@ fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
     drop(first);
 }
 
+/// Runs `round` 20 times, four at a time, each in a directory and with processes of its own: a
+/// racy scenario is repeated 20 of 20 without making the suite twenty times as long. A failed
+/// round fails the test (the scope re-raises its panic).
+fn twenty_rounds(round: impl Fn(usize) + Sync) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    if k >= 20 {
+                        break;
+                    }
+                    round(k);
+                }
+            });
+        }
+    });
+}
+
 /// Issue 37.3: a successor that exits at once, one that never says it is ready (killed at the
 /// timeout), and one that binds its own socket instead of the handed one (it never says ready):
 /// each time the restart did not happen (`restart_failed`, 17, saying why), the old process never
-/// stopped accepting and keeps serving, and a later stop is an ordinary planned stop.
+/// stopped accepting and keeps serving, and a later stop is an ordinary planned stop. 20 rounds
+/// of each.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_failed_successor_leaves_the_old_process_serving() {
-    for (mode, value, why) in [
+    for (mode, value, within, why) in [
         (
             "EXAMPLE_FAIL_AS_SUCCESSOR",
             "exit",
+            "5000",
             "ended before it was ready",
         ),
-        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang", "was not ready within"),
+        (
+            "EXAMPLE_FAIL_AS_SUCCESSOR",
+            "hang",
+            "1500",
+            "was not ready within",
+        ),
         // It refuses to say it is ready, and `web::serve` refuses to run its server: it ends.
-        ("EXAMPLE_IGNORE_INHERITED", "1", "ended before it was ready"),
+        (
+            "EXAMPLE_IGNORE_INHERITED",
+            "1",
+            "5000",
+            "ended before it was ready",
+        ),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path();
-        let env = [("EXAMPLE_RESTART_IN_PLACE_MS", "1500"), (mode, value)];
-        let mut life = Life::start(base, &env);
-        let (code, answer) = stop_pid(base, life.pid, &["--restart"]);
-        assert_eq!(answer["outcome"], "restart_failed", "{value}: {answer}");
-        assert_eq!(code, Some(17), "{value}: {answer}");
-        assert!(
-            answer["message"].as_str().unwrap().contains(why),
-            "{value}: {answer}"
-        );
-        assert!(alive(life.pid), "{value}: the old process keeps running");
-        assert_eq!(
-            http_get(life.port, "/").map(|(c, _)| c),
-            Some(200),
-            "{value}: and serving"
-        );
-        if value == "1" {
-            assert!(
-                life.stderr().contains("does not serve them"),
-                "{}",
-                life.stderr()
+        twenty_rounds(|round| {
+            let dir = tempfile::tempdir().unwrap();
+            let base = dir.path();
+            let env = [("EXAMPLE_RESTART_IN_PLACE_MS", within), (mode, value)];
+            let mut life = Life::start(base, &env);
+            let (code, answer) = stop_pid(base, life.pid, &["--restart"]);
+            let case = format!("{value}, round {round}: {answer}");
+            assert_eq!(answer["outcome"], "restart_failed", "{case}");
+            assert_eq!(code, Some(17), "{case}");
+            assert!(answer["message"].as_str().unwrap().contains(why), "{case}");
+            assert!(alive(life.pid), "{case}: the old process keeps running");
+            assert_eq!(
+                http_get(life.port, "/").map(|(c, _)| c),
+                Some(200),
+                "{case}: and serving"
             );
-        }
-        let (code, answer) = life.stop(base);
-        assert_eq!(code, Some(0), "{value}: {answer}");
-        assert_eq!(life.exit_code(), Some(0));
+            if value == "1" {
+                assert!(
+                    life.stderr().contains("does not serve them"),
+                    "{}",
+                    life.stderr()
+                );
+            }
+            let (code, answer) = life.stop(base);
+            assert_eq!(code, Some(0), "{value}, round {round}: {answer}");
+            assert_eq!(life.exit_code(), Some(0));
+        });
     }
 }
 
-/// Issue 37.3: a stop asked while a restart in place is handing over waits for it; when the
-/// hand-over fails (a successor that never becomes ready, killed at the timeout), the waiting
-/// stop is acted on: `stopped_planned`, its own request, 0; the restart's stopper hears
-/// `restart_failed` (17) or `not_restarted` (16), never success.
-#[cfg(target_os = "linux")]
-#[test]
-fn a_stop_during_a_failing_restart_is_acted_on_after_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().to_path_buf();
-    let env = [
-        ("EXAMPLE_RESTART_IN_PLACE_MS", "2000"),
-        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
-    ];
-    let mut life = Life::start(&base, &env);
-    let pid = life.pid;
+/// Starts a restart of `pid` on a thread of its own once the hand-over it begins is under way:
+/// the join handle of its stopper (code and answer).
+fn restart_under_way(base: &Path, pid: u32) -> std::thread::JoinHandle<(Option<i32>, Value)> {
     let restart = {
-        let base = base.clone();
+        let base = base.to_path_buf();
         std::thread::spawn(move || stop_pid(&base, pid, &["--restart"]))
     };
     let outcome = base
@@ -786,25 +807,152 @@ fn a_stop_during_a_failing_restart_is_acted_on_after_it() {
     wait_until("the hand-over began", || {
         std::fs::read_to_string(&outcome).is_ok_and(|o| o.contains("handing_over"))
     });
-    let (code, answer) = stop_pid(&base, pid, &[]);
-    assert_eq!(
-        (code, &answer["outcome"]),
-        (Some(0), &serde_json::json!("stopped_planned")),
-        "{answer}"
-    );
-    assert_eq!(answer["own_request"], true, "{answer}");
-    let (code, answer) = restart.join().unwrap();
-    // It may read the failure, or only the stop that followed it (the outcome file moved on
-    // before its next look): either way, never success.
-    let seen = (
-        code,
-        answer["outcome"].as_str().unwrap_or_default().to_owned(),
-    );
-    assert!(
-        seen == (Some(17), "restart_failed".into()) || seen == (Some(16), "not_restarted".into()),
-        "{answer}"
-    );
-    assert_eq!(life.exit_code(), Some(0));
+    restart
+}
+
+/// Issue 37.3: a stop asked while a restart in place is handing over waits for it; when the
+/// hand-over fails (a successor that never becomes ready, killed at the timeout), the waiting
+/// stop is acted on: `stopped_planned`, its own request, 0; the restart's stopper hears
+/// `restart_failed` (17) or `not_restarted` (16), never success. 20 rounds.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stop_during_a_failing_restart_is_acted_on_after_it() {
+    twenty_rounds(|round| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let env = [
+            ("EXAMPLE_RESTART_IN_PLACE_MS", "2000"),
+            ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
+        ];
+        let mut life = Life::start(base, &env);
+        let restart = restart_under_way(base, life.pid);
+        let (code, answer) = stop_pid(base, life.pid, &[]);
+        assert_eq!(
+            (code, &answer["outcome"]),
+            (Some(0), &serde_json::json!("stopped_planned")),
+            "round {round}: {answer}"
+        );
+        assert_eq!(answer["own_request"], true, "round {round}: {answer}");
+        let (code, answer) = restart.join().unwrap();
+        // It may read the failure, or only the stop that followed it (the outcome file moved on
+        // before its next look): either way, never success.
+        let seen = (
+            code,
+            answer["outcome"].as_str().unwrap_or_default().to_owned(),
+        );
+        assert!(
+            seen == (Some(17), "restart_failed".into())
+                || seen == (Some(16), "not_restarted".into()),
+            "round {round}: {answer}"
+        );
+        assert_eq!(life.exit_code(), Some(0));
+    });
+}
+
+/// Issue 37.3: a second restart asked while the first one's successor is starting waits for the
+/// hand-over, and is answered by it: the process it named is gone, restarted in place —
+/// `stopped_planned`, 0, the same `successor`, `own_request: false` (the first request was the
+/// one acted on). The successor serves on and is not restarted a second time. 20 rounds.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_second_restart_during_a_hand_over_is_answered_by_the_first() {
+    twenty_rounds(|round| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let env = [
+            ("EXAMPLE_RESTART_IN_PLACE_MS", "10000"),
+            ("EXAMPLE_FAIL_AS_SUCCESSOR", "slow"),
+        ];
+        let mut life = Life::start(base, &env);
+        let first = restart_under_way(base, life.pid);
+        let (code, second) = stop_pid(base, life.pid, &["--restart"]);
+        let (first_code, first) = first.join().unwrap();
+        assert_eq!(first_code, Some(0), "round {round}: {first}");
+        assert_eq!(first["own_request"], true, "round {round}: {first}");
+        let successor = first["successor"].as_u64().expect("the successor's pid") as u32;
+        let _reap = Reap(vec![successor]);
+        assert_eq!(code, Some(0), "round {round}: {second}");
+        assert_eq!(
+            second["outcome"], "stopped_planned",
+            "round {round}: {second}"
+        );
+        assert_eq!(second["own_request"], false, "round {round}: {second}");
+        assert_eq!(second["successor"], successor, "round {round}: {second}");
+        assert_eq!(life.exit_code(), Some(0));
+        // The successor was not asked to restart: it serves, and stops as planned when asked.
+        assert!(alive(successor), "round {round}");
+        let (code, answer) = stop_pid(base, successor, &[]);
+        assert_eq!(code, Some(0), "round {round}: {answer}");
+        assert_eq!(answer["successor"], Value::Null, "round {round}: {answer}");
+    });
+}
+
+/// Issue 37.1: a restart asked before the service said it was ready is held, and once it is
+/// ready it restarts in place (exit 0 and a successor, not exit 75); one whose successor fails
+/// leaves the service serving and still watching, so a later stop is acted on. 20 rounds each.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_restart_asked_before_ready_restarts_in_place_once_ready() {
+    for fails in [false, true] {
+        twenty_rounds(|round| {
+            let dir = tempfile::tempdir().unwrap();
+            let base = dir.path().to_path_buf();
+            let mut env = vec![
+                ("EXAMPLE_RESTART_IN_PLACE_MS", "10000"),
+                ("EXAMPLE_READY_AFTER_MS", "1500"),
+            ];
+            if fails {
+                env.push(("EXAMPLE_FAIL_AS_SUCCESSOR", "exit"));
+            }
+            // The stopper asks as soon as the process announces that it watches: 1.5 s before
+            // its `ready()`.
+            let restart = {
+                let base = base.clone();
+                std::thread::spawn(move || {
+                    let pid = wait_for_presence(&base.join("run"));
+                    let asked = Instant::now();
+                    (pid, asked, stop_pid(&base, pid, &["--restart"]))
+                })
+            };
+            let mut life = Life::start(&base, &env);
+            let ready_seen = Instant::now();
+            let (pid, asked, (code, answer)) = restart.join().unwrap();
+            assert_eq!(pid, life.pid);
+            assert!(asked < ready_seen, "round {round}: asked before ready");
+            let case = format!("fails {fails}, round {round}: {answer}");
+            if fails {
+                assert_eq!(
+                    (code, &answer["outcome"]),
+                    (Some(17), &"restart_failed".into()),
+                    "{case}"
+                );
+                let (code, answer) = life.stop(&base);
+                assert_eq!(code, Some(0), "still watching: {answer}");
+                assert_eq!(life.exit_code(), Some(0));
+                return;
+            }
+            assert_eq!(code, Some(0), "{case}");
+            assert_eq!(answer["exit_code"], 0, "in place, not by exit 75: {case}");
+            let successor = answer["successor"].as_u64().expect(&case) as u32;
+            let _reap = Reap(vec![successor]);
+            assert_eq!(life.exit_code(), Some(0));
+            let (code, answer) = stop_pid(&base, successor, &[]);
+            assert_eq!(code, Some(0), "the successor stops as planned: {answer}");
+        });
+    }
+}
+
+/// The pid of the first process that announces it watches `run_dir` (its presence file).
+fn wait_for_presence(run_dir: &Path) -> u32 {
+    common::wait_for("a process announces that it watches", || {
+        std::fs::read_dir(run_dir).ok()?.flatten().find_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_prefix("planned-stop-")?
+                .strip_suffix(".watching.json")?
+                .parse()
+                .ok()
+        })
+    })
 }
 
 /// Issue 37.2 with systemd's own tool: `systemd-socket-activate` holds the socket, starts the
@@ -861,51 +1009,47 @@ fn a_socket_from_systemd_socket_activate_is_served() {
 
 /// Issue 37.3: a stop that begins while a successor is still starting wins over the restart: the
 /// successor is stopped with the process that was to hand over to it (it never outlives it), and
-/// the stop's outcome is not overwritten by the failed restart's.
+/// the stop's outcome is not overwritten by the failed restart's. 20 rounds.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_stop_during_a_hand_over_stops_the_starting_successor() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().to_path_buf();
-    let env = [
-        ("EXAMPLE_RESTART_IN_PLACE_MS", "20000"),
-        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
-    ];
-    let mut life = Life::start(&base, &env);
-    let pid = life.pid;
-    let restart = {
-        let base = base.clone();
-        std::thread::spawn(move || stop_pid(&base, pid, &["--restart"]))
-    };
-    let outcome = base
-        .join("run")
-        .join(format!("planned-stop-{pid}.outcome.json"));
-    wait_until("the hand-over began", || {
-        std::fs::read_to_string(&outcome).is_ok_and(|o| o.contains("handing_over"))
+    twenty_rounds(|round| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let env = [
+            ("EXAMPLE_RESTART_IN_PLACE_MS", "20000"),
+            ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
+        ];
+        let mut life = Life::start(base, &env);
+        let restart = restart_under_way(base, life.pid);
+        // SAFETY: kill(2) of this test's own child.
+        unsafe { libc::kill(life.pid as i32, libc::SIGTERM) };
+        assert_eq!(
+            life.exit_code(),
+            Some(1),
+            "round {round}: a bare SIGTERM: unexpected"
+        );
+        let stderr = life.stderr();
+        assert!(
+            stderr.contains("a stop began while the successor started"),
+            "round {round}: {stderr}"
+        );
+        // Whether the stop came before or after its spawn, no successor outlives the process:
+        // no process of the example is left with this round's journal in its environment.
+        let journal = base.join("journal");
+        wait_until("the starting successor is stopped", || {
+            !example_running_with(&journal)
+        });
+        let (_, answer) = restart.join().unwrap();
+        assert_ne!(
+            answer["outcome"], "stopped_planned",
+            "round {round}: never success: {answer}"
+        );
+        assert_ne!(
+            answer["outcome"], "restart_failed",
+            "round {round}: the stop's outcome stands: {answer}"
+        );
     });
-    // SAFETY: kill(2) of this test's own child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    assert_eq!(life.exit_code(), Some(1), "a bare SIGTERM: unexpected");
-    let stderr = life.stderr();
-    assert!(
-        stderr.contains("a stop began while the successor started"),
-        "{stderr}"
-    );
-    // Whether the stop came before or after its spawn, no successor outlives the process: no
-    // process of the example is left with this test's journal in its environment.
-    let journal = base.join("journal");
-    wait_until("the starting successor is stopped", || {
-        !example_running_with(&journal)
-    });
-    let (_, answer) = restart.join().unwrap();
-    assert_ne!(
-        answer["outcome"], "stopped_planned",
-        "never success: {answer}"
-    );
-    assert_ne!(
-        answer["outcome"], "restart_failed",
-        "the stop's outcome stands: {answer}"
-    );
 }
 
 /// Whether a process runs with `EXAMPLE_JOURNAL` set to `journal` (one of a test's examples).
