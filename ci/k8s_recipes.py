@@ -9,21 +9,33 @@ as `lifecyle` fails), then the rules a schema cannot say: the selector matches t
 labels, every volume mount names a declared volume, the preStop hook does not `--wait` (it would be
 killed with PID 1), the marker and state directories are subdirectories of their volumes (a volume
 itself is 0777 or group-writable, and refused), and terminationGracePeriodSeconds covers the stop's
-bound: drain deadline + 0.3 s + persist deadline (10 s) + overrun grace (5 s).
+bound (ci/stop_bound.py).
 
-Usage: python3 ci/k8s_recipes.py docs/operations.md ci/k8s-deployment.schema.json
+With `--simulate BINARY` (root: it makes PID namespaces) each manifest's Pod is then played: the
+service (`BINARY serve` with the container's arguments, or with the hook's directory for an
+application's own image; a `--records` URL left out) runs as PID 1 of its own PID namespace, and again under a `sh -c` that
+does not `exec` (PID 2), on volumes made as Kubernetes makes them (an emptyDir 0777, 1777 in
+memory); the preStop hook runs in the Pod through `nsenter`, as the kubelet runs it; then the
+kubelet's SIGTERM goes to PID 1. The hook must exit 0 and the Pod end with 0 within its
+terminationGracePeriodSeconds. `--simulate` also shows the play failing: the wrapper layout with
+`--pid 1` in the hook must not stop.
+
+Usage: python3 ci/k8s_recipes.py docs/operations.md ci/k8s-deployment.schema.json [--simulate BIN]
 """
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 
 import jsonschema
 import yaml
 
-PERSIST_S = 10
-OVERRUN_S = 5
-ANSWER_GRACES_S = 0.3
+from stop_bound import bound, drain_seconds
 
 
 def fail(message):
@@ -35,18 +47,6 @@ def manifests(markdown):
     section = markdown[markdown.index("## Kubernetes") :]
     section = section[: section.index("\n## ", 3)]
     return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S)]
-
-
-def drain_seconds(container, comment_lines):
-    args = container.get("args", [])
-    if "--drain-ms" in args:
-        return int(args[args.index("--drain-ms") + 1]) / 1000
-    # An application of its own: its drain deadline is given in a comment of the manifest.
-    for line in comment_lines:
-        found = re.search(r"drain(?:_deadline| deadline)? (\d+)\s*s", line)
-        if found:
-            return int(found.group(1))
-    return 10  # the library's default
 
 
 def check(doc, raw, schema, where):
@@ -69,6 +69,8 @@ def check(doc, raw, schema, where):
         hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         if "--wait" in hook:
             fail(f"{where}: the preStop hook waits; it is killed when PID 1 exits")
+        if "--pid" in hook:
+            fail(f"{where}: the preStop hook names --pid; without it the stopper finds the service, PID 1 or not")
         for flag in ("--dir", "--state"):
             for command in (args, hook):
                 if flag in command:
@@ -76,10 +78,125 @@ def check(doc, raw, schema, where):
                     if path in mounts:
                         fail(f"{where}: {flag} {path} is a volume itself; use a subdirectory")
         comments = [line for line in raw.splitlines() if "#" in line]
-        bound = drain_seconds(container, comments) + ANSWER_GRACES_S + PERSIST_S + OVERRUN_S
+        needed = bound(drain_seconds(args, comments))
         grace = pod.get("terminationGracePeriodSeconds", 30)
-        if grace < bound:
-            fail(f"{where}: terminationGracePeriodSeconds {grace} < the stop's bound {bound:.1f} s")
+        if grace < needed:
+            fail(f"{where}: terminationGracePeriodSeconds {grace} < the stop's bound {needed:.1f} s")
+
+
+class Pod:
+    """One play of a manifest's Pod: its volumes in a temporary directory, the service in a PID
+    namespace of its own (as PID 1, or under a shell wrapper), the hook through nsenter."""
+
+    def __init__(self, doc, binary, root):
+        pod = doc["spec"]["template"]["spec"]
+        self.container = pod["containers"][0]
+        self.grace = pod.get("terminationGracePeriodSeconds", 30)
+        self.binary, self.root = binary, root
+        self.mounts = {}
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for mount in self.container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            in_memory = volume.get("emptyDir", {}).get("medium") == "Memory"
+            path = os.path.join(root, mount["name"])
+            os.mkdir(path)
+            os.chmod(path, 0o1777 if in_memory else 0o777)
+            self.mounts[mount["mountPath"].rstrip("/")] = path
+
+    def host(self, word):
+        """A path of the container, as this play placed it."""
+        for inside, outside in self.mounts.items():
+            if word == inside or word.startswith(inside + "/"):
+                return outside + word[len(inside) :]
+        return word
+
+    def hook(self):
+        return self.container["lifecycle"]["preStop"]["exec"]["command"]
+
+    def service(self):
+        args = self.container.get("args", [])
+        if args[:1] != ["serve"]:
+            hook = self.hook()
+            args = ["serve", "--dir", hook[hook.index("--dir") + 1]]
+        # The play is of the stop, not of the fleet's store: a `--records` URL (a database that
+        # is not here, and must not be looked for) gives way to the state directory's store.
+        if "--records" in args:
+            at = args.index("--records")
+            args = args[:at] + args[at + 2 :]
+        return [self.binary] + [self.host(a) for a in args]
+
+    def play(self, wrapper, hook, wait_s):
+        """Runs the Pod and its stop; what went wrong, or None."""
+        inner = self.service()
+        if wrapper:
+            inner = ["sh", "-c", '"$0" "$@"; exit $?'] + inner
+        log = open(os.path.join(self.root, "service.log"), "w")
+        pod = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc"] + inner,
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            return self.stop(pod, hook, wait_s)
+        finally:
+            if pod.poll() is None:
+                pod.kill()
+                pod.wait()
+
+    def stop(self, pod, hook, wait_s):
+        pid_one = wait_for(lambda: open(f"/proc/{pod.pid}/task/{pod.pid}/children").read().split())
+        markers = self.host(hook[hook.index("--dir") + 1])
+        wait_for(lambda: os.path.isdir(markers)
+                 and any(n.endswith(".watching.json") for n in os.listdir(markers)))
+        command = ["nsenter", "-t", pid_one[0], "-p", "-m", self.binary] + [self.host(a) for a in hook[1:]]
+        ran = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        if ran.returncode != 0:
+            return f"the hook exited {ran.returncode}: {ran.stdout}{ran.stderr}"
+        os.kill(int(pid_one[0]), signal.SIGTERM)  # the kubelet's, after the hook
+        try:
+            code = pod.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return f"the Pod did not end within {wait_s} s (the hook said: {ran.stderr.strip()})"
+        return None if code == 0 else f"the Pod ended with {code}"
+
+
+def wait_for(probe, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            found = probe()
+        except OSError:
+            found = None
+        if found:
+            return found
+        time.sleep(0.02)
+    fail("the simulated Pod did not start")
+
+
+def simulate(docs, binary):
+    for index, doc in enumerate(docs):
+        where = f"manifest {index + 1} ({doc['metadata']['name']})"
+        for wrapper in (False, True):
+            with tempfile.TemporaryDirectory() as root:
+                pod = Pod(doc, binary, root)
+                wrong = pod.play(wrapper, pod.hook(), pod.grace)
+                layout = "under a shell wrapper" if wrapper else "as PID 1"
+                if wrong:
+                    log = open(os.path.join(root, "service.log")).read()[-2000:]
+                    fail(f"{where}, the service {layout}: {wrong}\n{log}")
+                print(f"{where}: stopped as planned by its preStop hook, the service {layout}")
+    # The play must be able to fail: a hook naming --pid 1 under a wrapper stops nothing.
+    with tempfile.TemporaryDirectory() as root:
+        pod = Pod(docs[0], binary, root)
+        hook = pod.hook()
+        wrong = pod.play(True, hook[:2] + ["--pid", "1"] + hook[2:], 5)
+        if wrong is None:
+            fail("a preStop hook with --pid 1 under a shell wrapper stopped the service")
+        print(f"and with --pid 1 under a shell wrapper, as it must not: {wrong}")
+    # Why the hook does not --wait: a stopper in the Pod dies with PID 1, and says so first.
+    with tempfile.TemporaryDirectory() as root:
+        pod = Pod(docs[0], binary, root)
+        wrong = pod.play(False, pod.hook() + ["--wait", "30"], pod.grace) or ""
+        if "exited -9" not in wrong or "process 1 of this PID namespace" not in wrong:
+            fail(f"a stopper waiting for PID 1 in its Pod: {wrong or 'it answered'}")
+        print("and a hook that waits is killed with PID 1, having said it would be")
 
 
 def main():
@@ -95,6 +212,8 @@ def main():
         except jsonschema.ValidationError as e:
             fail(f"manifest {index + 1}: {e.message} at {'/'.join(map(str, e.absolute_path))}")
     print(f"{len(docs)} Kubernetes manifests valid")
+    if "--simulate" in sys.argv:
+        simulate(docs, os.path.abspath(sys.argv[sys.argv.index("--simulate") + 1]))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,13 @@
 //!
 //! - `READY=1` and `STATUS=running` when the runner is `Running`;
 //! - `STOPPING=1` and a `STATUS=` line naming the verdict when it starts draining;
-//! - `EXTEND_TIMEOUT_USEC=` while the drain runs, once a second, each time covering the rest of the
-//!   drain plus a second: a drain deadline longer than the unit's `TimeoutStopSec` is honoured
-//!   instead of ending in SIGKILL (systemd expects a new message within each extension);
+//! - `EXTEND_TIMEOUT_USEC=` from the drain's start until the final outcome, once a second, each
+//!   time covering the rest of the stop's bound (the drain, its answer graces, the persist
+//!   deadline, and the overrun or exit grace, whichever is longer) plus a second: a drain deadline
+//!   longer than the unit's `TimeoutStopSec` is honoured instead of ending in SIGKILL, and so is
+//!   the record's write after it; a process whose event loop wedges stops renewing, and its own
+//!   overrun watchdog (which logs the items not yet recorded) ends it before systemd's SIGKILL
+//!   (systemd expects a new message within each extension);
 //! - a final `STATUS=` line with the exit code;
 //! - `WATCHDOG=1` every half of `WatchdogSec=` when the unit sets it (`$WATCHDOG_USEC`, for this
 //!   pid when `$WATCHDOG_PID` says which), sent from a task on the actix `System`'s own event loop:
@@ -41,10 +45,10 @@ pub(crate) fn main_process_now() {
     send(&[NotifyState::MainPid(std::process::id())]);
 }
 
-/// The extension to ask for while draining: what is left of the drain (its length, less what has
-/// passed since it began), plus [`EXTEND_EVERY`].
-fn extension(drain: Duration, began: Instant) -> u32 {
-    let left = drain.saturating_sub(began.elapsed());
+/// The extension to ask for while stopping: what is left of the stop's bound (`bound`, less
+/// `elapsed` since the drain began), plus [`EXTEND_EVERY`] for the next renewal's lateness.
+fn extension(bound: Duration, elapsed: Duration) -> u32 {
+    let left = bound.saturating_sub(elapsed);
     u32::try_from(left.saturating_add(EXTEND_EVERY).as_micros()).unwrap_or(u32::MAX)
 }
 
@@ -76,8 +80,10 @@ pub(crate) fn heartbeat() {
     });
 }
 
-/// Follows `status` on the current actix system and notifies systemd (see the module docs).
-pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>) {
+/// Follows `status` on the current actix system and notifies systemd (see the module docs);
+/// `after_drain` is how long a stop may take past its drain deadline until the process ends
+/// (`RunnerConfig::stop_bound` of no drain).
+pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Duration) {
     actix::spawn(async move {
         let mut sent = RunnerState::Starting;
         let mut drain = (Duration::ZERO, Instant::now());
@@ -99,10 +105,16 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>) {
                     .outcome
                     .as_ref()
                     .and_then(|o| (o.drain_deadline - o.accepted_at).to_std().ok());
-                drain = (length.unwrap_or_default(), Instant::now());
+                let length = length.unwrap_or_default();
+                drain = (length.saturating_add(after_drain), Instant::now());
             }
-            if now.state == RunnerState::Draining {
-                send(&[NotifyState::ExtendTimeoutUsec(extension(drain.0, drain.1))]);
+            let stopping = now.state >= RunnerState::Draining && now.exit_code.is_none();
+            if stopping {
+                let (bound, began) = drain;
+                send(&[NotifyState::ExtendTimeoutUsec(extension(
+                    bound,
+                    began.elapsed(),
+                ))]);
             }
             // The exit code comes with the final outcome, once the record is persisted.
             if now.state == RunnerState::Stopped
@@ -112,8 +124,9 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>) {
                 send(&[NotifyState::Status(&line)]);
                 return;
             }
-            // While draining, renew the extension every second even without a status change.
-            if now.state == RunnerState::Draining {
+            // Until the final outcome (the drain, then the record's write), renew the extension
+            // every second even without a status change.
+            if stopping {
                 // A timeout only means "renew the extension"; a closed channel ends the follower.
                 if let Ok(Err(_)) = tokio::time::timeout(EXTEND_EVERY, status.changed()).await {
                     return;

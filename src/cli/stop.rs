@@ -88,7 +88,6 @@ pub struct StopArgs {
     pub json: bool,
 }
 
-/// Runs `stop`; returns the exit code.
 impl StopArgs {
     /// The target's pid (resolved from the directory's watcher when --pid was not given).
     fn pid(&self) -> u32 {
@@ -123,6 +122,13 @@ fn fail_stop(args: &StopArgs, message: String) -> u8 {
     }
 }
 
+/// Said to a stopper that waits for PID 1: in a container the stopper cannot outlive it.
+const PID_ONE_WAIT: &str = "the target is process 1 of this PID namespace (a container's main \
+     process): its exit ends every process in it, this stopper included, so the answer may never \
+     come; the container's exit code is the answer (0 planned, 75 restart, 74 record lost, 1 \
+     unexpected)";
+
+/// Runs `stop`; returns the exit code.
 pub fn run(args: StopArgs) -> u8 {
     let mut args = args;
     if args.pid == Some(0) {
@@ -223,6 +229,9 @@ pub fn run(args: StopArgs) -> u8 {
     let request_id = requested.request_id.clone();
     if !requested.watching && !args.json {
         eprintln!("planned-stop: warning: {}", not_watching(&args, &store));
+    }
+    if wait.is_some() && requested.target.pid == 1 {
+        eprintln!("planned-stop: warning: {PID_ONE_WAIT}");
     }
     let Some(timeout) = wait else {
         report(

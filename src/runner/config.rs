@@ -135,6 +135,30 @@ pub struct RunnerConfig {
 }
 
 impl RunnerConfig {
+    /// When the overrun watchdog ends a stop that has not concluded, counted from its
+    /// acceptance, for a drain due within `within`: the drain, one answer grace per phase, the
+    /// persist deadline and the overrun grace.
+    pub(crate) fn overrun_limit(&self, within: Duration) -> Duration {
+        let phases = DrainPhase::ALL.len() as u32;
+        within
+            .saturating_add(self.answer_grace.saturating_mul(phases))
+            .saturating_add(super::drain::clamp(self.persist_deadline))
+            .saturating_add(super::drain::clamp(self.overrun_grace))
+    }
+
+    /// The longest a stop accepted for a drain due within `within` may take until the process
+    /// has ended: the overrun limit, or (when the exit grace is the longer of the two) a stop
+    /// concluded at its last moment plus the exit grace `main` has to return. What a
+    /// supervisor's stop timeout must cover (systemd's `TimeoutStopSec`, Kubernetes'
+    /// `terminationGracePeriodSeconds`), and what the systemd notifications extend it to.
+    #[cfg_attr(not(all(unix, feature = "systemd")), allow(dead_code))]
+    pub(crate) fn stop_bound(&self, within: Duration) -> Duration {
+        let tail = super::drain::clamp(self.overrun_grace).max(self.exit_grace);
+        self.overrun_limit(within)
+            .saturating_sub(super::drain::clamp(self.overrun_grace))
+            .saturating_add(tail)
+    }
+
     /// How long `phase` may take when `left` remains of the overall deadline.
     pub fn phase_budget(&self, phase: DrainPhase, left: Duration) -> Duration {
         let own = self
@@ -168,6 +192,24 @@ impl Default for RunnerConfig {
 mod tests {
     use super::*;
     use crate::lifecycle::SignalKind;
+
+    /// The docs' arithmetic (operations.md, ci/stop_bound.py): drain 20 s + 0.3 + 10 + 5.
+    #[test]
+    fn the_stop_bound_adds_the_graces_the_persist_and_the_longer_of_overrun_and_exit_grace() {
+        let config = RunnerConfig::default();
+        let drain = Duration::from_secs(20);
+        assert_eq!(config.overrun_limit(drain), Duration::from_millis(35_300));
+        assert_eq!(config.stop_bound(drain), Duration::from_millis(35_300));
+        let slow_main = RunnerConfig {
+            exit_grace: Duration::from_secs(8),
+            ..RunnerConfig::default()
+        };
+        assert_eq!(
+            slow_main.overrun_limit(drain),
+            Duration::from_millis(35_300)
+        );
+        assert_eq!(slow_main.stop_bound(drain), Duration::from_millis(38_300));
+    }
 
     #[test]
     fn an_override_applies_to_its_cause_and_verdict_together_only() {

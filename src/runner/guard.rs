@@ -15,7 +15,7 @@
 //!   when a drain overruns its deadline, answer graces and overrun grace. It writes an
 //!   `overrun` outcome, withdraws the presence file and logs who had not answered.
 
-use super::{DrainPhase, RunnerActor, drain, process_end};
+use super::{RunnerActor, process_end};
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::{RunnerState, StopCause, StopVerdict};
 use crate::outcome::{Outcome, Phase};
@@ -37,11 +37,7 @@ impl RunnerActor {
         if !self.config.owns_process_exit {
             return;
         }
-        let phases = DrainPhase::ALL.len() as u32;
-        let limit = within
-            .saturating_add(self.config.answer_grace.saturating_mul(phases))
-            .saturating_add(drain::clamp(self.config.persist_deadline))
-            .saturating_add(drain::clamp(self.config.overrun_grace));
+        let limit = self.config.overrun_limit(within);
         let status = self.status.subscribe();
         let awaiting = self.awaiting.clone();
         let code = self.config.exit_codes.unexpected;

@@ -454,6 +454,8 @@ impl ServiceBuilder {
         config.records = records.clone();
         let unexpected_code = config.exit_codes.unexpected;
         let owns_exit = config.owns_process_exit;
+        #[cfg(all(unix, feature = "systemd"))]
+        let after_drain = config.stop_bound(Duration::ZERO);
         let mut actor = RunnerActor::new(store.clone(), own, config, self.clock.clone());
         let handover = Arc::new(crate::handover::Handover::default());
         let in_place = in_place(self.restart_in_place, own.pid, &handover);
@@ -474,7 +476,7 @@ impl ServiceBuilder {
         context.run(actor);
         #[cfg(all(unix, feature = "systemd"))]
         {
-            crate::systemd::follow(status.clone());
+            crate::systemd::follow(status.clone(), after_drain);
             crate::systemd::heartbeat();
         }
         let since = self.clock.now();
