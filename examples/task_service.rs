@@ -264,8 +264,11 @@ async fn main() -> std::io::Result<ExitCode> {
     // For the test of a restart asked before the service is ready: it starts this much later.
     actix_web::rt::time::sleep(Duration::from_millis(env_u64("EXAMPLE_READY_AFTER_MS", 0))).await;
     stop.ready();
-    println!("admin http://{}", admin.addrs()[0]);
-    println!("serving http://{addr} as pid {}", std::process::id());
+    // Not `println!`: a closed stdout must not end the service (it would panic).
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "admin http://{}", admin.addrs()[0]);
+    let _ = writeln!(out, "serving http://{addr} as pid {}", std::process::id());
+    drop(out);
     planned_stop::web::serve(server, &stop)
         .grace(Duration::from_millis(env_u64("EXAMPLE_GRACE_MS", 1000)))
         .await

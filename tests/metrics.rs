@@ -455,3 +455,87 @@ fn an_item_held_aside_is_counted() {
         "{scrape:?}"
     );
 }
+
+/// Issue 38.4: the example answers `--help` with what moves it, and starts nothing; another
+/// argument is refused.
+#[test]
+fn the_example_answers_help_without_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    let example = common::example_binary("actix_web", "actix-web,metrics");
+    // An example that ignores its arguments serves instead: ended after the event timeout.
+    let run = |arg: &str| {
+        let mut child = Command::new(&example)
+            .arg(arg)
+            .env("EXAMPLE_DIR", &base)
+            .env("EXAMPLE_ADDR", "127.0.0.1:0")
+            .env("EXAMPLE_METRICS_ADDR", "127.0.0.1:0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        child.wait_with_output().unwrap()
+    };
+    let out = run("--help");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("EXAMPLE_DIR") && help.contains("EXAMPLE_ADDR"),
+        "{help}"
+    );
+    assert!(!base.exists(), "--help started nothing");
+    let out = run("--serve");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(!base.exists(), "an unknown argument started nothing");
+}
+
+/// Issue 38.4: with its stdout a closed pipe (a log shipper gone) the example serves and stops
+/// as planned, where `println!` used to panic it (`aborted`, 1) right after it was ready.
+#[test]
+fn the_example_with_a_closed_stdout_serves_and_stops_as_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    // A free port, chosen here: the example cannot tell its own with no stdout.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(common::example_binary("actix_web", "actix-web,metrics"))
+        .env("EXAMPLE_DIR", base)
+        .env("EXAMPLE_ADDR", format!("127.0.0.1:{port}"))
+        .env("EXAMPLE_METRICS_ADDR", "127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let served = wait_for("the example serves, or ends", || {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(Err(status));
+        }
+        http_get(port, "/").map(Ok)
+    });
+    assert_eq!(served.map(|(code, _)| code), Ok(200), "it serves");
+    let out = common::process::run(&[
+        "stop",
+        "--pid",
+        &child.id().to_string(),
+        "--dir",
+        base.join("run").to_str().unwrap(),
+        "--wait",
+        "30",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
