@@ -215,6 +215,21 @@ pub enum StopperError {
         /// The marker directory.
         dir: std::path::PathBuf,
     },
+    /// A SIGTERM was asked for, and whether the process watches the directory cannot be told:
+    /// its announcement is there but this user may not read it. Refused before anything was
+    /// written; the cause is a permission, not a wrong pid.
+    #[error(
+        "cannot tell whether process {pid} watches {dir}: {path} cannot be read by this user \
+         (permission denied); ask as the service's user or as root, who can read it"
+    )]
+    AnnouncementUnreadable {
+        /// The pid asked for.
+        pid: u32,
+        /// The marker directory.
+        dir: std::path::PathBuf,
+        /// The presence or outcome file that could not be read.
+        path: std::path::PathBuf,
+    },
     /// SIGTERM could not be sent (the marker was written).
     #[error("the signal to process {pid} failed (a marker, if asked for, was written)")]
     Signal {
@@ -253,9 +268,10 @@ pub fn request(
         });
     }
     if options.signal && !options.signal_unwatched && !store.is_watched_by(&target) {
-        return Err(StopperError::NotWatching {
-            pid,
-            dir: store.dir().to_path_buf(),
+        let dir = store.dir().to_path_buf();
+        return Err(match store.unreadable_announcement(pid) {
+            Some(path) => StopperError::AnnouncementUnreadable { pid, dir, path },
+            None => StopperError::NotWatching { pid, dir },
         });
     }
     let now = Utc::now();

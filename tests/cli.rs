@@ -1728,3 +1728,81 @@ fn one_ctrl_c_during_a_marker_drain_does_not_force_it() {
     let stderr = service.stderr_after_exit();
     assert!(stderr.contains("a second Ctrl-C forces"), "{stderr}");
 }
+
+/// Issue 38.7: `nobody` owns the marker directory of a root service, so it may ask for a stop
+/// there. It used to be told `gone_outcome_unknown` (8) and "not watching", though the service
+/// stopped as planned: root's presence and outcome files were 0600. They are readable in another
+/// user's directory now (still root's, so they still count), and the answer is true. Toward root's
+/// own 0700 directory, `nobody`'s `--signal` is refused as unreadable — permission denied, not
+/// "has not announced".
+#[cfg(unix)]
+#[test]
+#[ignore = "needs root (a stopper run as nobody): .ci/run runs it with --ignored"]
+fn another_user_who_owns_the_directory_stops_a_root_service_and_hears_the_truth() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("needs root to run a stopper as nobody");
+    }
+    const NOBODY: u32 = 65534;
+    let as_nobody = |args: &[&str]| {
+        common::process::planned_stop()
+            .args(args)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let base = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run_dir = base.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&run_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let mut service = common::process::Serve::start(&["--dir", s(&run_dir), "--poll-ms", "20"]);
+    let pid = service.pid_arg();
+    let out = as_nobody(&[
+        "stop",
+        "--pid",
+        &pid,
+        "--dir",
+        s(&run_dir),
+        "--wait",
+        "20",
+        "--json",
+    ]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["outcome"], "stopped_planned", "{report}");
+    assert_eq!(report["watching"], true, "{report}");
+    assert_eq!(service.child.wait().unwrap().code(), Some(0));
+
+    // Root's own directory: nobody cannot enter it, and is told so.
+    let root_dir = base.path().join("root-run");
+    let service = common::process::Serve::start(&["--dir", s(&root_dir), "--poll-ms", "20"]);
+    let pid = service.pid_arg();
+    let out = as_nobody(&[
+        "stop",
+        "--pid",
+        &pid,
+        "--dir",
+        s(&root_dir),
+        "--signal",
+        "--json",
+    ]);
+    let report = json_of(&out);
+    assert_eq!(out.status.code(), Some(6), "{report}");
+    assert_eq!(report["outcome"], "refused_unreadable", "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("permission denied")),
+        "{report}"
+    );
+    assert!(
+        ProcessIdentity::of(service.pid()).is_some(),
+        "not signalled"
+    );
+}

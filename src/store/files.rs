@@ -137,32 +137,55 @@ fn non_file_kind(meta: &fs::Metadata) -> Option<FileKind> {
 }
 
 /// Writes `bytes` to `path` so that readers see the old file or the new one, never a part: through
-/// `temp` (a new file in the same directory), fsync, rename, fsync of the directory.
-pub(crate) fn write_atomically(path: &Path, temp: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    write_replacing(path, temp, bytes, true)
-}
-
-/// [`write_atomically`], with the fsyncs only when `durable`: readers still see the old file or the
-/// new one, never a part, but a power failure may bring the old one back (for files whose loss
-/// only repeats work, such as a lease).
+/// `temp` (a new file in the same directory), then rename; with `durable`, an fsync of the file
+/// before and of the directory after, so a power failure cannot bring the old one back (without,
+/// for files whose loss only repeats work, such as a lease, it may).
 pub(crate) fn write_replacing(
     path: &Path,
     temp: &Path,
     bytes: &[u8],
     durable: bool,
 ) -> Result<(), StoreError> {
-    write_replacing_for(path, temp, bytes, durable, None)
+    write_replacing_for(path, temp, bytes, durable, Readers::Writer)
 }
 
-/// [`write_atomically`] for a reader who is not this process's user: the new file is given to
-/// `owner` (uid, gid) before it takes its place, still mode 0600 (only root can do that).
+/// Who may read a new file besides the process that writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readers {
+    /// Its writer only: mode 0600.
+    Writer,
+    /// Its new owner (uid, gid), to whom it is given before it takes its place, still mode 0600:
+    /// root writing a marker for a service that runs as the directory's owner.
+    GivenTo(u32, u32),
+    /// Whoever can reach the directory: mode 0644, still the writer's. Root's presence and
+    /// outcome files in another user's directory: that user, who may ask for a stop there, can
+    /// read the answer, and the files still count as root's (`outcome::may_speak_for`); the
+    /// directory's own mode decides who can reach them.
+    Directory,
+}
+
+impl Readers {
+    /// Who must read what this process writes into `dir`: when it runs as root and `dir` is
+    /// another user's, that user — `GivenTo` them for a file they act on (a marker), `Directory`
+    /// for one they only read (presence, outcome). `Writer` otherwise.
+    pub(crate) fn of(dir: &Path, acted_on: bool) -> Readers {
+        match os::reader_of(dir) {
+            Some((uid, gid)) if acted_on => Readers::GivenTo(uid, gid),
+            Some(_) => Readers::Directory,
+            None => Readers::Writer,
+        }
+    }
+}
+
+/// [`write_replacing`], durable, for `readers` other than this process's user (see
+/// [`Readers`]).
 pub(crate) fn write_atomically_for(
     path: &Path,
     temp: &Path,
     bytes: &[u8],
-    owner: Option<(u32, u32)>,
+    readers: Readers,
 ) -> Result<(), StoreError> {
-    write_replacing_for(path, temp, bytes, true, owner)
+    write_replacing_for(path, temp, bytes, true, readers)
 }
 
 fn write_replacing_for(
@@ -170,13 +193,13 @@ fn write_replacing_for(
     temp: &Path,
     bytes: &[u8],
     durable: bool,
-    owner: Option<(u32, u32)>,
+    readers: Readers,
 ) -> Result<(), StoreError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let result = write_new_file(temp, bytes, durable, owner)
+    let result = write_new_file(temp, bytes, durable, readers)
         .and_then(|()| replace(temp, path))
         .and_then(|()| if durable { sync_dir(dir) } else { Ok(()) });
     if result.is_err() {
@@ -185,25 +208,25 @@ fn write_replacing_for(
     result
 }
 
-/// Creates `path` (which must not exist, so a symlink planted there is not followed), mode 0600, and
-/// writes and syncs `bytes`.
+/// Creates `path` (which must not exist, so a symlink planted there is not followed), mode 0600
+/// (0644 for [`Readers::Directory`]), and writes and syncs `bytes`.
 fn write_new_file(
     path: &Path,
     bytes: &[u8],
     durable: bool,
-    owner: Option<(u32, u32)>,
+    readers: Readers,
 ) -> Result<(), StoreError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
-    os::private_file(&mut options);
+    os::new_file(&mut options, readers == Readers::Directory);
     let io = |op, source| StoreError::Io {
         op,
         path: path.to_path_buf(),
         source,
     };
     let mut file = options.open(path).map_err(|e| io("create", e))?;
-    if let Some(owner) = owner {
-        os::give_to(&file, owner).map_err(|e| io("give to the directory's owner", e))?;
+    if let Readers::GivenTo(uid, gid) = readers {
+        os::give_to(&file, (uid, gid)).map_err(|e| io("give to the directory's owner", e))?;
     }
     file.write_all(bytes).map_err(|e| io("write", e))?;
     if durable {
@@ -368,7 +391,7 @@ pub(crate) fn sync_dir_of(path: &Path) -> Result<(), StoreError> {
 pub(crate) fn open_lock_file(path: &Path) -> io::Result<fs::File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
-    os::private_file(&mut options);
+    os::new_file(&mut options, false);
     open_lock(path, options)
 }
 
@@ -410,8 +433,6 @@ fn refuse_shared(dir: &Path, meta: &fs::Metadata, allow_shared: bool) -> Result<
         _ => Ok(()),
     }
 }
-
-pub(crate) use os::reader_of;
 
 /// The file-system steps the store takes, recorded for the crash-consistency tests (tests only):
 /// they replay every prefix of an operation and keep only what was made durable, as a power loss
@@ -497,10 +518,12 @@ mod os {
             })
     }
 
-    /// Mode 0600 and close-on-exec for a new private file (`open(2)`).
-    pub(super) fn private_file(options: &mut OpenOptions) {
+    /// Mode 0600 (0644 when the directory's other readers must read it) and close-on-exec for
+    /// a new file (`open(2)`).
+    pub(super) fn new_file(options: &mut OpenOptions, readable: bool) {
         use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600).custom_flags(libc::O_CLOEXEC);
+        let mode = if readable { 0o644 } else { 0o600 };
+        options.mode(mode).custom_flags(libc::O_CLOEXEC);
     }
 
     /// Mode 0700 for a new directory (`mkdir(2)`; the umask can only remove bits).
@@ -602,7 +625,7 @@ mod os {
     pub(super) fn no_follow(_: &mut OpenOptions) {}
 
     /// Windows ACLs are inherited from the directory; there are no mode bits to set.
-    pub(super) fn private_file(_: &mut OpenOptions) {}
+    pub(super) fn new_file(_: &mut OpenOptions, _: bool) {}
 
     /// Windows ACLs are inherited from the parent; there are no mode bits to set.
     pub(super) fn private_dir(_: &mut DirBuilder) {}

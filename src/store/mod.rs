@@ -205,8 +205,8 @@ impl MarkerStore {
         }
         // A root stopper writing for a service that runs as another user gives the marker to the
         // directory's owner (still 0600): a marker its target cannot read stops nothing.
-        let reader = files::reader_of(&self.dir);
-        files::write_atomically_for(&slot, &self.private_name(&slot, TEMP_TAG), &bytes, reader)?;
+        let readers = files::Readers::of(&self.dir, true);
+        files::write_atomically_for(&slot, &self.private_name(&slot, TEMP_TAG), &bytes, readers)?;
         Ok(slot)
     }
 

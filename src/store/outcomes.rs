@@ -3,7 +3,9 @@
 //! `DIR/planned-stop-<PID>.watching.json`, how it knows the target watches the directory at all
 //! (see `crate::outcome`).
 
-use super::files::{Found, read_bounded_with_owner, remove, write_atomically, write_replacing};
+use super::files::{
+    Found, Readers, read_bounded_with_owner, remove, write_atomically_for, write_replacing,
+};
 use super::naming::{
     TEMP_TAG, outcome_file_name, parse_outcome_file_name, parse_presence_file_name,
     presence_file_name,
@@ -172,6 +174,25 @@ impl MarkerStore {
                 .is_some_and(|o| o.is_from(identity))
     }
 
+    /// The presence or outcome file of `pid` that this user may not read (permission denied:
+    /// the file's mode, or a directory it cannot enter), if there is one. Whether the process
+    /// watches this directory then cannot be told — which is not the same as "it does not", and
+    /// a stopper says so rather than suspect a wrong pid.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// assert_eq!(store.unreadable_announcement(42), None, "nothing there: nothing denied");
+    /// ```
+    pub fn unreadable_announcement(&self, pid: u32) -> Option<PathBuf> {
+        [self.presence_path(pid), self.outcome_path(pid)]
+            .into_iter()
+            .find(|path| {
+                std::fs::File::open(path)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+            })
+    }
+
     /// Serialises `value` and writes it to `path` atomically.
     fn write_json(
         &self,
@@ -183,7 +204,10 @@ impl MarkerStore {
             path: path.clone(),
             source: io::Error::other(e),
         })?;
-        write_atomically(&path, &self.private_name(&path, TEMP_TAG), &bytes)?;
+        // Root's files in another user's directory are readable there: that user may ask for a
+        // stop and must read the answer (they still count as root's; see `Readers::Directory`).
+        let readers = Readers::of(&self.dir, false);
+        write_atomically_for(&path, &self.private_name(&path, TEMP_TAG), &bytes, readers)?;
         Ok(path)
     }
 

@@ -74,6 +74,16 @@ pub(super) fn describe(drain: &DrainSummary) -> String {
 
 /// The warning for a target that has not announced watching the directory.
 pub(super) fn not_watching(args: &StopArgs, store: &MarkerStore) -> String {
+    if let Some(path) = store.unreadable_announcement(args.pid()) {
+        return format!(
+            "cannot tell whether process {pid} watches {dir}: {path} cannot be read by this user \
+             (permission denied), so neither can this stopper read the outcome; run it as the \
+             service's user or as root",
+            pid = args.pid(),
+            dir = store.dir().display(),
+            path = path.display(),
+        );
+    }
     format!(
         "process {pid} has not announced that it watches {dir} (there is no {presence} of it): \
          if --dir is wrong or it is not a planned-stop service, nothing reads this marker, which \
@@ -241,6 +251,7 @@ pub(super) fn report_error(args: &StopArgs, error: StopperError) -> u8 {
         StopperError::NotRunning { .. } => ("already_gone", EXIT_GONE),
         StopperError::WrongIdentity { .. } => ("refused", EXIT_REFUSED),
         StopperError::NotWatching { .. } => ("refused_not_watching", EXIT_REFUSED),
+        StopperError::AnnouncementUnreadable { .. } => ("refused_unreadable", EXIT_REFUSED),
         StopperError::Signal { .. } => ("signal_failed", EXIT_USAGE),
         _ => ("error", EXIT_USAGE),
     };
