@@ -68,6 +68,9 @@ pub struct StopOptions {
     pub signal_unwatched: bool,
     /// Stop and stay down, or restart (see [`crate::marker::StopAction`]).
     pub action: crate::marker::StopAction,
+    /// A drain deadline for this request, when it must be shorter than the target's own
+    /// ([`crate::marker::Marker::drain_deadline`]).
+    pub drain_deadline: Option<Duration>,
 }
 
 impl StopOptions {
@@ -81,7 +84,15 @@ impl StopOptions {
             signal: false,
             signal_unwatched: false,
             action: crate::marker::StopAction::Stop,
+            drain_deadline: None,
         }
+    }
+
+    /// Ask the target to drain within `deadline` (or its own deadline, if shorter): a faster
+    /// stop than the service would give itself, still drained and recorded.
+    pub fn with_drain_deadline(mut self, deadline: Duration) -> StopOptions {
+        self.drain_deadline = Some(deadline);
+        self
     }
 
     /// Ask for a planned restart instead of a stop: the target drains and records alike, and
@@ -290,6 +301,9 @@ pub fn request(
     if let Some(reason) = &options.reason {
         marker = marker.with_reason(reason.clone());
     }
+    if let Some(deadline) = options.drain_deadline {
+        marker = marker.with_drain_deadline(deadline);
+    }
     let slot = store.write(&marker)?;
     let watching = store.is_watched_by(&target);
     tracing::info!(pid, slot = %slot.display(), request_id = marker.request_id.as_deref(), watching, "marker written");
@@ -310,6 +324,36 @@ pub fn kill(target: &ProcessIdentity) -> Result<bool, StopperError> {
     os::send(target, os::KILL)
 }
 
+/// How often [`force`] repeats its Ctrl-C while the target still runs.
+const FORCE_EVERY: Duration = Duration::from_millis(100);
+
+/// Forces `target`'s drain (Unix), the step before [`kill`]: SIGINT, repeated every 100 ms
+/// until the target is gone or `within` runs out. A Ctrl-C during a drain is what forces it (the
+/// second one; two sent at once may arrive as one, hence the repetition); where no drain runs
+/// yet, the first begins a planned one that the next forces. A forced drain still records what
+/// its participants handed back, and ends the process with its planned code. Returns how the
+/// wait ended ([`WaitOutcome::is_running`] if the target still runs).
+pub fn force(
+    store: &MarkerStore,
+    target: &ProcessIdentity,
+    within: Duration,
+) -> Result<WaitOutcome, StopperError> {
+    let deadline = Instant::now() + within;
+    loop {
+        let sent = os::send(target, os::INTERRUPT)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait_for = if sent {
+            left.min(FORCE_EVERY)
+        } else {
+            Duration::ZERO
+        };
+        let outcome = wait(store, target, wait_for, |_, _| {});
+        if !sent || !outcome.is_running() || left.is_zero() {
+            return Ok(outcome);
+        }
+    }
+}
+
 #[cfg(unix)]
 mod os {
     use super::StopperError;
@@ -318,6 +362,7 @@ mod os {
     use rustix::process::{Pid, Signal};
 
     pub(super) const KILL: Signal = Signal::KILL;
+    pub(super) const INTERRUPT: Signal = Signal::INT;
 
     /// Sends SIGTERM (`kill(2)`) to `target` if the process at its pid is still that process.
     /// Returns whether it was sent. (The check and the kill are two steps; the window between
@@ -352,6 +397,8 @@ mod os {
 
     /// The signal `--kill` would send (none exists here).
     pub(super) const KILL: () = ();
+    /// The signal that forces a drain (none exists here).
+    pub(super) const INTERRUPT: () = ();
 
     /// No signals here: `--kill` is refused rather than pretended.
     pub(super) fn send(target: &ProcessIdentity, _: ()) -> Result<bool, StopperError> {
@@ -705,6 +752,25 @@ pub fn is_own_request(outcome: &Outcome, request_id: Option<&str>) -> bool {
 }
 
 impl WaitOutcome {
+    /// Whether the target was still running when the wait ended: still draining, held, handing
+    /// over, or not having accepted the stop. The one rule for "still running" every caller
+    /// shares (an escalation acts on it).
+    ///
+    /// ```
+    /// use planned_stop::stopper::WaitOutcome;
+    /// assert!(WaitOutcome::NotAccepted.is_running());
+    /// assert!(!WaitOutcome::GoneWithoutOutcome.is_running());
+    /// ```
+    pub fn is_running(&self) -> bool {
+        matches!(
+            self,
+            WaitOutcome::StillDraining { .. }
+                | WaitOutcome::NotAccepted
+                | WaitOutcome::Held { .. }
+                | WaitOutcome::HandingOver { .. }
+        )
+    }
+
     /// What a stopper reports about a target that is gone, from the last outcome file that
     /// target wrote (`None` when it wrote none, or only an earlier process with its pid did): the
     /// one rule [`wait`] applies, public so another stopper reports the same.

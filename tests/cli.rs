@@ -1119,7 +1119,8 @@ fn stop_without_pid_finds_the_one_watcher_of_the_directory() {
 
 /// Issue 25.14: after `stop --wait` ran out, `--wait-only` follows the stop already requested
 /// (writing nothing, so the report is not "on another stop request"), and `--kill` ends a target
-/// still running at the deadline with SIGKILL, reported as such (14).
+/// still running at the deadline: first by forcing its drain (issue 38.10), which a planned-stop
+/// service obeys — it records and exits 0, reported as `forced_at_deadline` (18).
 #[cfg(unix)]
 #[test]
 fn wait_only_follows_a_stop_under_way_and_kill_ends_one_that_overruns() {
@@ -1158,12 +1159,13 @@ fn wait_only_follows_a_stop_under_way_and_kill_ends_one_that_overruns() {
     let report = json_of(&killed);
     assert_eq!(
         (report["outcome"].as_str(), killed.status.code()),
-        (Some("killed_at_deadline"), Some(14)),
+        (Some("forced_at_deadline"), Some(18)),
         "{report}"
     );
     assert_eq!(report["was"], "still_draining");
-    assert_eq!(report["gone"], true);
-    assert_eq!(service.exit_code(), None, "killed by a signal");
+    assert_eq!(report["exit_code"], 0, "a forced planned stop: {report}");
+    assert_eq!(report["drain"]["forced"], true, "{report}");
+    assert_eq!(service.exit_code(), Some(0), "ended by itself, not killed");
 
     // A stop that finishes within --wait-only's deadline is reported as the stop it follows.
     let mut service = serve(
@@ -1805,4 +1807,63 @@ fn another_user_who_owns_the_directory_stops_a_root_service_and_hears_the_truth(
         ProcessIdentity::of(service.pid()).is_some(),
         "not signalled"
     );
+}
+
+/// Issue 38.10, pg_ctl's modes: `--drain-ms` asks one stop for a shorter drain than the
+/// service's own ("fast" beside the default "smart"): the job is handed back at once and
+/// recorded, and the record's deadline is the one asked for. A longer one never lengthens the
+/// service's own.
+#[cfg(unix)]
+#[test]
+fn a_stopper_asks_for_a_shorter_drain_and_never_a_longer_one() {
+    for (own_ms, asked, expected_ms) in [("20000", "300", 300), ("300", "60000", 300)] {
+        let d = dirs();
+        let mut service = serve(
+            &d,
+            &["--jobs", "1", "--job-ms", "60000", "--drain-ms", own_ms],
+        );
+        let pid = service.pid_arg();
+        let out = stop(&d, &pid, &["--wait", "30", "--drain-ms", asked]);
+        let report = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "{report}");
+        assert_eq!(report["outcome"], "stopped_planned", "{report}");
+        assert_eq!(service.exit_code(), Some(0));
+        let record = FileRecordStore::read_last_stop(&d.state).unwrap().unwrap();
+        let deadline = (record.drain_deadline - record.accepted_at).num_milliseconds();
+        assert_eq!(deadline, expected_ms, "asked {asked} of {own_ms}");
+        assert_eq!(
+            record.unfinished.len(),
+            1,
+            "the job, handed back and recorded"
+        );
+    }
+}
+
+/// Issue 38.10: `--kill` forces first, then kills. A target that ignores Ctrl-C (here a shell
+/// that traps it, not a planned-stop service) is still running after the forced drain's grace,
+/// and is killed: `killed_at_deadline` (14) with `forced: true`.
+#[cfg(unix)]
+#[test]
+fn kill_kills_a_target_that_a_forced_drain_does_not_end() {
+    let d = dirs();
+    std::fs::create_dir_all(&d.run).unwrap();
+    let mut deaf = common::Helper::new(
+        std::process::Command::new("sh")
+            .args(["-c", "trap '' INT; while :; do sleep 1; done"])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = deaf.id().to_string();
+    let out = stop(&d, &pid, &["--wait", "0.3", "--kill"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("killed_at_deadline"), Some(14)),
+        "{report}"
+    );
+    assert_eq!(report["forced"], true, "{report}");
+    assert_eq!(report["was"], "not_accepted", "{report}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(deaf.wait().unwrap().signal(), Some(libc::SIGKILL));
 }

@@ -26,6 +26,7 @@
 //! | 15 | no service of that name ever started with the database (`records --records`) |
 //! | 16 | a restart whose target stopped for good instead (`stop --restart --wait`) |
 //! | 17 | a restart in place did not happen; the target keeps serving (`stop --restart --wait`) |
+//! | 18 | the target was still running at the deadline; its drain was forced and it ended (`stop --wait --kill`) |
 
 mod demo;
 mod records;
@@ -78,6 +79,9 @@ pub const EXIT_UNKNOWN_SERVICE: u8 = 15;
 pub const EXIT_NOT_RESTARTED: u8 = 16;
 /// `stop --restart`: a restart in place did not happen (its successor failed); the target serves.
 pub const EXIT_RESTART_FAILED: u8 = 17;
+/// `stop --wait --kill`: the target was still running at the deadline; its drain was forced (it
+/// recorded what was handed back) and it ended without a SIGKILL.
+pub const EXIT_FORCED_AT_DEADLINE: u8 = 18;
 
 /// The version and the features this binary was built with (`--version`).
 fn version_text() -> &'static str {

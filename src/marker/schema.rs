@@ -77,6 +77,11 @@ pub struct Marker {
     pub trigger_watcher: bool,
     /// What the stopper asks for: a stop that stays down (the default), or a planned restart.
     pub action: StopAction,
+    /// A drain deadline for this request (`"drain_deadline_ms"`), when the stopper wants the
+    /// drain shorter than the service's own: the service drains within the shorter of the two
+    /// (pg_ctl's "fast" next to its "smart"). `None`: the service's own deadline. A reader of an
+    /// earlier version ignores the field and drains within its own.
+    pub drain_deadline: Option<std::time::Duration>,
 }
 
 /// What a marker asks the target to do. Both drain and record alike; they differ in the exit code,
@@ -112,7 +117,24 @@ impl Marker {
             reason: None,
             trigger_watcher: true,
             action: StopAction::Stop,
+            drain_deadline: None,
         }
+    }
+
+    /// Asks for a drain within `deadline` (or the service's own deadline, if shorter).
+    ///
+    /// ```
+    /// use planned_stop::marker::Marker;
+    /// use std::time::Duration;
+    /// let m = Marker::new(42, None, chrono::Utc::now()).with_drain_deadline(Duration::from_millis(1500));
+    /// let json = String::from_utf8(m.to_json().unwrap()).unwrap();
+    /// assert!(json.contains("\"drain_deadline_ms\":1500"));
+    /// assert_eq!(Marker::parse(json.as_bytes()).unwrap().drain_deadline, Some(Duration::from_millis(1500)));
+    /// ```
+    #[must_use]
+    pub fn with_drain_deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.drain_deadline = Some(deadline);
+        self
     }
 
     /// Asks for `action` (see [`StopAction`]).
@@ -290,6 +312,18 @@ impl Marker {
                 });
             }
         };
+        let drain_deadline = match get("drain_deadline_ms") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(std::time::Duration::from_millis(v.as_u64().ok_or_else(
+                || MarkerError::InvalidField {
+                    field: "drain_deadline_ms",
+                    reason: format!(
+                        "must be a non-negative integer (milliseconds) or null, found {}",
+                        brief(v)
+                    ),
+                },
+            )?)),
+        };
         let marker = Marker {
             target_pid,
             target_start_time,
@@ -299,6 +333,7 @@ impl Marker {
             reason,
             trigger_watcher,
             action,
+            drain_deadline,
         };
         marker.check_fields()?;
         Ok(marker)
@@ -529,6 +564,9 @@ struct Wire<'a> {
     /// Written only for a restart, so a stop's marker is what v1 readers have always read.
     #[serde(skip_serializing_if = "is_stop")]
     action: StopAction,
+    /// Written only when asked for, likewise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drain_deadline_ms: Option<u64>,
 }
 
 fn is_stop(action: &StopAction) -> bool {
@@ -547,6 +585,9 @@ impl<'a> From<&'a Marker> for Wire<'a> {
             reason: m.reason.as_deref(),
             trigger_watcher: m.trigger_watcher,
             action: m.action,
+            drain_deadline_ms: m
+                .drain_deadline
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         }
     }
 }

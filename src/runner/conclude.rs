@@ -1,7 +1,7 @@
 //! The end of a stop: the drain's answers become the stop record, which is persisted (within
 //! the persist deadline) before the outcome and the exit code are published.
 
-use super::{RunnerActor, drain, process_end, wall_deadline};
+use super::{RunnerActor, process_end, wall_deadline};
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::StopVerdict;
 use crate::outcome::{Outcome, Phase};
@@ -104,10 +104,7 @@ impl RunnerActor {
             reason: run.requester.reason,
             stopper_pid: run.requester.stopper_pid,
             accepted_at: run.accepted_at,
-            drain_deadline: wall_deadline(
-                run.accepted_at,
-                drain::clamp(self.config.drain_deadline),
-            ),
+            drain_deadline: wall_deadline(run.accepted_at, run.within),
             finished_at,
             drained_in_time,
             forced: run.forced,

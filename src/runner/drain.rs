@@ -40,6 +40,8 @@ pub(crate) struct Requester {
     pub(crate) written_at: Option<DateTime<Utc>>,
     /// The successor a restart in place handed over to, once it is ready.
     pub(crate) successor: Option<u32>,
+    /// The drain deadline the stopper asked for, if any.
+    pub(crate) drain_deadline: Option<Duration>,
 }
 
 impl From<super::PlannedStop> for Requester {
@@ -51,8 +53,16 @@ impl From<super::PlannedStop> for Requester {
             action: s.action,
             written_at: Some(s.written_at),
             successor: None,
+            drain_deadline: s.drain_deadline,
         }
     }
+}
+
+/// How long a drain may take: the service's own deadline, or the one its stopper asked for
+/// when that is shorter (a request never lengthens a drain the service bounds), clamped to
+/// [`LONGEST_DEADLINE`]. The one rule the drain, its outcome and its record share.
+pub(crate) fn drain_within(own: Duration, asked: Option<Duration>) -> Duration {
+    clamp(asked.map_or(own, |asked| asked.min(own)))
 }
 
 /// What the actor does next.
@@ -101,6 +111,8 @@ pub(crate) struct DrainRun {
     late: bool,
     cut: bool,
     pub(crate) forced: bool,
+    /// How long the drain may take ([`drain_within`]).
+    pub(crate) within: Duration,
 }
 
 /// `deadline` clamped to [`LONGEST_DEADLINE`].
@@ -137,6 +149,7 @@ impl DrainRun {
             late: false,
             cut: false,
             forced: false,
+            within: clamp(overall),
         }
     }
 

@@ -34,6 +34,9 @@ pub struct PlannedStop {
     pub written_at: DateTime<Utc>,
     /// Stop, or restart (the exit code tells the supervisor which).
     pub action: StopAction,
+    /// The drain deadline the stopper asked for, if any (the shorter of it and the service's
+    /// own is used).
+    pub drain_deadline: Option<std::time::Duration>,
 }
 
 impl From<&Marker> for PlannedStop {
@@ -44,6 +47,7 @@ impl From<&Marker> for PlannedStop {
             stopper_pid: m.stopper_pid,
             written_at: m.written_at,
             action: m.action,
+            drain_deadline: m.drain_deadline,
         }
     }
 }

@@ -237,7 +237,7 @@ impl RunnerActor {
         requester: Requester,
         ctx: &mut Context<Self>,
     ) {
-        let within = drain::clamp(self.config.drain_deadline);
+        let within = drain::drain_within(self.config.drain_deadline, requester.drain_deadline);
         if requester.successor.is_none() {
             self.stop_starting_successor();
         }

@@ -3,16 +3,17 @@
 
 use super::StopArgs;
 use crate::cli::{
-    EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_NOT_CLEAN, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, chain,
-    emit,
+    EXIT_FORCED_AT_DEADLINE, EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_NOT_CLEAN, EXIT_OK,
+    EXIT_REFUSED, EXIT_USAGE, chain, emit,
 };
 use planned_stop::marker::{MarkerStore, StopAction};
 use planned_stop::stopper::{self, DrainSummary, StopperError, WaitOutcome};
 use serde_json::json;
 use std::time::Duration;
 
-/// `--kill`: the target is still running at the deadline; end it with SIGKILL, as systemd does
-/// when TimeoutStopSec runs out, and say so.
+/// `--kill`: the target is still running at the deadline; force its drain (it records what is
+/// handed back and ends), and end it with SIGKILL, as systemd does when TimeoutStopSec runs out,
+/// only if it still runs after that; say which.
 pub(super) fn kill_at_deadline(
     args: &StopArgs,
     store: &MarkerStore,
@@ -20,6 +21,14 @@ pub(super) fn kill_at_deadline(
     was: &str,
     mut extra: serde_json::Value,
 ) -> u8 {
+    // First the drain is forced, so what the participants hand back is still recorded; only a
+    // target that still runs after that is killed.
+    match stopper::force(store, target, FORCE_GRACE) {
+        Ok(ended) if !ended.is_running() => return forced_at_deadline(args, was, &ended, extra),
+        Ok(_) => {}
+        Err(e) => return report_error(args, e),
+    }
+    extra["forced"] = json!(true);
     match stopper::kill(target) {
         Ok(true) => {}
         Ok(false) => {
@@ -42,13 +51,57 @@ pub(super) fn kill_at_deadline(
         "killed_at_deadline",
         EXIT_KILLED_AT_DEADLINE,
         format!(
-            "process {} was still running at the deadline ({was}); ended with SIGKILL (--kill): \
-             its drain was cut, and work it had not recorded is lost",
-            args.pid()
+            "process {} was still running at the deadline ({was}), and {}s after its drain was \
+             forced; ended with SIGKILL (--kill): work it had not recorded is lost",
+            args.pid(),
+            FORCE_GRACE.as_secs()
         ),
         extra,
     );
     EXIT_KILLED_AT_DEADLINE
+}
+
+/// How long a target whose drain `--kill` forced has to end before it is killed: the forced
+/// drain still persists its record (milliseconds, unless the store hangs).
+const FORCE_GRACE: Duration = Duration::from_secs(5);
+
+/// `--kill`'s first step worked: the target, still running at the deadline, ended once its
+/// drain was forced. What it recorded and how it ended come from its outcome.
+fn forced_at_deadline(
+    args: &StopArgs,
+    was: &str,
+    ended: &WaitOutcome,
+    mut extra: serde_json::Value,
+) -> u8 {
+    let outcome = match ended {
+        WaitOutcome::StoppedPlanned { outcome, .. }
+        | WaitOutcome::StoppedStillAlive { outcome }
+        | WaitOutcome::KilledWhileDraining { outcome }
+        | WaitOutcome::RecordLost { outcome, .. } => Some(outcome),
+        WaitOutcome::StoppedUnexpectedly { outcome, .. } => outcome.as_ref(),
+        _ => None,
+    };
+    extra["was"] = json!(was);
+    extra["forced"] = json!(true);
+    extra["phase"] = json!(outcome.map(|o| o.phase));
+    extra["exit_code"] = json!(outcome.and_then(|o| o.exit_code));
+    extra["drain"] = json!(outcome.and_then(|o| o.drain.as_ref()));
+    let code = outcome
+        .and_then(|o| o.exit_code)
+        .map_or("unknown".to_owned(), |c| c.to_string());
+    report(
+        args,
+        "forced_at_deadline",
+        EXIT_FORCED_AT_DEADLINE,
+        format!(
+            "process {} was still running at the deadline ({was}); its drain was forced (--kill's \
+             first step) and it ended with exit code {code}: what it handed back is recorded, work \
+             its participants had not handed back is lost",
+            args.pid()
+        ),
+        extra,
+    );
+    EXIT_FORCED_AT_DEADLINE
 }
 
 /// What made a drain not clean, in words.

@@ -1,5 +1,6 @@
 use super::*;
 use chrono::TimeZone;
+use std::time::Duration;
 
 fn at(secs: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(secs, 0).unwrap()
@@ -340,4 +341,31 @@ fn the_action_is_stop_unless_the_marker_asks_for_a_restart() {
         .to_json()
         .unwrap();
     assert_eq!(Marker::parse(&restart).unwrap().action, StopAction::Restart);
+}
+
+#[test]
+fn a_drain_deadline_is_asked_for_in_milliseconds_or_not_at_all() {
+    let with = |value: &str| parse_str(&minimal_with(&format!(r#","drain_deadline_ms":{value}"#)));
+    assert_eq!(parse_str(&minimal_with("")).unwrap().drain_deadline, None);
+    assert_eq!(with("null").unwrap().drain_deadline, None);
+    assert_eq!(with("0").unwrap().drain_deadline, Some(Duration::ZERO));
+    assert_eq!(
+        with("1500").unwrap().drain_deadline,
+        Some(Duration::from_millis(1500))
+    );
+    for bad in ["-1", "1.5", r#""1500""#, "true"] {
+        assert!(
+            matches!(
+                with(bad),
+                Err(MarkerError::InvalidField {
+                    field: "drain_deadline_ms",
+                    ..
+                })
+            ),
+            "{bad} is malformed"
+        );
+    }
+    // Written only when asked for: other markers are what earlier writers wrote.
+    let plain = Marker::new(1, None, at(0)).to_json().unwrap();
+    assert!(!String::from_utf8(plain).unwrap().contains("drain_deadline"));
 }

@@ -212,3 +212,20 @@ fn notes_are_kept_apart_from_the_items_to_resume() {
     assert_eq!(r.notes[0].note, "flushed 3 of 4 batches");
     assert!(r.drained_in_time(&["jobs"]), "a note is not a cut");
 }
+
+#[test]
+fn a_requested_drain_deadline_only_ever_shortens_the_services_own() {
+    assert_eq!(drain_within(secs(20), None), secs(20));
+    assert_eq!(drain_within(secs(20), Some(secs(3))), secs(3));
+    assert_eq!(drain_within(secs(20), Some(Duration::ZERO)), Duration::ZERO);
+    assert_eq!(
+        drain_within(secs(3), Some(secs(60))),
+        secs(3),
+        "never longer"
+    );
+    assert_eq!(
+        drain_within(Duration::MAX, Some(Duration::MAX)),
+        LONGEST_DEADLINE,
+        "clamped"
+    );
+}
