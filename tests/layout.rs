@@ -441,3 +441,68 @@ fn the_checks_see_paths_groups_supers_and_circles() {
     acyclic.insert("c".into(), BTreeSet::new());
     assert_eq!(find_circle(&acyclic), None);
 }
+
+/// The command line's words in a line of library code: a flag (`--name`) or a verb of the
+/// `planned-stop` binary.
+fn command_line_words(line: &str) -> Option<&str> {
+    let verbs = [
+        "stop", "serve", "status", "inspect", "records", "clear", "sweep", "demo",
+    ];
+    if let Some(at) = line.find("--") {
+        let rest = &line[at + 2..];
+        if rest.starts_with(|c: char| c.is_ascii_lowercase()) {
+            let flag = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(rest.len());
+            return Some(&line[at..at + 2 + flag]);
+        }
+    }
+    let at = line.find("planned-stop ")?;
+    let word = ident(&line[at + "planned-stop ".len()..]);
+    verbs.contains(&word).then_some(word)
+}
+
+/// Issue 39.2: the library's errors and logs name the library's API (a builder method, a type, a
+/// store), never a flag or verb of the command line, which an application embedding the crate
+/// may not ship; `src/cli` adds its own words where it reports them. Doc comments may explain
+/// the command line; code may not speak it.
+#[test]
+fn the_library_never_speaks_the_command_lines_words() {
+    let src = root().join("src");
+    let mut found = Vec::new();
+    for path in rust_files(&src) {
+        let relative = path.strip_prefix(&src).unwrap();
+        if relative.starts_with("cli") || relative == Path::new("main.rs") || is_test_file(relative)
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in library_code(&text).lines().enumerate() {
+            if let Some(word) = command_line_words(line) {
+                found.push(format!(
+                    "{}: {word:?} in {}",
+                    relative.display(),
+                    line.trim()
+                ));
+                let _ = n;
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// The scan sees a flag and a verb, and nothing else.
+#[test]
+fn the_command_line_scan_sees_flags_and_verbs() {
+    assert_eq!(
+        command_line_words(r#"  "insist with --signal-anyway""#),
+        Some("--signal-anyway")
+    );
+    assert_eq!(
+        command_line_words(r#""see `planned-stop records list`""#),
+        Some("records")
+    );
+    assert_eq!(command_line_words(r#""ServiceBuilder::lease_for""#), None);
+    assert_eq!(command_line_words(r#""the planned-stop runner""#), None);
+    assert_eq!(command_line_words("let x = a - -b;"), None);
+}

@@ -519,8 +519,8 @@ impl ServiceBuilder {
                 .map_or_else(|| "none".to_owned(), |d| d.display().to_string()),
             records = records.is_some(),
             owns_process_exit = owns_exit,
-            "planned-stop service started; a planned stop is `planned-stop stop --pid PID --dir \
-             MARKER_DIR`"
+            "planned-stop service started; a planned stop is a marker for this process in its \
+             marker directory (docs/protocol.md)"
         );
         let owner = crate::record::host::this_process(&own);
         let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));

@@ -78,7 +78,7 @@ pub enum StartError {
         "a lease of {lease:?} is shorter than {min:?}: leases are renewed every third of their \
          length and a renewal may wait up to 3 s for the record store, so a shorter lease could \
          lapse while its holder runs and hand its items to a second process; give \
-         ServiceBuilder::lease_for (serve --lease-ms) at least {min:?}"
+         ServiceBuilder::lease_for at least {min:?}"
     )]
     LeaseTooShort {
         /// The lease asked for.

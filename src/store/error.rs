@@ -37,7 +37,7 @@ pub enum StoreError {
         "marker directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
          write there can stop the service; run `chmod 700 {path}`, or use a subdirectory the \
          service creates private (such as {path}/markers: what a shared volume, a Kubernetes \
-         emptyDir, needs), or opt in with --allow-shared-dir (ServiceBuilder::allow_shared_dir)"
+         emptyDir, needs), or opt in (ServiceBuilder::allow_shared_dir)"
     )]
     SharedDirectory {
         /// The directory.
@@ -49,8 +49,8 @@ pub enum StoreError {
     #[error(
         "state directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
          write there can plant work for the service to resume; run `chmod 700 {path}`, or use a \
-         subdirectory the service creates private (such as {path}/state), or opt in with \
-         --allow-shared-state (ServiceBuilder::allow_shared_state)"
+         subdirectory the service creates private (such as {path}/state), or opt in \
+         (ServiceBuilder::allow_shared_state)"
     )]
     SharedStateDirectory {
         /// The directory.
@@ -95,7 +95,7 @@ pub enum StoreError {
     /// A directory with contents sits where a marker belongs: a marker cannot be written there and
     /// the store never deletes a directory's contents.
     #[error(
-        "{path} is a directory with contents where a marker belongs; planned-stop never deletes \
+        "{path} is a directory with contents where a marker belongs; the marker store never deletes \
          what a directory holds: look at it and remove it by hand (`rm -r {path}`, or `rmdir /s` \
          on Windows), then retry"
     )]
@@ -107,7 +107,7 @@ pub enum StoreError {
     #[error(
         "{path} holds a pending stop request for process {pid}, good until {expires_at}: wait \
          until process {pid} consumes it or it expires; if process {pid} will never read it, remove \
-         it with `planned-stop clear --marker {path}`; or use the per-process slot layout (--dir)"
+         it (MarkerStore::clear); or use the per-process slot layout (Layout::Slots)"
     )]
     SlotBusy {
         /// The shared file.

@@ -22,15 +22,15 @@ impl FileRecordStore {
                     Err(e) => {
                         tracing::warn!(path = %path.display(), bytes = bytes.len(),
                             problem = %crate::record::json_problem(&e),
-                            "not a record file; skipped (see `planned-stop records list`)");
+                            "not a record file; skipped: move it aside or repair it by hand");
                         None
                     }
                 }
             }
             found => {
                 tracing::warn!(path = %path.display(), found = %found.describe(MAX_FILE_BYTES),
-                    "not a private regular file of this user within the size limit; skipped (see \
-                     `planned-stop records list`)");
+                    "not a private regular file of this user within the size limit; skipped: \
+                     move it aside or repair it by hand");
                 None
             }
         }

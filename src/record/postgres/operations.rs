@@ -364,8 +364,8 @@ impl PgRecordStore {
                 }
             }
             tracing::error!("could not release what a failed lease call may have taken: such \
-                items stay leased to this process until it exits; `planned-stop records release` \
-                frees them");
+                items stay leased to this process until it exits; RecordStore::release frees \
+                them");
         });
     }
 
