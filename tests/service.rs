@@ -148,7 +148,7 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
             chrono::TimeDelta::from_std(DRAIN).unwrap()
         );
         assert_eq!(h.status().outcome.as_deref(), Some(&ack));
-        control.finish(&[]);
+        assert!(control.finish(&[]), "the drain request is pending");
         assert_eq!(concluded(&h.subscribe()).await.exit_code, Some(0));
     });
 }
@@ -766,7 +766,7 @@ proptest::proptest! {
             h.ready();
             h.request_stop(StopRequest::Planned);
             control.wait_asked().await;
-            control.finish(&["job"]);
+            assert!(control.finish(&["job"]));
             code_of(h.stopped().await)
         });
         proptest::prop_assert_eq!(code, 0);
@@ -931,8 +931,8 @@ fn helper_blocked_drain() {
             .unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
-        actix::clock::sleep(Duration::from_millis(10)).await;
-        control.finish(&[]);
+        control.wait_asked().await;
+        assert!(control.finish(&[]));
         h.stopped().await
     });
     std::process::exit(0);
@@ -1316,8 +1316,8 @@ fn helper_blocked_persist() {
             .unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
-        actix::clock::sleep(Duration::from_millis(10)).await;
-        control.finish(&["job-41"]);
+        control.wait_asked().await;
+        assert!(control.finish(&["job-41"]));
         h.stopped().await
     });
     std::process::exit(0);
