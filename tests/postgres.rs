@@ -60,12 +60,7 @@ impl Backend for Postgres {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
-}
+use common::cases;
 
 prop_state_machine! {
     #![proptest_config(ProptestConfig {

@@ -24,14 +24,7 @@ impl Backend for Files {
     }
 }
 
-/// 1,000 cases, or `PLANNED_STOP_RECORD_CASES` (the Windows run under Wine, where every file
-/// operation costs about forty times as much, takes 100), or `PROPTEST_CASES`.
-fn cases() -> u32 {
-    ["PLANNED_STOP_RECORD_CASES", "PROPTEST_CASES"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
-        .unwrap_or(1000)
-}
+use common::cases;
 
 prop_state_machine! {
     #![proptest_config(ProptestConfig {

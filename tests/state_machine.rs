@@ -617,12 +617,7 @@ fn tokio_elapsed_ms(sut: &Sut) -> u64 {
     (now - sut.clock.base_wall()).num_milliseconds() as u64
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
-}
+use common::cases;
 
 prop_state_machine! {
     #![proptest_config(ProptestConfig {

@@ -245,3 +245,14 @@ pub fn example_binary(name: &str, features: &str) -> PathBuf {
     built.insert(key, path.clone());
     path
 }
+
+/// How many cases a property test runs: 1,000, or `PLANNED_STOP_RECORD_CASES` (the Windows run
+/// under Wine, where every file operation costs about forty times as much, takes 100), or
+/// `PROPTEST_CASES`. One rule for every property test.
+#[allow(dead_code)]
+pub fn cases() -> u32 {
+    ["PLANNED_STOP_RECORD_CASES", "PROPTEST_CASES"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
+        .unwrap_or(1000)
+}
