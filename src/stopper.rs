@@ -63,7 +63,7 @@ pub struct StopOptions {
     /// Send SIGTERM after writing the marker (Unix only).
     pub signal: bool,
     /// Send that SIGTERM even to a process that has not announced watching the directory (one
-    /// that reads markers without announcing, such as the earlier system's). Without it such a
+    /// that reads markers without announcing, such as a port of the protocol). Without it such a
     /// request is refused before anything is written: a mistyped pid must not kill a bystander.
     pub signal_unwatched: bool,
     /// Stop and stay down, or restart (see [`crate::marker::StopAction`]).
@@ -172,8 +172,8 @@ pub struct Requested {
     pub signalled: bool,
     /// Whether the target had announced that it watches this directory when the marker was
     /// written ([`MarkerStore::is_watched_by`]). `false` is a warning, not a refusal: the target
-    /// may still be starting, or be a service of the earlier system this crate descends from,
-    /// which reads markers without announcing; but it is also what a wrong directory, or a
+    /// may still be starting, or be a port of the protocol that reads markers without
+    /// announcing; but it is also what a wrong directory, or a
     /// process that is not a planned-stop service, looks like.
     pub watching: bool,
 }

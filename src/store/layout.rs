@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 pub enum Layout {
     /// One slot per target pid in this directory: `DIR/planned-stop-<PID>.json`.
     Slots(PathBuf),
-    /// One file shared by all processes (the layout of the earlier system this crate descends from).
+    /// One file shared by all processes, for writers that know only one path per service.
     SingleFile(PathBuf),
 }
 

@@ -5,7 +5,7 @@
 //! - [`Layout::Slots`] (the default): one file per target, `DIR/planned-stop-<PID>.json`.
 //!   Stoppers of different processes never touch the same file, so they cannot overwrite each other
 //!   (hazard 4 in docs/protocol.md: concurrent stoppers overwrote each other).
-//! - [`Layout::SingleFile`]: one path shared by every process, the earlier system's layout. A
+//! - [`Layout::SingleFile`]: one path shared by every process, for writers that know only one. A
 //!   marker that names another live process is left where it is, and a writer refuses to replace
 //!   one that is still good for its target.
 //!
