@@ -301,29 +301,6 @@ impl Marker {
                 });
             }
         };
-        let action = match get("action") {
-            None | Some(Value::Null) => StopAction::Stop,
-            Some(Value::String(s)) if s == "stop" => StopAction::Stop,
-            Some(Value::String(s)) if s == "restart" => StopAction::Restart,
-            Some(v) => {
-                return Err(MarkerError::InvalidField {
-                    field: "action",
-                    reason: format!("must be \"stop\" or \"restart\", found {}", brief(v)),
-                });
-            }
-        };
-        let drain_deadline = match get("drain_deadline_ms") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(std::time::Duration::from_millis(v.as_u64().ok_or_else(
-                || MarkerError::InvalidField {
-                    field: "drain_deadline_ms",
-                    reason: format!(
-                        "must be a non-negative integer (milliseconds) or null, found {}",
-                        brief(v)
-                    ),
-                },
-            )?)),
-        };
         let marker = Marker {
             target_pid,
             target_start_time,
@@ -332,8 +309,8 @@ impl Marker {
             request_id,
             reason,
             trigger_watcher,
-            action,
-            drain_deadline,
+            action: action_field(get("action"))?,
+            drain_deadline: drain_deadline_field(get("drain_deadline_ms"))?,
         };
         marker.check_fields()?;
         Ok(marker)
@@ -571,6 +548,36 @@ struct Wire<'a> {
 
 fn is_stop(action: &StopAction) -> bool {
     *action == StopAction::Stop
+}
+
+/// `"action"`: absent or `null` is a stop.
+fn action_field(value: Option<&Value>) -> Result<StopAction, MarkerError> {
+    match value {
+        None | Some(Value::Null) => Ok(StopAction::Stop),
+        Some(Value::String(s)) if s == "stop" => Ok(StopAction::Stop),
+        Some(Value::String(s)) if s == "restart" => Ok(StopAction::Restart),
+        Some(v) => Err(MarkerError::InvalidField {
+            field: "action",
+            reason: format!("must be \"stop\" or \"restart\", found {}", brief(v)),
+        }),
+    }
+}
+
+/// `"drain_deadline_ms"`: absent or `null` asks for none.
+fn drain_deadline_field(value: Option<&Value>) -> Result<Option<std::time::Duration>, MarkerError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(ms) => Ok(Some(std::time::Duration::from_millis(ms))),
+            None => Err(MarkerError::InvalidField {
+                field: "drain_deadline_ms",
+                reason: format!(
+                    "must be a non-negative integer (milliseconds) or null, found {}",
+                    brief(v)
+                ),
+            }),
+        },
+    }
 }
 
 impl<'a> From<&'a Marker> for Wire<'a> {
