@@ -396,60 +396,17 @@ impl ServiceBuilder {
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn start(self) -> Result<ServiceHandle, StartError> {
-        if System::try_current().is_none() {
-            return Err(StartError::NoSystem);
-        }
-        if self.lease_for < MIN_LEASE {
-            return Err(StartError::LeaseTooShort {
-                lease: self.lease_for,
-                min: MIN_LEASE,
-            });
-        }
-        if self.max_failed_attempts == 0 {
-            return Err(StartError::NoAttemptAllowed);
-        }
-        let own = match self.identity {
-            Some(id) => id,
-            None => ProcessIdentity::current()?,
-        };
-        let store = MarkerStore::builder(self.layout)
-            .policy(self.policy)
-            .allow_shared_dir(self.allow_shared_dir)
-            .open()?;
-        match store.sweep(self.clock.now()) {
-            Ok(report) if report != Default::default() => {
-                tracing::info!(?report, "swept markers of earlier processes")
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %ErrorChain(&e), "cannot sweep the marker directory"),
-        }
-        let state_dir = match &self.records {
-            Records::Dir(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
-            _ => None,
-        };
-        let records: Option<Arc<dyn RecordStore>> = match self.records {
-            Records::None => None,
-            Records::Dir(dir) => Some(Arc::new(
-                FileRecordStore::open(
-                    dir,
-                    if self.allow_shared_state {
-                        Sharing::Allowed
-                    } else {
-                        Sharing::Refused
-                    },
-                )?
-                .with_clock(self.clock.clone()),
-            )),
-            Records::Store(store) => Some(store),
-        };
-        // The runner's mailbox exists before the runner does: the signal handlers, the last
-        // fallible step, are installed against it, and only then is the runner made and run. A
-        // failure leaves no runner behind (its drop guard would end the process later).
-        let context: Context<RunnerActor> = Context::new();
-        let runner = context.address();
-        if self.handle_signals {
-            crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
-        }
+        self.check()?;
+        let own = self.identity.map_or_else(ProcessIdentity::current, Ok)?;
+        let store = open_marker_store(
+            self.layout,
+            self.policy,
+            self.allow_shared_dir,
+            self.clock.now(),
+        )?;
+        let (state_dir, records) =
+            open_records(self.records, self.allow_shared_state, &self.clock)?;
+        let (context, runner) = mailbox(self.handle_signals)?;
         let mut config = self.runner;
         config.records = records.clone();
         let unexpected_code = config.exit_codes.unexpected;
@@ -467,11 +424,7 @@ impl ServiceBuilder {
         let status = actor.subscribe();
         crate::telemetry::describe();
         if owns_exit {
-            log_panics();
-            if let Some(hook) = self.forced_exit {
-                crate::runner::process_end::on_forced_exit(hook);
-            }
-            crate::runner::process_end::arm(unexpected_code);
+            arm_process_end(self.forced_exit, unexpected_code);
         }
         context.run(actor);
         #[cfg(all(unix, feature = "systemd"))]
@@ -480,7 +433,7 @@ impl ServiceBuilder {
             crate::systemd::heartbeat();
         }
         let since = self.clock.now();
-        let mut watcher = MarkerWatcherActor::new(
+        let watcher = MarkerWatcherActor::new(
             OwnSlot {
                 store: store.clone(),
                 own,
@@ -493,45 +446,20 @@ impl ServiceBuilder {
         .with_held_notice(runner.clone().recipient())
         .ends_process_on_panic(owns_exit)
         .keeps_watching_after_restarts(restarts_in_place);
-        if self.events {
-            match SlotEvents::watch(&store.slot_path(own.pid)) {
-                Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),
-                Err(e) => tracing::warn!(error = %ErrorChain(&e),
-                    "no filesystem notifications for the marker directory; polling only"),
-            }
-        }
-        watcher.start();
-        // Announced before `start` returns, so before the application can say it is ready: a
-        // stopper that finds no announcement can warn that nothing here reads its marker.
-        if let Err(e) = store.write_presence(&crate::stopper::Presence::new(&own, since)) {
-            tracing::warn!(error = %ErrorChain(&e), "cannot write the presence file; stoppers \
-                will warn that this process has not announced watching the directory");
-        }
-        let marker_dir = std::path::absolute(store.dir()).unwrap_or_else(|_| store.dir().into());
-        tracing::info!(
-            pid = own.pid,
-            start = own.start,
-            marker_dir = %marker_dir.display(),
-            // Display, not Debug: a Windows path must read as itself, not with doubled
-            // backslashes.
-            state_dir = %state_dir
-                .as_ref()
-                .map_or_else(|| "none".to_owned(), |d| d.display().to_string()),
-            records = records.is_some(),
-            owns_process_exit = owns_exit,
-            "planned-stop service started; a planned stop is a marker for this process in its \
-             marker directory (docs/protocol.md)"
+        start_watcher(watcher, &store, own.pid, self.events);
+        announce(
+            &store,
+            &own,
+            since,
+            state_dir.as_deref(),
+            records.is_some(),
+            owns_exit,
         );
         let owner = crate::record::host::this_process(&own);
         let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
         if let Some(records) = &records {
-            keep_leases(
-                records.clone(),
-                owner.clone(),
-                held.clone(),
-                self.lease_for,
-                status.clone(),
-            );
+            let (owner, held) = (owner.clone(), held.clone());
+            keep_leases(records.clone(), owner, held, self.lease_for, status.clone());
         }
         Ok(ServiceHandle {
             runner,
@@ -548,6 +476,138 @@ impl ServiceBuilder {
             unexpected_code,
         })
     }
+
+    /// What `start` refuses before it touches anything: no actix `System`, a lease too short
+    /// to renew, no attempt allowed.
+    fn check(&self) -> Result<(), StartError> {
+        if System::try_current().is_none() {
+            return Err(StartError::NoSystem);
+        }
+        if self.lease_for < MIN_LEASE {
+            return Err(StartError::LeaseTooShort {
+                lease: self.lease_for,
+                min: MIN_LEASE,
+            });
+        }
+        if self.max_failed_attempts == 0 {
+            return Err(StartError::NoAttemptAllowed);
+        }
+        Ok(())
+    }
+}
+
+/// The runner's mailbox, which exists before the runner does: the signal handlers, the last
+/// fallible step, are installed against it, and only then is the runner made and run. A
+/// failure leaves no runner behind (its drop guard would end the process later).
+fn mailbox(handle_signals: bool) -> Result<(Context<RunnerActor>, Addr<RunnerActor>), StartError> {
+    let context: Context<RunnerActor> = Context::new();
+    let runner = context.address();
+    if handle_signals {
+        crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
+    }
+    Ok((context, runner))
+}
+
+/// The runner owns the process's end: panics are logged, and the process ends with the
+/// unexpected code when it would otherwise end before the runner concluded.
+fn arm_process_end(
+    forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
+    unexpected_code: i32,
+) {
+    log_panics();
+    if let Some(hook) = forced_exit {
+        crate::runner::process_end::on_forced_exit(hook);
+    }
+    crate::runner::process_end::arm(unexpected_code);
+}
+
+/// The marker directory, opened by its policy, with what earlier processes left swept.
+fn open_marker_store(
+    layout: Layout,
+    policy: Policy,
+    allow_shared_dir: bool,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<MarkerStore, StartError> {
+    let store = MarkerStore::builder(layout)
+        .policy(policy)
+        .allow_shared_dir(allow_shared_dir)
+        .open()?;
+    match store.sweep(now) {
+        Ok(report) if report != Default::default() => {
+            tracing::info!(?report, "swept markers of earlier processes")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %ErrorChain(&e), "cannot sweep the marker directory"),
+    }
+    Ok(store)
+}
+
+/// The state directory's absolute path when the records are a directory (for the start's log
+/// line), and the record store.
+type Opened = (Option<PathBuf>, Option<Arc<dyn RecordStore>>);
+
+/// The record store the builder names, opened (see [`Opened`]).
+fn open_records(
+    records: Records,
+    allow_shared_state: bool,
+    clock: &Arc<dyn Clock>,
+) -> Result<Opened, StartError> {
+    Ok(match records {
+        Records::None => (None, None),
+        Records::Dir(dir) => {
+            let absolute = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+            let sharing = if allow_shared_state {
+                Sharing::Allowed
+            } else {
+                Sharing::Refused
+            };
+            let store = FileRecordStore::open(dir, sharing)?.with_clock(clock.clone());
+            (Some(absolute), Some(Arc::new(store)))
+        }
+        Records::Store(store) => (None, Some(store)),
+    })
+}
+
+/// Starts the watcher, woken by filesystem notifications of its slot when `events` (polling
+/// only when they cannot be had, with a WARN).
+fn start_watcher(mut watcher: MarkerWatcherActor, store: &MarkerStore, pid: u32, events: bool) {
+    if events {
+        match SlotEvents::watch(&store.slot_path(pid)) {
+            Ok((events, wakeups)) => watcher = watcher.with_wakeups(wakeups, Some(events)),
+            Err(e) => tracing::warn!(error = %ErrorChain(&e),
+                "no filesystem notifications for the marker directory; polling only"),
+        }
+    }
+    watcher.start();
+}
+
+/// Announces that this process watches its directory — before `start` returns, so before the
+/// application can say it is ready: a stopper that finds no announcement can warn that nothing
+/// here reads its marker — and logs the start.
+fn announce(
+    store: &MarkerStore,
+    own: &ProcessIdentity,
+    since: chrono::DateTime<chrono::Utc>,
+    state_dir: Option<&std::path::Path>,
+    records: bool,
+    owns_exit: bool,
+) {
+    if let Err(e) = store.write_presence(&crate::stopper::Presence::new(own, since)) {
+        tracing::warn!(error = %ErrorChain(&e), "cannot write the presence file; stoppers \
+            will warn that this process has not announced watching the directory");
+    }
+    let marker_dir = std::path::absolute(store.dir()).unwrap_or_else(|_| store.dir().into());
+    tracing::info!(
+        pid = own.pid,
+        start = own.start,
+        marker_dir = %marker_dir.display(),
+        // Display, not Debug: a Windows path must read as itself, not with doubled backslashes.
+        state_dir = %state_dir.map_or_else(|| "none".to_owned(), |d| d.display().to_string()),
+        records,
+        owns_process_exit = owns_exit,
+        "planned-stop service started; a planned stop is a marker for this process in its \
+         marker directory (docs/protocol.md)"
+    );
 }
 
 /// The runner's restart in place, when it was asked for and can work here (a WARN when not).
