@@ -47,48 +47,13 @@ impl RunnerActor {
         let drained_in_time = run.drained_in_time(&names);
         let unanswered = run.unanswered(&names);
         let stopper = crate::record::host::this_process(&self.own);
-        let mut unfinished = run.unfinished;
-        // New work gets its id here; a handed-back item keeps the one it came with (never a new
-        // one, which would multiply it; an invalid one is kept out below).
-        for (index, item) in unfinished.iter_mut().enumerate() {
-            if !item.resumed {
-                item.id = Some(item_id(&stopper, finished_at, index));
-            }
-        }
-        // The one size limit, checked where items are accepted: an item no store may hold (too
-        // large, or handed back under an id that is not an item id) is kept out of the record
-        // and ends the stop as `record_lost`, never dropped silently.
-        let (unfinished, mut unrecorded): (Vec<_>, Vec<_>) =
-            unfinished.into_iter().partition(|u| {
-                unstorable(&u.item).is_none() && u.id.as_deref().is_some_and(is_valid_item_id)
-            });
-        let mut notes = run.notes;
-        for item in &unrecorded {
-            let id = item.id.as_deref().unwrap_or_default();
-            let why = match unstorable(&item.item) {
-                Some(why) => format!("item {id} is {why}"),
-                None => format!("item {id:?} was handed back under an id that is not an item id"),
-            };
-            notes.push(Note {
-                participant: item.participant.clone(),
-                note: format!("{why}: not recorded (it is in the ERROR log line)"),
-            });
-        }
-        // An item that could not even be serialised is lost in the same way, and said so: its
-        // reason stands in for it in the ERROR log line.
-        for lost in run.unrecordable {
-            notes.push(Note {
-                participant: lost.participant.clone(),
-                note: format!(
-                    "{}: not recorded (lost; named in the ERROR log line)",
-                    lost.note
-                ),
-            });
-            unrecorded.push(Unfinished::new(
-                lost.participant,
-                serde_json::json!({ "unserialisable": lost.note }),
-            ));
-        }
+        let (unfinished, unrecorded, notes) = sort_out_items(
+            &stopper,
+            finished_at,
+            run.unfinished,
+            run.unrecordable,
+            run.notes,
+        );
         // The summary says the code the process will end with.
         let code = if unrecorded.is_empty() || self.config.records.is_none() {
             code
@@ -119,45 +84,51 @@ impl RunnerActor {
         if let Ok(mut pending) = self.pending.lock() {
             *pending = Some(items_json(&record.unfinished, &self.unrecorded));
         }
-        match self.config.records.clone() {
-            // Persisted before anything reports the stop: the outcome, the status and the exit
-            // code all wait for the items to be durable, within the persist's own budget.
-            Some(store) => {
-                let budget = self.config.persist_deadline;
-                let persisting = async move {
-                    let result =
-                        match actix::clock::timeout(budget, store.persist(&stopper, &record)).await
-                        {
-                            Ok(result) => result,
-                            Err(_) => Err(RecordError::backend(format!(
-                                "the record store did not finish persisting within {budget:?} \
-                                 (the persist deadline); is it reachable?"
-                            ))),
-                        };
-                    (record, result)
-                };
-                // The store's own log lines (a retry, a spill) belong to this stop too.
-                let persisting = tracing::Instrument::instrument(
-                    persisting,
-                    self.stop_span.clone().unwrap_or_else(tracing::Span::none),
-                );
-                ctx.wait(
-                    persisting
-                        .into_actor(self)
-                        .map(|(record, result), act, ctx| act.conclude(record, result, ctx)),
+        self.persist(record, stopper, ctx);
+    }
+
+    /// Hands `record` to the record store within the persist deadline, and concludes with what
+    /// it answers. Persisted before anything reports the stop: the outcome, the status and the
+    /// exit code all wait for the items to be durable, within the persist's own budget. Without
+    /// a store the items go to one ERROR line.
+    fn persist(
+        &mut self,
+        record: StopRecord,
+        stopper: crate::record::Owner,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(store) = self.config.records.clone() else {
+            if !record.unfinished.is_empty() || !self.unrecorded.is_empty() {
+                tracing::error!(
+                    items = %items_json(&record.unfinished, &self.unrecorded),
+                    "no record store is configured (ServiceBuilder::state_dir or \
+                     record_store); the unfinished items are only in this log line"
                 );
             }
-            None => {
-                if !record.unfinished.is_empty() || !self.unrecorded.is_empty() {
-                    tracing::error!(
-                        items = %items_json(&record.unfinished, &self.unrecorded),
-                        "no record store is configured (ServiceBuilder::state_dir or \
-                         record_store); the unfinished items are only in this log line"
-                    );
-                }
-                self.conclude(record, Ok(Persisted::Durable), ctx);
-            }
-        }
+            return self.conclude(record, Ok(Persisted::Durable), ctx);
+        };
+        let budget = self.config.persist_deadline;
+        let persisting = async move {
+            let result = match actix::clock::timeout(budget, store.persist(&stopper, &record)).await
+            {
+                Ok(result) => result,
+                Err(_) => Err(RecordError::backend(format!(
+                    "the record store did not finish persisting within {budget:?} (the persist \
+                     deadline); is it reachable?"
+                ))),
+            };
+            (record, result)
+        };
+        // The store's own log lines (a retry, a spill) belong to this stop too.
+        let persisting = tracing::Instrument::instrument(
+            persisting,
+            self.stop_span.clone().unwrap_or_else(tracing::Span::none),
+        );
+        ctx.wait(
+            persisting
+                .into_actor(self)
+                .map(|(record, result), act, ctx| act.conclude(record, result, ctx)),
+        );
     }
 
     /// Ends the stop once the record is persisted (or could not be): the final outcome, the
@@ -266,4 +237,52 @@ impl RunnerActor {
 fn items_json(recorded: &[Unfinished], unrecorded: &[Unfinished]) -> String {
     let all: Vec<&Unfinished> = recorded.iter().chain(unrecorded).collect();
     serde_json::to_string(&all).unwrap_or_default()
+}
+
+/// The stop's items sorted out, pure: new work gets its id (a handed-back item keeps the one it
+/// came with, never a new one, which would multiply it); an item no store may hold — too large,
+/// handed back under an id that is not an item id, or one that could not even be serialised —
+/// is kept out of the record (unrecorded: the stop ends `record_lost`, the item in the ERROR log
+/// line, never dropped silently), and a note says so. Returns (recorded, unrecorded, notes).
+fn sort_out_items(
+    stopper: &crate::record::Owner,
+    finished_at: chrono::DateTime<chrono::Utc>,
+    mut unfinished: Vec<Unfinished>,
+    unrecordable: Vec<Note>,
+    mut notes: Vec<Note>,
+) -> (Vec<Unfinished>, Vec<Unfinished>, Vec<Note>) {
+    for (index, item) in unfinished.iter_mut().enumerate() {
+        if !item.resumed {
+            item.id = Some(item_id(stopper, finished_at, index));
+        }
+    }
+    let (unfinished, mut unrecorded): (Vec<_>, Vec<_>) = unfinished.into_iter().partition(|u| {
+        unstorable(&u.item).is_none() && u.id.as_deref().is_some_and(is_valid_item_id)
+    });
+    for item in &unrecorded {
+        let id = item.id.as_deref().unwrap_or_default();
+        let why = match unstorable(&item.item) {
+            Some(why) => format!("item {id} is {why}"),
+            None => format!("item {id:?} was handed back under an id that is not an item id"),
+        };
+        notes.push(Note {
+            participant: item.participant.clone(),
+            note: format!("{why}: not recorded (it is in the ERROR log line)"),
+        });
+    }
+    // Its reason stands in for an unserialisable item in the ERROR log line.
+    for lost in unrecordable {
+        notes.push(Note {
+            participant: lost.participant.clone(),
+            note: format!(
+                "{}: not recorded (lost; named in the ERROR log line)",
+                lost.note
+            ),
+        });
+        unrecorded.push(Unfinished::new(
+            lost.participant,
+            serde_json::json!({ "unserialisable": lost.note }),
+        ));
+    }
+    (unfinished, unrecorded, notes)
 }
