@@ -140,7 +140,6 @@ impl RunnerActor {
         ctx: &mut Context<Self>,
     ) {
         let _in_stop = self.in_stop();
-        let mut spilled = false;
         let unrecorded = std::mem::take(&mut self.unrecorded);
         let store = self.config.records.is_some();
         let fates = crate::telemetry::item_fates(
@@ -148,51 +147,7 @@ impl RunnerActor {
             unrecorded.len(),
             store.then_some(&persisted),
         );
-        let phase = match persisted {
-            // Without a store every item is only in the log line `finish` wrote, and the exit
-            // code stays the verdict's: the application chose to keep nothing.
-            Ok(_) if !unrecorded.is_empty() && store => {
-                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
-                tracing::error!(
-                    code = record.exit_code,
-                    items = %items_json(&[], &unrecorded),
-                    "items no record store may hold were handed back (over the size limit \
-                     MAX_ITEM_BYTES, holding a NUL character, under an id that is not an item id, \
-                     or not serialisable as JSON): they are not recorded anywhere but in this log \
-                     line; resubmit them, and hand back small JSON items (an id of the work, not \
-                     the work itself). The other items are durable"
-                );
-                Phase::RecordLost
-            }
-            Ok(how) => {
-                if let Persisted::Spilled { reason } = &how {
-                    spilled = true;
-                    tracing::warn!(
-                        reason,
-                        unfinished = record.unfinished.len(),
-                        "the record store was unreachable; the unfinished items are kept on this \
-                         host until the next start here pushes them"
-                    );
-                } else if store {
-                    tracing::info!(
-                        unfinished = record.unfinished.len(),
-                        "stop record and unfinished items persisted"
-                    );
-                }
-                Phase::Stopped
-            }
-            Err(e) => {
-                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
-                tracing::error!(
-                    error = %ErrorChain(&e),
-                    code = record.exit_code,
-                    items = %items_json(&record.unfinished, &unrecorded),
-                    "cannot persist the stop record: the unfinished items are not recorded \
-                     anywhere but in this log line; resubmit them, then fix the record store"
-                );
-                Phase::RecordLost
-            }
-        };
+        let (phase, spilled) = self.final_phase(&mut record, persisted, &unrecorded);
         if let Ok(mut pending) = self.pending.lock() {
             *pending = None;
         }
@@ -230,6 +185,65 @@ impl RunnerActor {
             process_end::concluded(code, Some(record.verdict), self.config.exit_grace);
         }
         ctx.stop();
+    }
+
+    /// How the stop ends, from what the store answered: `stopped` (and whether its items
+    /// spilled to this host), or `record_lost` — the store failed, or items no store may hold
+    /// were handed back — with the record-lost exit code set on `record`. Each said in its log.
+    fn final_phase(
+        &self,
+        record: &mut StopRecord,
+        persisted: Result<Persisted, RecordError>,
+        unrecorded: &[Unfinished],
+    ) -> (Phase, bool) {
+        let store = self.config.records.is_some();
+        let mut spilled = false;
+        let phase = match persisted {
+            // Without a store every item is only in the log line `finish` wrote, and the exit
+            // code stays the verdict's: the application chose to keep nothing.
+            Ok(_) if !unrecorded.is_empty() && store => {
+                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
+                tracing::error!(
+                    code = record.exit_code,
+                    items = %items_json(&[], unrecorded),
+                    "items no record store may hold were handed back (over the size limit \
+                     MAX_ITEM_BYTES, holding a NUL character, under an id that is not an item id, \
+                     or not serialisable as JSON): they are not recorded anywhere but in this log \
+                     line; resubmit them, and hand back small JSON items (an id of the work, not \
+                     the work itself). The other items are durable"
+                );
+                Phase::RecordLost
+            }
+            Ok(how) => {
+                if let Persisted::Spilled { reason } = &how {
+                    spilled = true;
+                    tracing::warn!(
+                        reason,
+                        unfinished = record.unfinished.len(),
+                        "the record store was unreachable; the unfinished items are kept on this \
+                         host until the next start here pushes them"
+                    );
+                } else if store {
+                    tracing::info!(
+                        unfinished = record.unfinished.len(),
+                        "stop record and unfinished items persisted"
+                    );
+                }
+                Phase::Stopped
+            }
+            Err(e) => {
+                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
+                tracing::error!(
+                    error = %ErrorChain(&e),
+                    code = record.exit_code,
+                    items = %items_json(&record.unfinished, unrecorded),
+                    "cannot persist the stop record: the unfinished items are not recorded \
+                     anywhere but in this log line; resubmit them, then fix the record store"
+                );
+                Phase::RecordLost
+            }
+        };
+        (phase, spilled)
     }
 }
 
