@@ -1,17 +1,15 @@
 //! `planned-stop stop`: write the marker for one process, optionally signal it, wait and report.
 
+mod answer;
 mod report;
 mod target;
 
-use super::{
-    EXIT_GONE, EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN,
-    EXIT_OK, EXIT_RECORD_LOST, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED,
-    EXIT_USAGE, LayoutArgs, chain, fail, path_json,
-};
+use super::{EXIT_GONE, EXIT_OK, EXIT_USAGE, LayoutArgs, chain, fail, path_json};
+use answer::Answer;
 use clap::Args;
 use planned_stop::marker::{MarkerStore, StopAction};
-use planned_stop::stopper::{self, DrainSummary, Progress, StopOptions, StopperError, WaitOutcome};
-use report::{already_stopped, describe, kill_at_deadline, not_watching, report, report_error};
+use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
+use report::{already_stopped, kill_at_deadline, not_watching, report, report_error};
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -144,21 +142,7 @@ pub fn run(args: StopArgs) -> u8 {
         report(&args, "already_gone", EXIT_GONE, text.to_owned(), json!({}));
         return EXIT_GONE;
     }
-    let store = match args.layout.layout().and_then(|layout| {
-        let store = MarkerStore::builder(layout)
-            .allow_shared_dir(args.allow_shared_dir)
-            .create_dir(args.create_dir)
-            .open()
-            .map_err(|e| chain(&e))?;
-        if !store.dir().is_dir() {
-            return Err(format!(
-                "marker directory {} does not exist: is --dir (or --marker) right? No target \
-                 can be watching it; --create-dir creates it",
-                store.dir().display()
-            ));
-        }
-        Ok(store)
-    }) {
+    let store = match open_store(&args) {
         Ok(store) => store,
         Err(e) => return fail_stop(&args, e),
     };
@@ -177,50 +161,7 @@ pub fn run(args: StopArgs) -> u8 {
         Ok(w) => w.filter(|w| !w.is_zero()),
         Err(_) => return fail_stop(&args, "--wait takes a number of seconds".into()),
     };
-    let mut options = StopOptions::new()
-        .with_trigger_watcher(!args.no_trigger)
-        .with_signal(args.signal)
-        .with_signal_unwatched(args.signal_anyway)
-        .with_action(if args.restart {
-            StopAction::Restart
-        } else {
-            StopAction::Stop
-        });
-    options.reason = args.reason.clone();
-    options.drain_deadline = args.drain_ms.map(Duration::from_millis);
-    options.request_id = args.request_id.clone();
-    options.expect_start = args.start;
-    let requested = if args.wait_only {
-        // Follow what is under way: the target as it is now, nothing written.
-        match planned_stop::ProcessIdentity::of(args.pid()) {
-            Some(target) if args.start.is_none_or(|start| start == target.start) => Ok(Target {
-                watching: store.is_watched_by(&target),
-                target,
-                request_id: None,
-                slot: None,
-                live_until: None,
-                signalled: false,
-            }),
-            Some(target) => Err(StopperError::WrongIdentity {
-                pid: args.pid(),
-                expected: args.start.unwrap_or_default(),
-                actual: target.start,
-            }),
-            None => Err(StopperError::NotRunning { pid: args.pid() }),
-        }
-    } else {
-        stopper::request(&store, args.pid(), &options).map(|r| Target {
-            target: r.target,
-            request_id: r.marker.request_id,
-            slot: Some(r.slot),
-            signalled: r.signalled,
-            live_until: chrono::TimeDelta::from_std(store.policy().ttl)
-                .ok()
-                .and_then(|ttl| r.marker.written_at.checked_add_signed(ttl)),
-            watching: r.watching,
-        })
-    };
-    let requested = match requested {
+    let requested = match request_or_follow(&args, &store) {
         Ok(r) => r,
         Err(e @ StopperError::NotRunning { .. }) => {
             return match already_stopped(&args, &store) {
@@ -233,41 +174,154 @@ pub fn run(args: StopArgs) -> u8 {
         }
         Err(e) => return report_error(&args, e),
     };
-    let request_id = requested.request_id.clone();
     if !requested.watching && !args.json {
         eprintln!("planned-stop: warning: {}", not_watching(&args, &store));
     }
     if wait.is_some() && requested.target.pid == 1 {
         eprintln!("planned-stop: warning: {PID_ONE_WAIT}");
     }
-    let Some(timeout) = wait else {
-        report(
-            &args,
-            "marker_written",
-            EXIT_OK,
-            format!(
-                "stop requested for process {} ({}){}",
-                args.pid(),
-                requested
-                    .slot
-                    .as_deref()
-                    .map(|s| s.display().to_string())
-                    .unwrap_or_default(),
-                if requested.signalled {
-                    "; SIGTERM sent"
-                } else {
-                    ""
-                }
-            ),
-            json!({
-                "request_id": request_id,
-                "slot": requested.slot.as_deref().map(path_json),
-                "signalled": requested.signalled,
-                "watching": requested.watching,
-            }),
-        );
-        return EXIT_OK;
+    match wait {
+        None => marker_written(&args, &requested),
+        Some(timeout) => wait_and_answer(&args, &store, &requested, timeout),
+    }
+}
+
+/// The marker directory `--dir` or `--marker` names; one that does not exist is refused unless
+/// `--create-dir`: no target can be watching it.
+fn open_store(args: &StopArgs) -> Result<MarkerStore, String> {
+    let layout = args.layout.layout()?;
+    let store = MarkerStore::builder(layout)
+        .allow_shared_dir(args.allow_shared_dir)
+        .create_dir(args.create_dir)
+        .open()
+        .map_err(|e| chain(&e))?;
+    if !store.dir().is_dir() {
+        return Err(format!(
+            "marker directory {} does not exist: is --dir (or --marker) right? No target can be \
+             watching it; --create-dir creates it",
+            store.dir().display()
+        ));
+    }
+    Ok(store)
+}
+
+/// What the command line asks the library to write.
+fn options(args: &StopArgs) -> StopOptions {
+    let action = if args.restart {
+        StopAction::Restart
+    } else {
+        StopAction::Stop
     };
+    let mut options = StopOptions::new()
+        .with_trigger_watcher(!args.no_trigger)
+        .with_signal(args.signal)
+        .with_signal_unwatched(args.signal_anyway)
+        .with_action(action);
+    options.reason = args.reason.clone();
+    options.drain_deadline = args.drain_ms.map(Duration::from_millis);
+    options.request_id = args.request_id.clone();
+    options.expect_start = args.start;
+    options
+}
+
+/// Writes the request (or, with `--wait-only`, takes the target as it is now, writing nothing).
+fn request_or_follow(args: &StopArgs, store: &MarkerStore) -> Result<Target, StopperError> {
+    if !args.wait_only {
+        return stopper::request(store, args.pid(), &options(args)).map(|r| Target {
+            target: r.target,
+            request_id: r.marker.request_id,
+            slot: Some(r.slot),
+            signalled: r.signalled,
+            live_until: chrono::TimeDelta::from_std(store.policy().ttl)
+                .ok()
+                .and_then(|ttl| r.marker.written_at.checked_add_signed(ttl)),
+            watching: r.watching,
+        });
+    }
+    match planned_stop::ProcessIdentity::of(args.pid()) {
+        Some(target) if args.start.is_none_or(|start| start == target.start) => Ok(Target {
+            watching: store.is_watched_by(&target),
+            target,
+            request_id: None,
+            slot: None,
+            live_until: None,
+            signalled: false,
+        }),
+        Some(target) => Err(StopperError::WrongIdentity {
+            pid: args.pid(),
+            expected: args.start.unwrap_or_default(),
+            actual: target.start,
+        }),
+        None => Err(StopperError::NotRunning { pid: args.pid() }),
+    }
+}
+
+/// Without `--wait`: the marker is written, and that is the answer.
+fn marker_written(args: &StopArgs, requested: &Target) -> u8 {
+    let slot = requested.slot.as_deref();
+    let signalled = if requested.signalled {
+        "; SIGTERM sent"
+    } else {
+        ""
+    };
+    report(
+        args,
+        "marker_written",
+        EXIT_OK,
+        format!(
+            "stop requested for process {} ({}){signalled}",
+            args.pid(),
+            slot.map(|s| s.display().to_string()).unwrap_or_default(),
+        ),
+        json!({
+            "request_id": requested.request_id,
+            "slot": slot.map(path_json),
+            "signalled": requested.signalled,
+            "watching": requested.watching,
+        }),
+    );
+    EXIT_OK
+}
+
+/// `--wait`: follows the target to its outcome (a progress line on a terminal), answers it, and
+/// with `--kill` ends a target still running at the deadline.
+fn wait_and_answer(
+    args: &StopArgs,
+    store: &MarkerStore,
+    requested: &Target,
+    timeout: Duration,
+) -> u8 {
+    let outcome = follow(args, store, requested, timeout);
+    let request_id = requested.request_id.as_deref();
+    let Answer {
+        kind,
+        code,
+        text,
+        mut extra,
+    } = answer::answer(args, store, requested, &outcome);
+    extra["request_id"] = json!(request_id);
+    extra["watching"] = json!(requested.watching);
+    // A stopper that gives up leaves its marker live: the target may still stop on it.
+    let (text, marker_live) = report::marker_left_live(args, &outcome, requested.live_until, text);
+    if let Some(until) = marker_live {
+        extra["marker_live_until"] = json!(until);
+    }
+    // A restart in place still handing over serves on, as asked: --kill ends stops, not that.
+    let still_running = outcome.is_running() && !matches!(outcome, WaitOutcome::HandingOver { .. });
+    if args.kill && still_running {
+        return kill_at_deadline(args, store, &requested.target, kind, extra);
+    }
+    report(args, kind, code, text, extra);
+    code
+}
+
+/// Waits for the target's answer to this request, with a progress line on a terminal.
+fn follow(
+    args: &StopArgs,
+    store: &MarkerStore,
+    requested: &Target,
+    timeout: Duration,
+) -> WaitOutcome {
     let bar = (!args.json && std::io::stdout().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.enable_steady_tick(Duration::from_millis(120));
@@ -278,270 +332,30 @@ pub fn run(args: StopArgs) -> u8 {
     } else {
         stopper::ExitWatch::Events
     };
+    let pid = args.pid();
     let outcome = stopper::wait_for_request(
-        &store,
+        store,
         &requested.target,
-        request_id.as_deref(),
+        requested.request_id.as_deref(),
         timeout,
         watch,
         |progress, elapsed| {
-            if let Some(bar) = &bar {
-                bar.set_message(match progress {
-                    Progress::Waiting => format!(
-                        "waiting for process {} to accept ({:.1} s)",
-                        args.pid(),
-                        elapsed.as_secs_f64()
-                    ),
-                    Progress::Draining => format!(
-                        "process {} is draining ({:.1} s)",
-                        args.pid(),
-                        elapsed.as_secs_f64()
-                    ),
-                    Progress::Held => format!(
-                        "process {} holds the stop until it is ready ({:.1} s)",
-                        args.pid(),
-                        elapsed.as_secs_f64()
-                    ),
-                    other => format!("process {}: {other:?}", args.pid()),
-                });
-            }
+            let Some(bar) = &bar else {
+                return;
+            };
+            let secs = elapsed.as_secs_f64();
+            bar.set_message(match progress {
+                Progress::Waiting => format!("waiting for process {pid} to accept ({secs:.1} s)"),
+                Progress::Draining => format!("process {pid} is draining ({secs:.1} s)"),
+                Progress::Held => {
+                    format!("process {pid} holds the stop until it is ready ({secs:.1} s)")
+                }
+                other => format!("process {pid}: {other:?}"),
+            });
         },
     );
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let (kind, code, text, extra) = match &outcome {
-        WaitOutcome::StoppedPlanned { exit_code, outcome }
-            if args.restart && outcome.action != StopAction::Restart =>
-        {
-            report::not_restarted(&args, *exit_code, outcome)
-        }
-        WaitOutcome::StoppedPlanned { exit_code, outcome } => {
-            // Racing stoppers: the target accepted one request; say whose.
-            // Following a stop under way (--wait-only), whichever request it was is ours.
-            let own = args.wait_only
-                || planned_stop::stopper::is_own_request(outcome, request_id.as_deref());
-            // An outcome without a summary (an earlier version) is not known to be lossy.
-            let clean = outcome.drain.as_ref().is_none_or(DrainSummary::is_clean);
-            let lossy = match outcome.drain.as_ref().filter(|_| !clean) {
-                Some(drain) => format!("; the drain was not clean: {}", describe(drain)),
-                None => String::new(),
-            };
-            (
-                "stopped_planned",
-                if clean || !args.require_clean {
-                    EXIT_OK
-                } else {
-                    EXIT_NOT_CLEAN
-                },
-                if own && outcome.spilled {
-                    format!(
-                        "process {} stopped as planned (exit code {exit_code}); its record store \
-                         was unreachable, so its unfinished work is kept on its host until its \
-                         next start there pushes it",
-                        args.pid()
-                    )
-                } else if let (true, Some(successor)) = (own, outcome.successor) {
-                    format!(
-                        "process {} restarted in place: its successor, pid {successor}, serves \
-                         from the same sockets, and it stopped as planned (exit code {exit_code})",
-                        args.pid()
-                    )
-                } else if own {
-                    format!(
-                        "process {} stopped as planned (exit code {exit_code})",
-                        args.pid()
-                    )
-                } else if let Some(other) = outcome.request_id.as_deref() {
-                    format!(
-                        "process {} stopped as planned (exit code {exit_code}) on another stop \
-                         request, {other}, not this one",
-                        args.pid(),
-                    )
-                } else {
-                    format!(
-                        "process {} stopped as planned (exit code {exit_code}) on a signal or \
-                         its application's own request, not on this stop request",
-                        args.pid(),
-                    )
-                } + &lossy,
-                json!({
-                    "exit_code": exit_code,
-                    "verdict": outcome.verdict,
-                    "cause": outcome.cause,
-                    "accepted_request_id": outcome.request_id,
-                    "own_request": own,
-                    "spilled": outcome.spilled,
-                    "clean": clean,
-                    "drain": outcome.drain,
-                    "successor": outcome.successor,
-                }),
-            )
-        }
-        WaitOutcome::StoppedUnexpectedly { exit_code, outcome } => (
-            "stopped_unexpectedly",
-            EXIT_UNEXPECTED,
-            format!(
-                "process {} stopped, but not as planned ({})",
-                args.pid(),
-                match exit_code {
-                    Some(c) => format!("exit code {c}"),
-                    None => "it left no outcome: killed or crashed?".to_owned(),
-                }
-            ),
-            json!({
-                "exit_code": exit_code,
-                "verdict": outcome.as_ref().map(|o| o.verdict),
-                "drain": outcome.as_ref().and_then(|o| o.drain.clone()),
-            }),
-        ),
-        WaitOutcome::StillDraining { outcome } => (
-            "still_draining",
-            EXIT_STILL_DRAINING,
-            format!(
-                "process {} accepted the stop at {} and was still draining (deadline {})",
-                args.pid(),
-                outcome.accepted_at,
-                outcome.drain_deadline
-            ),
-            json!({ "accepted_at": outcome.accepted_at, "drain_deadline": outcome.drain_deadline }),
-        ),
-        WaitOutcome::StoppedStillAlive { outcome } => (
-            "stopped_still_alive",
-            EXIT_STOPPED_STILL_ALIVE,
-            format!(
-                "process {} finished its stop ({}, exit code {}) but is still alive: its runner \
-                 does not own the process's end (owns_process_exit(false)) and its main has not \
-                 returned, or it is stuck on the way out",
-                args.pid(),
-                serde_json::to_value(outcome.phase)
-                    .unwrap_or_default()
-                    .as_str()
-                    .unwrap_or("?"),
-                outcome.exit_code.map_or("?".to_owned(), |c| c.to_string())
-            ),
-            json!({ "phase": outcome.phase, "exit_code": outcome.exit_code, "verdict": outcome.verdict }),
-        ),
-        WaitOutcome::NotAccepted
-            if !requested.watching && !store.is_watched_by(&requested.target) =>
-        {
-            (
-                "not_accepted",
-                EXIT_NOT_ACCEPTED,
-                format!(
-                    "process {} is still running and has not accepted the stop; it never announced \
-                 that it watches {}: is it a planned-stop service watching this directory?",
-                    args.pid(),
-                    store.dir().display()
-                ),
-                json!({}),
-            )
-        }
-        WaitOutcome::NotAccepted if args.wait_only => (
-            "not_accepted",
-            EXIT_NOT_ACCEPTED,
-            format!(
-                "process {} is running and no stop is under way: nothing was requested of it \
-                 (--wait-only follows a stop another stopper asked for)",
-                args.pid()
-            ),
-            json!({}),
-        ),
-        WaitOutcome::NotAccepted => (
-            "not_accepted",
-            EXIT_NOT_ACCEPTED,
-            if args.no_trigger && !requested.signalled {
-                format!(
-                    "process {} is still running: it watches {}, and a --no-trigger marker waits \
-                     for a signal that follows it",
-                    args.pid(),
-                    store.dir().display()
-                )
-            } else {
-                format!(
-                    "process {} is still running and has not accepted the stop, though it watches \
-                     {}: is its event loop blocked? (`planned-stop inspect` shows what it decides \
-                     about the marker)",
-                    args.pid(),
-                    store.dir().display()
-                )
-            },
-            json!({}),
-        ),
-        WaitOutcome::GoneWithoutOutcome => (
-            "gone_outcome_unknown",
-            EXIT_GONE_UNKNOWN,
-            format!(
-                "process {} is gone and left no outcome: it is not a planned-stop service watching \
-                 {}, or it was killed before it accepted the stop",
-                args.pid(),
-                store.dir().display()
-            ),
-            json!({}),
-        ),
-        WaitOutcome::KilledWhileDraining { outcome } => (
-            "killed_while_draining",
-            EXIT_KILLED_WHILE_DRAINING,
-            format!(
-                "process {} accepted the stop at {} and ended without its final outcome: killed \
-                 or crashed before it finished (or it could not write the outcome); whether its \
-                 unfinished work was recorded is unknown here (`planned-stop records list` shows \
-                 what is waiting)",
-                args.pid(),
-                outcome.accepted_at
-            ),
-            json!({ "accepted_at": outcome.accepted_at, "verdict": outcome.verdict }),
-        ),
-        WaitOutcome::RecordLost { exit_code, outcome } => (
-            "record_lost",
-            EXIT_RECORD_LOST,
-            format!(
-                "process {} stopped (exit code {}), but could not record its unfinished work: \
-                 the items are in its log (stderr, an ERROR line with `items`); resubmit them",
-                args.pid(),
-                exit_code.map_or("?".to_owned(), |c| c.to_string())
-            ),
-            json!({
-                "exit_code": exit_code,
-                "verdict": outcome.verdict,
-                "cause": outcome.cause,
-                "drain": outcome.drain,
-            }),
-        ),
-        WaitOutcome::Held { outcome } => (
-            "held",
-            EXIT_NOT_ACCEPTED,
-            format!(
-                "process {} saw the stop at {} but holds it: it has not declared itself ready \
-                 (it drains once ready)",
-                args.pid(),
-                outcome.accepted_at
-            ),
-            json!({ "held_since": outcome.accepted_at }),
-        ),
-        WaitOutcome::RestartFailed { outcome } => report::restart_failed(&args, outcome),
-        WaitOutcome::HandingOver { outcome } => report::still_handing_over(&args, outcome),
-        // A kind of answer this build's library knows and this table does not: never success.
-        other => (
-            "unknown",
-            EXIT_UNEXPECTED,
-            format!("process {}: {other:?}", args.pid()),
-            json!({}),
-        ),
-    };
-    let mut extra = extra;
-    extra["request_id"] = json!(request_id);
-    extra["watching"] = json!(requested.watching);
-    // A stopper that gives up leaves its marker live: the target may still stop on it.
-    let (text, marker_live) = report::marker_left_live(&args, &outcome, requested.live_until, text);
-    if let Some(until) = marker_live {
-        extra["marker_live_until"] = json!(until);
-    }
-    // A restart in place still handing over serves on, as asked: --kill ends stops, not that.
-    let still_running = outcome.is_running() && !matches!(outcome, WaitOutcome::HandingOver { .. });
-    if args.kill && still_running {
-        return kill_at_deadline(&args, &store, &requested.target, kind, extra);
-    }
-    report(&args, kind, code, text, extra);
-    code
+    outcome
 }
