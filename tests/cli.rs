@@ -1841,7 +1841,8 @@ fn a_stopper_asks_for_a_shorter_drain_and_never_a_longer_one() {
 
 /// Issue 38.10: `--kill` forces first, then kills. A target that ignores Ctrl-C (here a shell
 /// that traps it, not a planned-stop service) is still running after the forced drain's grace,
-/// and is killed: `killed_at_deadline` (14) with `forced: true`.
+/// and is killed: `killed_at_deadline` (14) with `forced: true`; one that ends on it is answered
+/// `forced_at_deadline` (18), without claiming a record.
 #[cfg(unix)]
 #[test]
 fn kill_kills_a_target_that_a_forced_drain_does_not_end() {
@@ -1866,4 +1867,28 @@ fn kill_kills_a_target_that_a_forced_drain_does_not_end() {
     assert_eq!(report["was"], "not_accepted", "{report}");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(deaf.wait().unwrap().signal(), Some(libc::SIGKILL));
+
+    // A program that is no planned-stop service ends on the Ctrl-C itself: forced, not killed,
+    // and the answer does not pretend anything was recorded.
+    let mut plain = common::Helper::new(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = stop(&d, &plain.id().to_string(), &["--wait", "0.3", "--kill"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("forced_at_deadline"), Some(18)),
+        "{report}"
+    );
+    assert!(
+        report["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("without a final outcome")),
+        "{report}"
+    );
+    assert_eq!(plain.wait().unwrap().signal(), Some(libc::SIGINT));
 }

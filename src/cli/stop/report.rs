@@ -86,17 +86,23 @@ fn forced_at_deadline(
     extra["phase"] = json!(outcome.map(|o| o.phase));
     extra["exit_code"] = json!(outcome.and_then(|o| o.exit_code));
     extra["drain"] = json!(outcome.and_then(|o| o.drain.as_ref()));
-    let code = outcome
-        .and_then(|o| o.exit_code)
-        .map_or("unknown".to_owned(), |c| c.to_string());
+    let ended = match outcome.and_then(|o| o.exit_code) {
+        Some(code) => format!(
+            "it ended with exit code {code}: what it handed back is recorded, work its \
+             participants had not handed back is lost"
+        ),
+        // A program that is not a planned-stop service ends on a Ctrl-C without an outcome.
+        None => "it ended without a final outcome (not a planned-stop service, or it could not \
+                 write one): nothing of its work is known to be recorded"
+            .to_owned(),
+    };
     report(
         args,
         "forced_at_deadline",
         EXIT_FORCED_AT_DEADLINE,
         format!(
             "process {} was still running at the deadline ({was}); its drain was forced (--kill's \
-             first step) and it ended with exit code {code}: what it handed back is recorded, work \
-             its participants had not handed back is lost",
+             first step) and {ended}",
             args.pid()
         ),
         extra,
