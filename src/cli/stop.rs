@@ -76,9 +76,10 @@ pub struct StopArgs {
     /// --no-trigger, --reason, --create-dir).
     #[arg(long, requires = "wait", conflicts_with_all = ["signal", "restart", "no_trigger", "reason", "create_dir"])]
     pub wait_only: bool,
-    /// With --wait (Unix): a target still running at the deadline is ended with SIGKILL, the
-    /// signal systemd sends when TimeoutStopSec runs out, and reported as `killed_at_deadline`
-    /// (exit 14). Its stop record, if the drain had not written it, is lost.
+    /// With --wait (Unix): a target still running at the deadline is first forced (Ctrl-C,
+    /// repeated: it records what was handed back and ends, `forced_at_deadline`, exit 18), and
+    /// ended with SIGKILL, the signal systemd sends when TimeoutStopSec runs out, only if it still
+    /// runs 5 s later (`killed_at_deadline`, exit 14: what it had not recorded is lost).
     #[arg(long, requires = "wait")]
     pub kill: bool,
     /// Ask the target to drain within N milliseconds, when that is shorter than its own drain
