@@ -61,87 +61,112 @@ pub(super) fn status(args: StatusArgs) -> u8 {
     if let Some(pid) = args.pid {
         return status_of_process(&store, pid, args.json);
     }
-    let entries = match store.entries(Utc::now()) {
-        Ok(e) => e,
-        Err(e) => return fail(chain(&e)),
-    };
-    let outcomes = match store.outcomes() {
-        Ok(outcomes) => outcomes,
-        Err(e) => return fail(chain(&e)),
-    };
-    let presences = match store.presences() {
-        Ok(presences) => presences,
-        Err(e) => return fail(chain(&e)),
-    };
-    let found = match stop_records(&args) {
-        Ok(found) => found,
+    let listing = match Listing::read(&args, &store) {
+        Ok(listing) => listing,
         Err(e) => return fail(e),
     };
     if args.json {
-        let slots: Vec<_> = entries
-            .iter()
-            .map(|e| verdict_json(&e.path, &e.verdict))
-            .collect();
-        emit(json!({
-            "dir": path_json(store.dir()),
-            "slots": slots,
-            "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
-            "watching": presences.iter().map(|p| json!({
-                "pid": p.pid,
-                "start": p.start,
-                "since": p.since,
-                "owner_alive": planned_stop::ProcessIdentity::is_running(p.pid, p.start),
-            })).collect::<Vec<_>>(),
-            "stop_record": found.last_stop,
-            // No store was asked for: nothing is known about items (not "none").
-            "items": (args.state.is_some() || args.records.is_some())
-                .then(|| records::items_json(&found)),
-            "store_errors": found.errors,
-        }));
-        return records::report_errors(&found);
+        print_json(&args, &store, &listing);
+    } else {
+        print_text(&args, &store, &listing);
     }
+    records::report_errors(&listing.found)
+}
+
+/// What `status` shows of a directory: its slots, outcomes and presences, and the stop record
+/// and items of the store it was given.
+struct Listing {
+    entries: Vec<planned_stop::marker::SlotEntry>,
+    outcomes: Vec<Outcome>,
+    presences: Vec<planned_stop::stopper::Presence>,
+    found: records::Found,
+}
+
+impl Listing {
+    fn read(args: &StatusArgs, store: &MarkerStore) -> Result<Listing, String> {
+        Ok(Listing {
+            entries: store.entries(Utc::now()).map_err(|e| chain(&e))?,
+            outcomes: store.outcomes().map_err(|e| chain(&e))?,
+            presences: store.presences().map_err(|e| chain(&e))?,
+            found: stop_records(args)?,
+        })
+    }
+}
+
+/// `status --json`: one object.
+fn print_json(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
+    let Listing {
+        entries,
+        outcomes,
+        presences,
+        found,
+    } = listing;
+    let slots: Vec<_> = entries
+        .iter()
+        .map(|e| verdict_json(&e.path, &e.verdict))
+        .collect();
+    emit(json!({
+        "dir": path_json(store.dir()),
+        "slots": slots,
+        "outcomes": outcomes.iter().map(outcome_json).collect::<Vec<_>>(),
+        "watching": presences.iter().map(|p| json!({
+            "pid": p.pid,
+            "start": p.start,
+            "since": p.since,
+            "owner_alive": planned_stop::ProcessIdentity::is_running(p.pid, p.start),
+        })).collect::<Vec<_>>(),
+        "stop_record": found.last_stop,
+        // No store was asked for: nothing is known about items (not "none").
+        "items": (args.state.is_some() || args.records.is_some())
+            .then(|| records::items_json(found)),
+        "store_errors": found.errors,
+    }));
+}
+
+/// `status` for a person: a line per slot, watcher and outcome, then the record and the items.
+fn print_text(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
     emit(format!("marker directory {}", store.dir().display()));
-    if entries.is_empty() {
+    if listing.entries.is_empty() {
         emit("  no slots");
     }
-    for e in &entries {
+    for e in &listing.entries {
         emit(format!(
             "  {}: {}",
             file_name(&e.path),
             describe(&e.verdict)
         ));
     }
-    for p in &presences {
+    for p in &listing.presences {
+        let gone = if planned_stop::ProcessIdentity::is_running(p.pid, p.start) {
+            ""
+        } else {
+            " (gone: killed or crashed)"
+        };
         emit(format!(
-            "  watching: pid {} since {}{}",
+            "  watching: pid {} since {}{gone}",
             p.pid,
-            when(p.since),
-            if planned_stop::ProcessIdentity::is_running(p.pid, p.start) {
-                ""
-            } else {
-                " (gone: killed or crashed)"
-            }
+            when(p.since)
         ));
     }
-    for o in &outcomes {
+    for o in &listing.outcomes {
+        let gone = if planned_stop::ProcessIdentity::is_running(o.pid, o.start) {
+            ""
+        } else if matches!(o.phase, Phase::Draining | Phase::Held) {
+            " (gone: killed before it finished)"
+        } else {
+            " (gone)"
+        };
         emit(format!(
-            "  outcome of pid {}: {}, {}{}{}",
+            "  outcome of pid {}: {}, {}{}{gone}",
             o.pid,
             word(&o.phase),
             word(&o.verdict),
             o.exit_code
                 .map(|c| format!(", exit code {c}"))
                 .unwrap_or_default(),
-            if planned_stop::ProcessIdentity::is_running(o.pid, o.start) {
-                ""
-            } else if matches!(o.phase, Phase::Draining | Phase::Held) {
-                " (gone: killed before it finished)"
-            } else {
-                " (gone)"
-            }
         ));
     }
-    if let Some(r) = &found.last_stop {
+    if let Some(r) = &listing.found.last_stop {
         emit(format!(
             "stop record: pid {} stopped, {} ({}), {} unfinished item(s) to resume",
             r.pid,
@@ -151,31 +176,32 @@ pub(super) fn status(args: StatusArgs) -> u8 {
         ));
     }
     if args.state.is_some() || args.records.is_some() {
-        let leased = found.items.iter().filter(|s| s.lease.is_some()).count();
-        emit(format!(
-            "unfinished items: {} pending, {leased} leased, {} spilled on this host",
-            found.items.len() - leased,
-            found.spilled.len()
-        ));
-        for s in &found.items {
-            emit(format!(
-                "  {}",
-                records::describe_item(s, chrono::Utc::now())
-            ));
-        }
-        for s in &found.spilled {
-            emit(format!(
-                "  {} [spilled]",
-                records::describe_item(s, chrono::Utc::now())
-            ));
-        }
+        print_items(&listing.found);
     }
-    records::report_errors(&found)
 }
 
-/// What the record store `status` was pointed at holds (nothing without `--state` or
-/// `--records`; a state directory that does not exist yet holds nothing). A store that cannot be
-/// read is in `errors`, so the marker directory is still shown.
+/// The store's items, pending, leased and spilled.
+fn print_items(found: &records::Found) {
+    let leased = found.items.iter().filter(|s| s.lease.is_some()).count();
+    emit(format!(
+        "unfinished items: {} pending, {leased} leased, {} spilled on this host",
+        found.items.len() - leased,
+        found.spilled.len()
+    ));
+    for s in &found.items {
+        emit(format!(
+            "  {}",
+            records::describe_item(s, chrono::Utc::now())
+        ));
+    }
+    for s in &found.spilled {
+        emit(format!(
+            "  {} [spilled]",
+            records::describe_item(s, chrono::Utc::now())
+        ));
+    }
+}
+
 fn stop_records(args: &StatusArgs) -> Result<records::Found, String> {
     let state = args.state.clone().filter(|d| d.exists());
     if args.records.is_none() && state.is_none() {
