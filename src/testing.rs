@@ -83,6 +83,70 @@ pub struct Sut {
     runtime: tokio::runtime::Runtime,
 }
 
+impl Sut {
+    /// A stop with `new` items of its own, by owner `by` (which hands back everything it leased)
+    /// or by a stopper that holds nothing; each item marked failed when `failed`.
+    fn stop(
+        &self,
+        m: &Model,
+        new: usize,
+        by: Option<usize>,
+        failed: bool,
+        lives: &[(u64, bool); OWNERS],
+        now: chrono::DateTime<chrono::Utc>,
+    ) {
+        let mut items: Vec<serde_json::Value> = Vec::new();
+        // The model's new items are the last `new` with this stop's prefix.
+        for i in 0..new {
+            let id = format!("s{:04}-{i:02}", m.stops);
+            let value = format!("work {} of stop {}", i, m.stops);
+            items.push(serde_json::json!({"id": id, "participant": "jobs", "item": value}));
+        }
+        let stopper = match by {
+            Some(k) => {
+                // Everything this life leased, held or not: the store writes back only what it
+                // still holds.
+                let start = lives[k].0;
+                let taken = self.taken.lock().unwrap();
+                for (_, id, value) in taken[k].iter().filter(|(s, _, _)| *s == start) {
+                    items.push(serde_json::json!({"id": id, "participant": "jobs", "item": value, "resumed": true}));
+                }
+                owner(k, start)
+            }
+            None => Owner::new(HERE, STOPPER, u64::from(m.stops)),
+        };
+        if failed {
+            for item in &mut items {
+                item["failure"] = serde_json::json!("its task panicked");
+            }
+        }
+        let record = stop_record(stopper.pid, now, items);
+        self.runtime
+            .block_on(self.store.persist(&stopper, &record))
+            .unwrap();
+    }
+
+    /// A lease of up to `max` items for `secs` by owner `k` in its life `start`: exactly the
+    /// items the model offers, oldest first, each to that owner.
+    fn lease(&self, m: &Model, k: usize, max: usize, secs: u64, start: u64) {
+        let me = owner(k, start);
+        let leased = self
+            .runtime
+            .block_on(self.store.lease(&me, max, Duration::from_secs(secs)))
+            .unwrap();
+        let ids: Vec<String> = leased.iter().map(|l| l.item.id.clone()).collect();
+        assert_eq!(Expect::Leased(ids), m.expect, "lease by owner {k}");
+        let mut taken = self.taken.lock().unwrap();
+        for l in &leased {
+            let value = l.item.item.as_str().unwrap_or_default().to_owned();
+            taken[k].push((start, l.item.id.clone(), value));
+        }
+        for l in &leased {
+            assert_eq!(l.lease.owner, me);
+        }
+    }
+}
+
 impl std::fmt::Debug for Sut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sut").finish_non_exhaustive()
@@ -156,54 +220,8 @@ impl<B: Backend> StateMachineTest for Conformance<B> {
         let now = sut.clock.now();
         let before_lives = *sut.lives.lock().unwrap();
         match step {
-            Step::Stop { new, by, failed } => {
-                let mut items: Vec<serde_json::Value> = Vec::new();
-                // The model's new items are the last `new` with this stop's prefix.
-                for i in 0..new {
-                    let id = format!("s{:04}-{i:02}", m.stops);
-                    let value = format!("work {} of stop {}", i, m.stops);
-                    items.push(serde_json::json!({"id": id, "participant": "jobs", "item": value}));
-                }
-                let stopper = match by {
-                    Some(k) => {
-                        // Everything this life leased, held or not: the store writes back only
-                        // what it still holds.
-                        let start = before_lives[k].0;
-                        let taken = sut.taken.lock().unwrap();
-                        for (_, id, value) in taken[k].iter().filter(|(s, _, _)| *s == start) {
-                            items.push(serde_json::json!({"id": id, "participant": "jobs", "item": value, "resumed": true}));
-                        }
-                        owner(k, start)
-                    }
-                    None => Owner::new(HERE, STOPPER, u64::from(m.stops)),
-                };
-                if failed {
-                    for item in &mut items {
-                        item["failure"] = serde_json::json!("its task panicked");
-                    }
-                }
-                let record = stop_record(stopper.pid, now, items);
-                sut.runtime
-                    .block_on(store.persist(&stopper, &record))
-                    .unwrap();
-            }
-            Step::Lease { k, max, secs } => {
-                let me = owner(k, before_lives[k].0);
-                let leased = sut
-                    .runtime
-                    .block_on(store.lease(&me, max, Duration::from_secs(secs)))
-                    .unwrap();
-                let ids: Vec<String> = leased.iter().map(|l| l.item.id.clone()).collect();
-                assert_eq!(Expect::Leased(ids), m.expect, "lease by owner {k}");
-                let mut taken = sut.taken.lock().unwrap();
-                for l in &leased {
-                    let value = l.item.item.as_str().unwrap_or_default().to_owned();
-                    taken[k].push((before_lives[k].0, l.item.id.clone(), value));
-                }
-                for l in &leased {
-                    assert_eq!(l.lease.owner, me);
-                }
-            }
+            Step::Stop { new, by, failed } => sut.stop(m, new, by, failed, &before_lives, now),
+            Step::Lease { k, max, secs } => sut.lease(m, k, max, secs, before_lives[k].0),
             Step::Renew { k, secs } => {
                 let me = owner(k, before_lives[k].0);
                 // Every item, in the listing's order: the store renews only this owner's.

@@ -643,6 +643,81 @@ impl StopModel {
         }
     }
 
+    /// What stopper `i` does next: look for the target, write its marker, send SIGTERM after
+    /// it, report. `None` when the act does not fit the stopper's state.
+    fn stopper_acts(&self, w: &mut World, act: Act) -> Option<()> {
+        match act {
+            Act::Look(i) => {
+                w.stoppers[i] = match Self::live(w) {
+                    Some(p) => Stopper::Looked { fp: w.procs[p].fp },
+                    None => Stopper::Reported {
+                        fp: NOBODY,
+                        report: Report::NotRunning,
+                    },
+                }
+            }
+            Act::Write(i) => {
+                let Stopper::Looked { fp } = w.stoppers[i] else {
+                    return None;
+                };
+                w.slot = Slot::Marker {
+                    fp,
+                    written: w.tick,
+                    request: Some(i as u8),
+                };
+                if !w.asked.contains(&fp) {
+                    w.asked.push(fp);
+                    w.asked.sort_unstable();
+                }
+                w.stoppers[i] = Stopper::Asked {
+                    fp,
+                    signalled: false,
+                };
+            }
+            Act::SendTerm(i) => {
+                let Stopper::Asked { fp, .. } = w.stoppers[i] else {
+                    return None;
+                };
+                // The identity is checked right before kill(2).
+                if let Some(p) = Self::live(w).filter(|&p| w.procs[p].fp == fp) {
+                    w.procs[p].mailbox.push(Msg::Signal(SignalKind::Terminate));
+                }
+                w.stoppers[i] = Stopper::Asked {
+                    fp,
+                    signalled: true,
+                };
+            }
+            Act::Report(i) => {
+                let Stopper::Asked { fp, .. } = w.stoppers[i] else {
+                    return None;
+                };
+                let report = self.report(w, fp, i);
+                w.stoppers[i] = Stopper::Reported { fp, report };
+            }
+            _ => {}
+        }
+        Some(())
+    }
+
+    /// A forged marker `f` takes the slot.
+    fn forge(w: &mut World, f: Forgery) {
+        w.forgeries_left -= 1;
+        w.slot = match f {
+            Forgery::Garbage => Slot::Garbage,
+            Forgery::ForeignPid => Slot::ForeignPid,
+            Forgery::WrongFingerprint => Slot::Marker {
+                fp: NOBODY,
+                written: w.tick,
+                request: None,
+            },
+            Forgery::FromTheFuture => Slot::Marker {
+                fp: Self::live(w).map_or(TARGET, |p| w.procs[p].fp),
+                written: w.tick + 5,
+                request: None,
+            },
+        };
+    }
+
     /// What stopper `i` reports once the identity it asked is gone (`planned_stop::stopper::wait`).
     fn report(&self, world: &mut World, fp: u8, i: usize) -> Report {
         let outcome = world
@@ -764,70 +839,10 @@ impl Model for StopModel {
         let mut w = w.clone();
         match act {
             Act::Tick => w.tick += 1,
-            Act::Look(i) => {
-                w.stoppers[i] = match Self::live(&w) {
-                    Some(p) => Stopper::Looked { fp: w.procs[p].fp },
-                    None => Stopper::Reported {
-                        fp: NOBODY,
-                        report: Report::NotRunning,
-                    },
-                }
+            Act::Look(_) | Act::Write(_) | Act::SendTerm(_) | Act::Report(_) => {
+                self.stopper_acts(&mut w, act)?;
             }
-            Act::Write(i) => {
-                let Stopper::Looked { fp } = w.stoppers[i] else {
-                    return None;
-                };
-                w.slot = Slot::Marker {
-                    fp,
-                    written: w.tick,
-                    request: Some(i as u8),
-                };
-                if !w.asked.contains(&fp) {
-                    w.asked.push(fp);
-                    w.asked.sort_unstable();
-                }
-                w.stoppers[i] = Stopper::Asked {
-                    fp,
-                    signalled: false,
-                };
-            }
-            Act::SendTerm(i) => {
-                let Stopper::Asked { fp, .. } = w.stoppers[i] else {
-                    return None;
-                };
-                // The identity is checked right before kill(2).
-                if let Some(p) = Self::live(&w).filter(|&p| w.procs[p].fp == fp) {
-                    w.procs[p].mailbox.push(Msg::Signal(SignalKind::Terminate));
-                }
-                w.stoppers[i] = Stopper::Asked {
-                    fp,
-                    signalled: true,
-                };
-            }
-            Act::Report(i) => {
-                let Stopper::Asked { fp, .. } = w.stoppers[i] else {
-                    return None;
-                };
-                let report = self.report(&mut w, fp, i);
-                w.stoppers[i] = Stopper::Reported { fp, report };
-            }
-            Act::Forge(f) => {
-                w.forgeries_left -= 1;
-                w.slot = match f {
-                    Forgery::Garbage => Slot::Garbage,
-                    Forgery::ForeignPid => Slot::ForeignPid,
-                    Forgery::WrongFingerprint => Slot::Marker {
-                        fp: NOBODY,
-                        written: w.tick,
-                        request: None,
-                    },
-                    Forgery::FromTheFuture => Slot::Marker {
-                        fp: Self::live(&w).map_or(TARGET, |p| w.procs[p].fp),
-                        written: w.tick + 5,
-                        request: None,
-                    },
-                };
-            }
+            Act::Forge(f) => Self::forge(&mut w, f),
             Act::Signal(kind) => {
                 w.signals_left -= 1;
                 let p = Self::live(&w)?;

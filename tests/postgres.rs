@@ -648,6 +648,68 @@ mod fleet {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("ci/postgres.sh")
     }
 
+    /// How many item files `dir` holds.
+    fn item_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".item.json")
+            })
+            .count()
+    }
+
+    /// Issue 22.12: with the database at `url` unreachable, the operator still sees the two
+    /// items spilled under `base` and the marker directory, and is told the database could not
+    /// be read.
+    fn operator_sees_the_spill(base: &Path, url: &str, service: &str) {
+        let state = base.join("state");
+        let run_dir = base.join("run");
+        let out = run(&[
+            "records",
+            "list",
+            "--records",
+            url,
+            "--service",
+            service,
+            "--state",
+            s(&state),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "the database is unreachable");
+        let listing = json_of(&out);
+        let items = listing["items"].as_array().unwrap();
+        assert_eq!(items.len(), 2, "{listing}");
+        assert!(items.iter().all(|i| i["spilled"] == true), "{listing}");
+        assert!(
+            !listing["errors"].as_array().unwrap().is_empty(),
+            "{listing}"
+        );
+        let out = run(&[
+            "status",
+            "--dir",
+            s(&run_dir),
+            "--records",
+            url,
+            "--service",
+            service,
+            "--state",
+            s(&state),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        let status = json_of(&out);
+        assert_eq!(status["outcomes"].as_array().unwrap().len(), 1, "{status}");
+        assert_eq!(status["items"].as_array().unwrap().len(), 2, "{status}");
+        assert!(
+            !status["store_errors"].as_array().unwrap().is_empty(),
+            "{status}"
+        );
+    }
+
     /// The database goes away while a replica runs: its planned stop keeps the items on its host
     /// (exit 0, the outcome says `spilled`), and its next start pushes them once the database is
     /// back, then resumes them.
@@ -672,63 +734,8 @@ mod fleet {
         assert_eq!(report["spilled"], true, "the outcome says so: {report}");
         assert_eq!(replica.exit_code(), Some(0));
         let spilled = base.path().join("state/planned-stop-items");
-        let count = |dir: &Path| {
-            std::fs::read_dir(dir)
-                .unwrap()
-                .filter(|e| {
-                    e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .ends_with(".item.json")
-                })
-                .count()
-        };
-        assert_eq!(count(&spilled), 2, "kept on this host");
-        // Issue 22.12: with the database unreachable, the operator still sees the spilled items
-        // and the marker directory, and is told the database could not be read.
-        let state = base.path().join("state");
-        let run_dir = base.path().join("run");
-        let out = run(&[
-            "records",
-            "list",
-            "--records",
-            &pg.1,
-            "--service",
-            &service,
-            "--state",
-            s(&state),
-            "--json",
-        ]);
-        assert_eq!(out.status.code(), Some(2), "the database is unreachable");
-        let listing = json_of(&out);
-        let items = listing["items"].as_array().unwrap();
-        assert_eq!(items.len(), 2, "{listing}");
-        assert!(items.iter().all(|i| i["spilled"] == true), "{listing}");
-        assert!(
-            !listing["errors"].as_array().unwrap().is_empty(),
-            "{listing}"
-        );
-        let out = run(&[
-            "status",
-            "--dir",
-            s(&run_dir),
-            "--records",
-            &pg.1,
-            "--service",
-            &service,
-            "--state",
-            s(&state),
-            "--json",
-        ]);
-        assert_eq!(out.status.code(), Some(2));
-        let status = json_of(&out);
-        assert_eq!(status["outcomes"].as_array().unwrap().len(), 1, "{status}");
-        assert_eq!(status["items"].as_array().unwrap().len(), 2, "{status}");
-        assert!(
-            !status["store_errors"].as_array().unwrap().is_empty(),
-            "{status}"
-        );
+        assert_eq!(item_files(&spilled), 2, "kept on this host");
+        operator_sees_the_spill(base.path(), &pg.1, &service);
         pg.ctl("resume");
         let next = serve(
             base.path(),
@@ -741,7 +748,7 @@ mod fleet {
         let resumed = ids(&next.seen("resumed").unwrap());
         assert_eq!(resumed.len(), 2, "pushed, then resumed");
         next.wait_acked(2);
-        assert_eq!(count(&spilled), 0, "nothing left in the spill");
+        assert_eq!(item_files(&spilled), 0, "nothing left in the spill");
         assert!(listed(&pg.1, &service).is_empty());
     }
 }

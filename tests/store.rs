@@ -44,20 +44,61 @@ fn json(s: String) -> Setup {
     Setup::Bytes(s.into_bytes())
 }
 
-fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
-    let now = shortly_after_start(me);
-    let ts = now.to_rfc3339();
-    let pid = me.pid;
-    let start = me.start;
-    let valid = String::from_utf8(self_marker(me, now)).unwrap();
-    let with =
-        |fields: &str| format!(r#"{{"target_pid":{pid},"target_start_time":{start},{fields}}}"#);
-    let at = |t: chrono::DateTime<Utc>| with(&format!(r#""written_at":"{}""#, t.to_rfc3339()));
-    let case = |name, setup, expect| Case {
+/// What the hostile cases are written around: this process, a moment shortly after its start,
+/// and a valid marker for it.
+struct Around<'a> {
+    me: &'a ProcessIdentity,
+    now: chrono::DateTime<Utc>,
+    ts: String,
+    valid: String,
+}
+
+impl Around<'_> {
+    /// A marker for this process with `fields` after its pid and fingerprint.
+    fn with(&self, fields: &str) -> String {
+        let (pid, start) = (self.me.pid, self.me.start);
+        format!(r#"{{"target_pid":{pid},"target_start_time":{start},{fields}}}"#)
+    }
+
+    /// A marker for this process written at `t`.
+    fn at(&self, t: chrono::DateTime<Utc>) -> String {
+        self.with(&format!(r#""written_at":"{}""#, t.to_rfc3339()))
+    }
+}
+
+fn case(name: &'static str, setup: Setup, expect: &'static str) -> Case {
+    Case {
         name,
         setup,
         expect,
+    }
+}
+
+fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
+    let now = shortly_after_start(me);
+    let around = Around {
+        me,
+        now,
+        ts: now.to_rfc3339(),
+        valid: String::from_utf8(self_marker(me, now)).unwrap(),
     };
+    [
+        shape_cases(&around),
+        pid_cases(&around),
+        time_cases(&around),
+        field_cases(&around),
+        byte_cases(&around),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Markers of the wrong shape: not JSON, not an object, too big or too deep.
+fn shape_cases(a: &Around) -> Vec<Case> {
+    let ts = &a.ts;
+    let valid = &a.valid;
+    let with = |fields: &str| a.with(fields);
     vec![
         case("valid marker for us", json(valid.clone()), "for_self"),
         case(
@@ -106,6 +147,16 @@ fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
             ))),
             "malformed",
         ),
+    ]
+}
+
+/// A target pid of the wrong kind, a field given twice, a field missing.
+fn pid_cases(a: &Around) -> Vec<Case> {
+    let pid = a.me.pid;
+    let start = a.me.start;
+    let ts = &a.ts;
+    let with = |fields: &str| a.with(fields);
+    vec![
         case(
             "NaN pid",
             json(format!(r#"{{"target_pid":NaN,"written_at":"{ts}"}}"#)),
@@ -177,6 +228,19 @@ fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
             json(with(r#""stopper_pid":1"#)),
             "malformed",
         ),
+    ]
+}
+
+/// When the marker was written, and for which life of this pid.
+fn time_cases(a: &Around) -> Vec<Case> {
+    let pid = a.me.pid;
+    let start = a.me.start;
+    let now = a.now;
+    let ts = &a.ts;
+    let me = a.me;
+    let with = |fields: &str| a.with(fields);
+    let at = |t| a.at(t);
+    vec![
         case(
             "naive timestamp",
             json(with(&format!(r#""written_at":"{}""#, now.naive_utc()))),
@@ -244,6 +308,16 @@ fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
             )),
             "for_self",
         ),
+    ]
+}
+
+/// The other fields: the fingerprint's type, the version, unknown keys, the optional fields.
+fn field_cases(a: &Around) -> Vec<Case> {
+    let pid = a.me.pid;
+    let start = a.me.start;
+    let ts = &a.ts;
+    let with = |fields: &str| a.with(fields);
+    vec![
         case(
             "negative fingerprint",
             json(format!(
@@ -300,6 +374,16 @@ fn hostile_cases(me: &ProcessIdentity) -> Vec<Case> {
             json(with(&format!(r#""written_at":"{ts}","reason":"a\u001bb""#))),
             "malformed",
         ),
+    ]
+}
+
+/// Bytes around a valid marker, another process's marker, and what is not a file at the slot.
+fn byte_cases(a: &Around) -> Vec<Case> {
+    let pid = a.me.pid;
+    let start = a.me.start;
+    let ts = &a.ts;
+    let valid = &a.valid;
+    vec![
         case(
             "trailing garbage",
             json(format!("{valid} trailing")),

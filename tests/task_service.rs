@@ -513,18 +513,7 @@ fn restarts_with_the_socket_held_by_the_supervisor_refuse_no_connection() {
     let env = [("EXAMPLE_GRACE_MS", "0"), ("EXAMPLE_RESUME_MS", "60000")];
     let mut life = Life::handed(&socket, base, &env);
     let stop = Arc::new(AtomicBool::new(false));
-    let tally: Arc<std::sync::Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let clients: Vec<_> = (0..8)
-        .map(|_| {
-            let (stop, tally) = (stop.clone(), tally.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let seen = format!("{:?}", fresh_request(port));
-                    *tally.lock().unwrap().entry(seen).or_default() += 1;
-                }
-            })
-        })
-        .collect();
+    let (clients, tally) = fresh_connection_clients(port, &stop);
     for _ in 0..20 {
         assert_eq!(life.port, port, "it serves the handed socket's port");
         assert_eq!(socket_inode(life.pid, 3), inode, "the very socket");
@@ -642,65 +631,15 @@ fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
     assert_eq!(inode.len(), 1, "one listening socket: {inode:?}");
     assert_eq!(first.post("/jobs/swap-1/1500").0, 202);
     let stop = Arc::new(AtomicBool::new(false));
-    let tally: Arc<std::sync::Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let clients: Vec<_> = (0..8)
-        .map(|_| {
-            let (stop, tally) = (stop.clone(), tally.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let seen = format!("{:?}", fresh_request(port));
-                    *tally.lock().unwrap().entry(seen).or_default() += 1;
-                }
-            })
-        })
-        .collect();
+    let (clients, tally) = fresh_connection_clients(port, &stop);
     let mut reap = Reap(Vec::new());
     let mut target = first.pid;
     for round in 0..20 {
-        let (code, answer) = stop_pid(base, target, &["--restart"]);
-        assert_eq!(
-            (code, &answer["outcome"]),
-            (Some(0), &serde_json::json!("stopped_planned")),
-            "round {round}: {answer}"
-        );
-        assert_eq!(
-            answer["exit_code"], 0,
-            "restarted in place: exit 0, not 75: {answer}"
-        );
-        let successor = answer["successor"].as_u64().expect("the successor's pid") as u32;
+        let successor = restart_in_place(base, target, port, &inode, round);
         reap.0.push(successor);
-        assert!(!alive(target), "the predecessor is gone");
-        assert!(alive(successor));
-        assert_eq!(
-            listening_inodes(port),
-            inode,
-            "round {round}: the very socket, never re-bound"
-        );
-        assert_eq!(
-            vec![socket_inode(successor, 3)],
-            inode,
-            "round {round}: the successor's descriptor 3"
-        );
         target = successor;
     }
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    while !journal(base).contains_key("swap-1") {
-        if Instant::now() > deadline {
-            let listed = run(&[
-                "records",
-                "list",
-                "--state",
-                s(&base.join("state")),
-                "--json",
-            ]);
-            panic!(
-                "the job is not done after the swaps; the store holds {}; the log: {}",
-                String::from_utf8_lossy(&listed.stdout),
-                first.stderr()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_job(base, "swap-1", &first);
     // The load ends before the last, plain stop closes the socket for good.
     stop.store(true, Ordering::Relaxed);
     for c in clients {
@@ -717,6 +656,86 @@ fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
     );
     assert_eq!(journal(base).get("swap-1"), Some(&1), "{:?}", journal(base));
     drop(first);
+}
+
+/// What fresh connections saw, by kind, and how many times.
+#[cfg(target_os = "linux")]
+type Tally = Arc<std::sync::Mutex<BTreeMap<String, u64>>>;
+
+/// 8 clients opening a fresh connection per request to `port` until `stop`, and the tally of
+/// what they saw (`Ok` for a 200, the failure otherwise).
+#[cfg(target_os = "linux")]
+fn fresh_connection_clients(
+    port: u16,
+    stop: &Arc<AtomicBool>,
+) -> (Vec<std::thread::JoinHandle<()>>, Tally) {
+    let tally: Tally = Arc::default();
+    let clients = (0..8)
+        .map(|_| {
+            let (stop, tally) = (stop.clone(), tally.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let seen = format!("{:?}", fresh_request(port));
+                    *tally.lock().unwrap().entry(seen).or_default() += 1;
+                }
+            })
+        })
+        .collect();
+    (clients, tally)
+}
+
+/// One planned restart of `target` in place: answered as planned with exit 0 and a successor,
+/// which serves from the very listening socket `inode` as its descriptor 3. Returns the successor.
+#[cfg(target_os = "linux")]
+fn restart_in_place(base: &Path, target: u32, port: u16, inode: &[String], round: usize) -> u32 {
+    let (code, answer) = stop_pid(base, target, &["--restart"]);
+    assert_eq!(
+        (code, &answer["outcome"]),
+        (Some(0), &serde_json::json!("stopped_planned")),
+        "round {round}: {answer}"
+    );
+    assert_eq!(
+        answer["exit_code"], 0,
+        "restarted in place: exit 0, not 75: {answer}"
+    );
+    let successor = answer["successor"].as_u64().expect("the successor's pid") as u32;
+    assert!(!alive(target), "the predecessor is gone");
+    assert!(alive(successor));
+    assert_eq!(
+        listening_inodes(port),
+        inode,
+        "round {round}: the very socket, never re-bound"
+    );
+    assert_eq!(
+        vec![socket_inode(successor, 3)],
+        inode,
+        "round {round}: the successor's descriptor 3"
+    );
+    successor
+}
+
+/// Waits until the journal says job `name` is done; panics with the store's listing and the
+/// first life's log otherwise.
+#[cfg(target_os = "linux")]
+fn wait_for_job(base: &Path, name: &str, first: &Life) {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while !journal(base).contains_key(name) {
+        if Instant::now() > deadline {
+            let listed = run(&[
+                "records",
+                "list",
+                "--state",
+                s(&base.join("state")),
+                "--json",
+            ]);
+            panic!(
+                "the job is not done after the swaps; the store holds {}; the log: {}",
+                String::from_utf8_lossy(&listed.stdout),
+                first.stderr()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Runs `round` 20 times, four at a time, each in a directory and with processes of its own: a

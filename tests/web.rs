@@ -17,7 +17,7 @@ use planned_stop::stopper::{self, Phase, StopOptions};
 use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, StopVerdict};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -941,191 +941,238 @@ fn env_ms(name: &str) -> Option<Duration> {
 #[test]
 #[ignore = "run as a child process by the tests above"]
 fn helper_web_app() {
-    use actix::Actor;
-    use actix_web::{App, HttpServer};
     let Some(layout) = helper_role().as_deref().and_then(AppLayout::of_role) else {
         return;
     };
-    let base = PathBuf::from(std::env::var("BASE").unwrap());
-    let grace = env_ms("GRACE_MS").unwrap_or_default();
-    let ingress = env_ms("INGRESS_MS");
-    let jobs = env_ms("JOBS_MS").unwrap_or_default();
-    let ready_after = env_ms("READY_MS").unwrap_or_default();
+    let app = HelperApp {
+        layout,
+        base: PathBuf::from(std::env::var("BASE").unwrap()),
+        grace: env_ms("GRACE_MS").unwrap_or_default(),
+        ingress: env_ms("INGRESS_MS"),
+        jobs: env_ms("JOBS_MS").unwrap_or_default(),
+        ready_after: env_ms("READY_MS").unwrap_or_default(),
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
     common::give_up_after_helper_lifetime();
-    let start = |base: &Path| {
-        let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
-            .state_dir(base.join("state"))
-            .drain_deadline(Duration::from_secs(10))
-            .owns_process_exit(layout != AppLayout::NotOwnedNeverEnds)
-            // Short, so the layouts whose main never returns by itself end quickly.
-            .exit_grace(Duration::from_millis(300))
-            .participant("jobs", Jobs(jobs).start().recipient());
-        if let Some(ms) = ingress {
-            builder = builder.phase_deadline(DrainPhase::Ingress, ms);
-        }
-        builder.start().unwrap()
-    };
-    let server = |stop: &planned_stop::ServiceHandle| {
-        let ready = stop.clone();
-        let sockets = planned_stop::web::LongLived::new("websocket");
-        sockets.join(stop);
-        let streams = SseStreams(planned_stop::web::LongLived::new("sse"));
-        streams.0.join(stop);
-        let tasks: planned_stop::TaskGroup<String> = planned_stop::TaskGroup::new(stop, "tasks");
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(actix_web::web::Data::new(tasks.clone()))
-                .service(spawn_endpoint)
-                .app_data(actix_web::web::Data::new(sockets.clone()))
-                .route("/ws", actix_web::web::get().to(ws_endpoint))
-                .app_data(actix_web::web::Data::new(streams.clone()))
-                .route("/sse", actix_web::web::get().to(sse_endpoint))
-                .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
-                .service(planned_stop::web::readiness("/ready", &ready))
-                .service(planned_stop::web::status("/status", &ready))
-                .service(slow_endpoint)
-                .service(hello_endpoint)
-                .service(quit_endpoint)
-        })
-        .workers(1);
-        // `H2C` set: HTTP/1.1 and HTTP/2 with prior knowledge on the one port.
-        if std::env::var_os("H2C").is_some() {
-            server.bind_auto_h2c(("127.0.0.1", 0)).unwrap()
-        } else {
-            server.bind(("127.0.0.1", 0)).unwrap()
-        }
-    };
-    let announce = |port: u16| {
-        println!("listening {port}");
-        std::io::stdout().flush().unwrap();
-    };
     let code: i32 = match layout {
-        AppLayout::RunWithCode => {
-            let system = actix::System::new();
-            system.block_on(async {
-                let stop = start(&base);
-                let http = server(&stop);
-                let port = http.addrs()[0].port();
-                let serving = planned_stop::web::serve(http, &stop).grace(grace);
-                actix::spawn(async move {
-                    let _ = serving.await;
-                });
-                stop.ready();
-                announce(port);
-            });
-            system.run_with_code().unwrap()
-        }
-        AppLayout::ActixMain => actix::System::new().block_on(async {
-            let stop = start(&base);
-            let http = server(&stop);
-            let port = http.addrs()[0].port();
-            let serving = planned_stop::web::serve(http, &stop).grace(grace);
-            actix::spawn(async move {
-                let _ = serving.await;
-            });
-            stop.ready();
-            announce(port);
-            common::actors::code_of(stop.stopped().await)
-        }),
-        AppLayout::ActixWebMain => actix_web::rt::System::new().block_on(async {
-            let stop = start(&base);
-            let http = server(&stop);
-            let port = http.addrs()[0].port();
-            announce(port);
-            let later = stop.clone();
-            actix::spawn(async move {
-                actix::clock::sleep(ready_after).await;
-                later.ready();
-            });
-            let code = planned_stop::web::serve(http, &stop)
-                .grace(grace)
-                .await
-                .unwrap();
-            common::actors::code_of(code)
-        }),
+        AppLayout::RunWithCode => app.run_with_code(),
+        AppLayout::ActixMain => app.actix_main(),
+        AppLayout::ActixWebMain => app.actix_web_main(),
         AppLayout::ActixMainReturnsEarly => actix::System::new().block_on(async {
-            let stop = start(&base);
+            let stop = app.start();
             stop.ready();
             announce(0);
             0 // the mistake: returns "success" without awaiting stop.stopped()
         }),
         AppLayout::OwnServerBlockOn | AppLayout::NotOwnedNeverEnds => {
-            // What `#[actix_web::main] async fn main() -> io::Result<()>` expands to.
-            let result: std::io::Result<()> = actix_web::rt::System::new().block_on(async {
-                let stop = start(&base);
-                let http =
-                    HttpServer::new(|| App::new().service(hello_endpoint).service(quit_endpoint))
-                        .workers(1)
-                        .bind(("127.0.0.1", 0))?;
-                announce(http.addrs()[0].port());
-                stop.ready();
-                http.run().await
-            });
-            result.unwrap();
+            app.own_server_block_on().unwrap();
             return; // main returns Ok(()): exit 0 as far as main is concerned
         }
         AppLayout::ServeThenOk => {
-            let result: std::io::Result<()> = actix_web::rt::System::new().block_on(async {
-                let stop = start(&base);
-                let http = server(&stop);
-                announce(http.addrs()[0].port());
-                stop.ready();
-                // Wrapped in the application's own function: one bound to name.
-                fn run_app(
-                    server: impl planned_stop::web::Servable,
-                    stop: &planned_stop::ServiceHandle,
-                    grace: Duration,
-                ) -> planned_stop::web::Serve {
-                    planned_stop::web::serve(server, stop).grace(grace)
-                }
-                run_app(http, &stop, grace).await?;
-                Ok(())
-            });
-            result.unwrap();
+            app.serve_then_ok().unwrap();
             return;
         }
         AppLayout::PanicsAfterStop => {
             actix_web::rt::System::new().block_on(async {
-                let stop = start(&base);
-                let http = server(&stop);
-                announce(http.addrs()[0].port());
+                let stop = app.start();
+                let (http, port) = app_server(&stop);
+                announce(port);
                 stop.ready();
-                let _ = planned_stop::web::serve(http, &stop).grace(grace).await;
+                let _ = planned_stop::web::serve(http, &stop).grace(app.grace).await;
             });
             panic!("main panics after the stop");
         }
         AppLayout::PanicsAtOnce => {
             actix::System::new().block_on(async {
-                let stop = start(&base);
+                let stop = app.start();
                 stop.ready();
                 announce(0);
                 panic!("main panics before any stop");
             });
             return;
         }
-        AppLayout::OwnServerWithSignals => {
-            let system = actix::System::new();
-            system.block_on(async {
-                let stop = start(&base);
-                // Not handed to planned_stop: actix-server handles SIGTERM itself and stops the
-                // System with 0.
-                let http = HttpServer::new(|| App::new().service(hello_endpoint))
-                    .workers(1)
-                    .bind(("127.0.0.1", 0))
-                    .unwrap();
-                let port = http.addrs()[0].port();
-                actix::spawn(http.run());
-                stop.ready();
-                announce(port);
-            });
-            system.run_with_code().unwrap()
-        }
+        AppLayout::OwnServerWithSignals => app.own_server_with_signals(),
     };
     std::process::exit(code);
+}
+
+/// What the helper application is told by its environment.
+struct HelperApp {
+    layout: AppLayout,
+    base: PathBuf,
+    grace: Duration,
+    ingress: Option<Duration>,
+    jobs: Duration,
+    ready_after: Duration,
+}
+
+impl HelperApp {
+    /// The planned stop, with a jobs participant whose jobs last `jobs`.
+    fn start(&self) -> planned_stop::ServiceHandle {
+        use actix::Actor;
+        let mut builder = PlannedStopService::builder(Layout::Slots(self.base.join("run")))
+            .state_dir(self.base.join("state"))
+            .drain_deadline(Duration::from_secs(10))
+            .owns_process_exit(self.layout != AppLayout::NotOwnedNeverEnds)
+            // Short, so the layouts whose main never returns by itself end quickly.
+            .exit_grace(Duration::from_millis(300))
+            .participant("jobs", Jobs(self.jobs).start().recipient());
+        if let Some(ms) = self.ingress {
+            builder = builder.phase_deadline(DrainPhase::Ingress, ms);
+        }
+        builder.start().unwrap()
+    }
+
+    /// `System::run_with_code` after serving from a `block_on`.
+    fn run_with_code(&self) -> i32 {
+        let system = actix::System::new();
+        system.block_on(async {
+            let stop = self.start();
+            let (http, port) = app_server(&stop);
+            let serving = planned_stop::web::serve(http, &stop).grace(self.grace);
+            actix::spawn(async move {
+                let _ = serving.await;
+            });
+            stop.ready();
+            announce(port);
+        });
+        system.run_with_code().unwrap()
+    }
+
+    /// `#[actix::main]`: serving spawned, `main` awaits `stopped()`.
+    fn actix_main(&self) -> i32 {
+        actix::System::new().block_on(async {
+            let stop = self.start();
+            let (http, port) = app_server(&stop);
+            let serving = planned_stop::web::serve(http, &stop).grace(self.grace);
+            actix::spawn(async move {
+                let _ = serving.await;
+            });
+            stop.ready();
+            announce(port);
+            common::actors::code_of(stop.stopped().await)
+        })
+    }
+
+    /// `#[actix_web::main]`: `main` awaits `serve`; ready `ready_after` later.
+    fn actix_web_main(&self) -> i32 {
+        actix_web::rt::System::new().block_on(async {
+            let stop = self.start();
+            let (http, port) = app_server(&stop);
+            announce(port);
+            let later = stop.clone();
+            let ready_after = self.ready_after;
+            actix::spawn(async move {
+                actix::clock::sleep(ready_after).await;
+                later.ready();
+            });
+            let code = planned_stop::web::serve(http, &stop)
+                .grace(self.grace)
+                .await
+                .unwrap();
+            common::actors::code_of(code)
+        })
+    }
+
+    /// What `#[actix_web::main] async fn main() -> io::Result<()>` expands to, the server run
+    /// by the application itself.
+    fn own_server_block_on(&self) -> std::io::Result<()> {
+        use actix_web::{App, HttpServer};
+        actix_web::rt::System::new().block_on(async {
+            let stop = self.start();
+            let http =
+                HttpServer::new(|| App::new().service(hello_endpoint).service(quit_endpoint))
+                    .workers(1)
+                    .bind(("127.0.0.1", 0))?;
+            announce(http.addrs()[0].port());
+            stop.ready();
+            http.run().await
+        })
+    }
+
+    /// `serve` wrapped in the application's own function, `main` returning `Ok(())`.
+    fn serve_then_ok(&self) -> std::io::Result<()> {
+        actix_web::rt::System::new().block_on(async {
+            let stop = self.start();
+            let (http, port) = app_server(&stop);
+            announce(port);
+            stop.ready();
+            // Wrapped in the application's own function: one bound to name.
+            fn run_app(
+                server: impl planned_stop::web::Servable,
+                stop: &planned_stop::ServiceHandle,
+                grace: Duration,
+            ) -> planned_stop::web::Serve {
+                planned_stop::web::serve(server, stop).grace(grace)
+            }
+            run_app(http, &stop, self.grace).await?;
+            Ok(())
+        })
+    }
+
+    /// A server not handed to planned_stop: actix-server handles SIGTERM itself and stops the
+    /// System with 0.
+    fn own_server_with_signals(&self) -> i32 {
+        use actix_web::{App, HttpServer};
+        let system = actix::System::new();
+        system.block_on(async {
+            let stop = self.start();
+            let http = HttpServer::new(|| App::new().service(hello_endpoint))
+                .workers(1)
+                .bind(("127.0.0.1", 0))
+                .unwrap();
+            let port = http.addrs()[0].port();
+            actix::spawn(http.run());
+            stop.ready();
+            announce(port);
+        });
+        system.run_with_code().unwrap()
+    }
+}
+
+/// The application's server: jobs spawned as tasks, a WebSocket, server-sent events, readiness
+/// and status, a slow endpoint; HTTP/2 with prior knowledge too when `H2C` is set.
+fn app_server(stop: &planned_stop::ServiceHandle) -> (impl planned_stop::web::Servable, u16) {
+    use actix_web::{App, HttpServer};
+    let ready = stop.clone();
+    let sockets = planned_stop::web::LongLived::new("websocket");
+    sockets.join(stop);
+    let streams = SseStreams(planned_stop::web::LongLived::new("sse"));
+    streams.0.join(stop);
+    let tasks: planned_stop::TaskGroup<String> = planned_stop::TaskGroup::new(stop, "tasks");
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(actix_web::web::Data::new(tasks.clone()))
+            .service(spawn_endpoint)
+            .app_data(actix_web::web::Data::new(sockets.clone()))
+            .route("/ws", actix_web::web::get().to(ws_endpoint))
+            .app_data(actix_web::web::Data::new(streams.clone()))
+            .route("/sse", actix_web::web::get().to(sse_endpoint))
+            .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
+            .service(planned_stop::web::readiness("/ready", &ready))
+            .service(planned_stop::web::status("/status", &ready))
+            .service(slow_endpoint)
+            .service(hello_endpoint)
+            .service(quit_endpoint)
+    })
+    .workers(1);
+    // `H2C` set: HTTP/1.1 and HTTP/2 with prior knowledge on the one port.
+    let server = if std::env::var_os("H2C").is_some() {
+        server.bind_auto_h2c(("127.0.0.1", 0)).unwrap()
+    } else {
+        server.bind(("127.0.0.1", 0)).unwrap()
+    };
+    let port = server.addrs()[0].port();
+    (server, port)
+}
+
+/// Tells the test the port the application listens on.
+fn announce(port: u16) {
+    println!("listening {port}");
+    std::io::stdout().flush().unwrap();
 }
 
 /// `planned-stop stop --wait` against an application that has not declared itself ready yet

@@ -201,62 +201,8 @@ impl ReferenceStateMachine for Reference {
             _ => None,
         };
         match *step {
-            Step::Stop { new, by, failed } => {
-                m.stops += 1;
-                let failed = u32::from(failed);
-                for i in 0..new {
-                    m.items.push(Item {
-                        id: format!("s{:04}-{i:02}", m.stops),
-                        stopped_at: m.now,
-                        attempts: 1,
-                        failures: failed,
-                        aside: false,
-                        lease: None,
-                        value: format!("work {} of stop {}", i, m.stops),
-                    });
-                }
-                if let Some(k) = by {
-                    let start = m.lives[k].0;
-                    let now = m.now;
-                    for item in &mut m.items {
-                        if item.lease.is_some_and(|(o, s, _)| (o, s) == (k, start)) {
-                            item.lease = None;
-                            item.attempts += 1;
-                            item.failures += failed;
-                            item.stopped_at = now;
-                        }
-                    }
-                    m.lives[k].1 = false; // a stop ends the process
-                }
-                m.sort();
-            }
-            Step::Lease { k, max, secs } => {
-                let start = m.lives[k].0;
-                let now = m.now;
-                let mut leased = Vec::new();
-                for i in 0..m.items.len() {
-                    if leased.len() >= max {
-                        break;
-                    }
-                    let offered = !m.items[i].aside
-                        && match m.items[i].lease {
-                            None => true,
-                            Some((o, s, expires)) => match m.liveness(o, s) {
-                                Liveness::Alive => false,
-                                Liveness::Dead => true,
-                                Liveness::Unknown => now >= expires,
-                            },
-                        };
-                    if offered {
-                        if m.items[i].lease.is_some() {
-                            m.items[i].failures += 1; // its holder is gone: a failed attempt
-                        }
-                        m.items[i].lease = Some((k, start, now + secs as i64));
-                        leased.push(m.items[i].id.clone());
-                    }
-                }
-                m.expect = Expect::Leased(leased);
-            }
+            Step::Stop { new, by, failed } => m.stop(new, by, failed),
+            Step::Lease { k, max, secs } => m.lease(k, max, secs),
             Step::Renew { k, secs } => {
                 let start = m.lives[k].0;
                 let now = m.now;
@@ -288,26 +234,7 @@ impl ReferenceStateMachine for Reference {
                     Some(_) => Err("not holder"),
                 });
             }
-            Step::Release { k, pick } => {
-                let id = m.pick(pick);
-                let holder = k.map(|k| (k, m.lives[k].0));
-                m.expect = Expect::Released(match m.items.iter_mut().find(|i| i.id == id) {
-                    None => Err("unknown"),
-                    Some(item) if k.is_none() && item.aside => {
-                        item.aside = false;
-                        item.failures = 0;
-                        Ok(true)
-                    }
-                    Some(item) => match (item.lease, holder) {
-                        (None, _) => Ok(false),
-                        (Some((o, s, _)), Some(h)) if (o, s) != h => Err("not holder"),
-                        (Some(_), _) => {
-                            item.lease = None;
-                            Ok(true)
-                        }
-                    },
-                });
-            }
+            Step::Release { k, pick } => m.release(k, pick),
             Step::Drop { pick } => {
                 let id = m.pick(pick);
                 let existed = m.items.iter().any(|i| i.id == id);
@@ -335,5 +262,92 @@ impl ReferenceStateMachine for Reference {
             Step::Advance { secs } => m.now += secs,
         }
         m
+    }
+}
+
+impl Model {
+    /// A stop: `new` items of its own, and everything owner `by` holds handed back (the stop
+    /// ends that life); with `failed`, each counts a failed attempt.
+    fn stop(&mut self, new: usize, by: Option<usize>, failed: bool) {
+        self.stops += 1;
+        let failed = u32::from(failed);
+        for i in 0..new {
+            self.items.push(Item {
+                id: format!("s{:04}-{i:02}", self.stops),
+                stopped_at: self.now,
+                attempts: 1,
+                failures: failed,
+                aside: false,
+                lease: None,
+                value: format!("work {} of stop {}", i, self.stops),
+            });
+        }
+        if let Some(k) = by {
+            let start = self.lives[k].0;
+            let now = self.now;
+            for item in &mut self.items {
+                if item.lease.is_some_and(|(o, s, _)| (o, s) == (k, start)) {
+                    item.lease = None;
+                    item.attempts += 1;
+                    item.failures += failed;
+                    item.stopped_at = now;
+                }
+            }
+            self.lives[k].1 = false; // a stop ends the process
+        }
+        self.sort();
+    }
+
+    /// Owner `k` leases up to `max` items for `secs`: the oldest on offer (nobody holds them, or
+    /// their holder is gone, or its lease ran out where its liveness cannot be told).
+    fn lease(&mut self, k: usize, max: usize, secs: u64) {
+        let start = self.lives[k].0;
+        let now = self.now;
+        let mut leased = Vec::new();
+        for i in 0..self.items.len() {
+            if leased.len() >= max {
+                break;
+            }
+            let offered = !self.items[i].aside
+                && match self.items[i].lease {
+                    None => true,
+                    Some((o, s, expires)) => match self.liveness(o, s) {
+                        Liveness::Alive => false,
+                        Liveness::Dead => true,
+                        Liveness::Unknown => now >= expires,
+                    },
+                };
+            if offered {
+                if self.items[i].lease.is_some() {
+                    self.items[i].failures += 1; // its holder is gone: a failed attempt
+                }
+                self.items[i].lease = Some((k, start, now + secs as i64));
+                leased.push(self.items[i].id.clone());
+            }
+        }
+        self.expect = Expect::Leased(leased);
+    }
+
+    /// Owner `k` (or, with `None`, the operator) releases the picked item; the operator's
+    /// release also takes an item back from aside.
+    fn release(&mut self, k: Option<usize>, pick: usize) {
+        let id = self.pick(pick);
+        let holder = k.map(|k| (k, self.lives[k].0));
+        self.expect = Expect::Released(match self.items.iter_mut().find(|i| i.id == id) {
+            None => Err("unknown"),
+            Some(item) if k.is_none() && item.aside => {
+                item.aside = false;
+                item.failures = 0;
+                Ok(true)
+            }
+            Some(item) => match (item.lease, holder) {
+                (None, _) => Ok(false),
+                (Some((o, s, _)), Some(h)) if (o, s) != h => Err("not holder"),
+                (Some(_), _) => {
+                    item.lease = None;
+                    Ok(true)
+                }
+            },
+        });
     }
 }

@@ -170,41 +170,16 @@ impl PgRecordStore {
         let liveness = self.liveness.clone();
         self.run(move |client| {
             Box::pin(async move {
-                // Owners on this host can be looked up: the dead ones' items are on offer now.
-                let holders = client
-                    .query(
-                        "SELECT DISTINCT lease_host, lease_pid, lease_start, lease_owner FROM planned_stop_items \
-                         WHERE service = $1 AND lease_owner IS NOT NULL AND quarantined IS NULL",
-                        &[&service],
-                    )
+                let seen = holders(client, &service, liveness.as_ref()).await?;
+                let tx = client
+                    .transaction()
                     .await
-                    .map_err(|e| backend("list the lease holders", e))?;
-                let mut seen: HashMap<String, Liveness> = HashMap::new();
-                for row in &holders {
-                    // A holder with a missing part is not looked up: its row is examined (and
-                    // quarantined) below.
-                    let mut problems = Vec::new();
-                    let host: String = col(row, "lease_host", &mut problems);
-                    let pid: i64 = col(row, "lease_pid", &mut problems);
-                    let start: i64 = col(row, "lease_start", &mut problems);
-                    let key: String = col(row, "lease_owner", &mut problems);
-                    let pid = pid_of(pid, "lease_pid", &mut problems);
-                    if problems.is_empty() {
-                        seen.insert(key, liveness(&Owner::new(host, pid, start as u64)));
-                    }
-                }
-                let dead: Vec<String> = seen
-                    .iter()
-                    .filter(|(_, l)| **l == Liveness::Dead)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                    .map_err(|e| backend("begin", e))?;
                 // Expiry is judged on the database's clock, the one every replica shares.
                 let now = db_now(clock.as_ref(), &tx).await?;
                 if let Ok(mut stamp) = stamp.lock() {
                     *stamp = Some(now);
                 }
-                let expires_at = lease_end(now, lease_for);
                 // A start leases: the name is registered, so `records list` knows it from now on.
                 tx.execute(
                     "INSERT INTO planned_stop_services (service, first_seen, last_seen) \
@@ -213,6 +188,13 @@ impl PgRecordStore {
                 )
                 .await
                 .map_err(|e| backend("register the service", e))?;
+                let offer = Offer {
+                    service: &service,
+                    owner: &owner,
+                    now,
+                    expires_at: lease_end(now, lease_for),
+                    seen: &seen,
+                };
                 let mut examined: Vec<String> = Vec::new();
                 let mut leased = Vec::new();
                 let limit = i64::try_from(max).unwrap_or(i64::MAX);
@@ -221,72 +203,14 @@ impl PgRecordStore {
                     if want <= 0 {
                         break;
                     }
-                    let rows = tx
-                        .query(
-                            &format!(
-                                "SELECT {COLUMNS} FROM planned_stop_items WHERE service = $1 AND quarantined IS NULL \
-                                 AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= $2 \
-                                 OR lease_owner = ANY($3)) \
-                                 AND NOT (id = ANY($4)) ORDER BY stopped_at, id LIMIT $5 FOR UPDATE SKIP LOCKED"
-                            ),
-                            &[&service, &now, &dead, &examined, &want],
-                        )
-                        .await
-                        .map_err(|e| backend("find items on offer", e))?;
-                    if rows.is_empty() {
-                        break;
+                    match offer.lease_batch(&tx, want, &mut examined).await? {
+                        Some(batch) => leased.extend(batch),
+                        None => break,
                     }
-                    let mut taken = Vec::new();
-                    let (mut failed, mut why) = (Vec::new(), Vec::new());
-                    for row in &rows {
-                        let (state, problem) = item_of(row);
-                        examined.push(state.item.id.clone());
-                        if let Some(reason) = problem {
-                            quarantine(&tx, &service, &state.item.id, &reason).await?;
-                            continue;
-                        }
-                        let holder = state
-                            .lease
-                            .as_ref()
-                            .map_or(Liveness::Dead, |l| *seen.get(&owner_key(&l.owner)).unwrap_or(&Liveness::Unknown));
-                        if lease::is_offered(state.lease.as_ref(), now, holder) {
-                            let mut item = state.item;
-                            if let Some(failure) = lease::failure_at_takeover(state.lease.as_ref(), holder) {
-                                item.failures = item.failures.saturating_add(1);
-                                item.last_failure = Some(failure.clone());
-                                failed.push(item.id.clone());
-                                why.push(failure);
-                            }
-                            taken.push(item);
-                        }
-                    }
-                    count_failures(&tx, &service, &failed, &why).await?;
-                    if taken.is_empty() {
-                        continue;
-                    }
-                    let ids: Vec<&str> = taken.iter().map(|i| i.id.as_str()).collect();
-                    tx.execute(
-                        "UPDATE planned_stop_items SET lease_owner = $3, lease_host = $4, lease_pid = $5, \
-                         lease_start = $6, leased_at = $7, lease_expires = $8 WHERE service = $1 AND id = ANY($2)",
-                        &[
-                            &service,
-                            &ids,
-                            &owner_key(&owner),
-                            &owner.host,
-                            &as_i64(u64::from(owner.pid)),
-                            &as_i64(owner.start),
-                            &now,
-                            &expires_at,
-                        ],
-                    )
-                    .await
-                    .map_err(|e| backend("lease the items", e))?;
-                    leased.extend(taken.into_iter().map(|item| Leased {
-                        item,
-                        lease: Lease::new(owner.clone(), now, expires_at),
-                    }));
                 }
-                tx.commit().await.map_err(|e| backend("commit the leases", e))?;
+                tx.commit()
+                    .await
+                    .map_err(|e| backend("commit the leases", e))?;
                 // Oldest first across batches (a later batch can only hold later items).
                 Ok(leased)
             })
@@ -460,5 +384,147 @@ impl PgRecordStore {
             })
         })
         .await
+    }
+}
+
+/// The holders of `service`'s leases, each as alive as it can be told from here: owners on this
+/// host can be looked up, so the dead ones' items are on offer now. A holder with a missing part
+/// is not looked up: its row is examined (and quarantined) when it is offered.
+async fn holders(
+    client: &tokio_postgres::Client,
+    service: &str,
+    liveness: &(dyn Fn(&Owner) -> Liveness + Send + Sync),
+) -> Result<HashMap<String, Liveness>, RecordError> {
+    let rows = client
+        .query(
+            "SELECT DISTINCT lease_host, lease_pid, lease_start, lease_owner FROM planned_stop_items \
+             WHERE service = $1 AND lease_owner IS NOT NULL AND quarantined IS NULL",
+            &[&service],
+        )
+        .await
+        .map_err(|e| backend("list the lease holders", e))?;
+    let mut seen = HashMap::new();
+    for row in &rows {
+        let mut problems = Vec::new();
+        let host: String = col(row, "lease_host", &mut problems);
+        let pid: i64 = col(row, "lease_pid", &mut problems);
+        let start: i64 = col(row, "lease_start", &mut problems);
+        let key: String = col(row, "lease_owner", &mut problems);
+        let pid = pid_of(pid, "lease_pid", &mut problems);
+        if problems.is_empty() {
+            seen.insert(key, liveness(&Owner::new(host, pid, start as u64)));
+        }
+    }
+    Ok(seen)
+}
+
+/// One lease call's terms: whose items, to whom, on the database's clock, and what is known of
+/// the holders of the items on offer.
+struct Offer<'a> {
+    service: &'a str,
+    owner: &'a Owner,
+    now: chrono::DateTime<chrono::Utc>,
+    expires_at: chrono::DateTime<chrono::Utc>,
+    seen: &'a HashMap<String, Liveness>,
+}
+
+impl Offer<'_> {
+    /// Examines the next `want` rows not yet `examined` and leases those on offer; `None` when no
+    /// row is left. Rows the crate cannot accept are quarantined; an item taken over from a holder
+    /// that is gone counts one failed attempt.
+    async fn lease_batch(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        want: i64,
+        examined: &mut Vec<String>,
+    ) -> Result<Option<Vec<Leased>>, RecordError> {
+        let dead: Vec<&String> = self
+            .seen
+            .iter()
+            .filter(|(_, l)| **l == Liveness::Dead)
+            .map(|(k, _)| k)
+            .collect();
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM planned_stop_items WHERE service = $1 AND quarantined IS NULL \
+                     AND (lease_owner IS NULL OR lease_expires IS NULL OR lease_expires <= $2 \
+                     OR lease_owner = ANY($3)) \
+                     AND NOT (id = ANY($4)) ORDER BY stopped_at, id LIMIT $5 FOR UPDATE SKIP LOCKED"
+                ),
+                &[&self.service, &self.now, &dead, &*examined, &want],
+            )
+            .await
+            .map_err(|e| backend("find items on offer", e))?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut taken = Vec::new();
+        let (mut failed, mut why) = (Vec::new(), Vec::new());
+        for row in &rows {
+            let (state, problem) = item_of(row);
+            examined.push(state.item.id.clone());
+            if let Some(reason) = problem {
+                quarantine(tx, self.service, &state.item.id, &reason).await?;
+                continue;
+            }
+            let holder = state.lease.as_ref().map_or(Liveness::Dead, |l| {
+                *self
+                    .seen
+                    .get(&owner_key(&l.owner))
+                    .unwrap_or(&Liveness::Unknown)
+            });
+            if lease::is_offered(state.lease.as_ref(), self.now, holder) {
+                let mut item = state.item;
+                if let Some(failure) = lease::failure_at_takeover(state.lease.as_ref(), holder) {
+                    item.failures = item.failures.saturating_add(1);
+                    item.last_failure = Some(failure.clone());
+                    failed.push(item.id.clone());
+                    why.push(failure);
+                }
+                taken.push(item);
+            }
+        }
+        count_failures(tx, self.service, &failed, &why).await?;
+        self.take(tx, &taken).await?;
+        Ok(Some(
+            taken
+                .into_iter()
+                .map(|item| Leased {
+                    item,
+                    lease: Lease::new(self.owner.clone(), self.now, self.expires_at),
+                })
+                .collect(),
+        ))
+    }
+
+    /// Writes the lease of `taken` to this call's owner.
+    async fn take(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        taken: &[ResumeItem],
+    ) -> Result<(), RecordError> {
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let owner = self.owner;
+        let ids: Vec<&str> = taken.iter().map(|i| i.id.as_str()).collect();
+        tx.execute(
+            "UPDATE planned_stop_items SET lease_owner = $3, lease_host = $4, lease_pid = $5, \
+             lease_start = $6, leased_at = $7, lease_expires = $8 WHERE service = $1 AND id = ANY($2)",
+            &[
+                &self.service,
+                &ids,
+                &owner_key(owner),
+                &owner.host,
+                &as_i64(u64::from(owner.pid)),
+                &as_i64(owner.start),
+                &self.now,
+                &self.expires_at,
+            ],
+        )
+        .await
+        .map_err(|e| backend("lease the items", e))?;
+        Ok(())
     }
 }
