@@ -166,7 +166,7 @@ pub struct ProcStat {
 /// The start time of `pid` as [`sysinfo`] reports it, in seconds since the Unix epoch, or `None` when
 /// the process is gone or a zombie. The fingerprint on every OS but Linux and Windows, and a
 /// cross-check of the finer ones in the tests.
-#[cfg_attr(any(target_os = "linux", windows), allow(dead_code))]
+#[cfg(any(test, not(any(target_os = "linux", windows))))]
 pub(crate) fn sysinfo_start_time(pid: u32) -> Option<u64> {
     use sysinfo::{Pid, ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
     let pid = Pid::from_u32(pid);

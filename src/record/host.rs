@@ -19,7 +19,12 @@ pub fn local_host() -> String {
         std::env::var(HOST_ENV)
             .ok()
             .filter(|h| !h.is_empty())
-            .or_else(|| sysinfo::System::host_name().ok().filter(|h| !h.is_empty()))
+            .or_else(|| {
+                gethostname::gethostname()
+                    .into_string()
+                    .ok()
+                    .filter(|h| !h.is_empty())
+            })
             .unwrap_or_else(|| "localhost".to_owned())
     })
     .clone()
