@@ -1,4 +1,4 @@
-//! Issue 36.7: the actix-web integration is loud when it is half used, and the admin server
+//! The actix-web integration is loud when it is half used, and the admin server
 //! answers through the whole drain and after the application's `System` has ended.
 //!
 //! Each test runs a real service in this process with real HTTP over 127.0.0.1.

@@ -1,4 +1,4 @@
-//! The fleet in chaos (issue 22.16, issue 35): replicas on PostgreSQL and on a shared state
+//! The fleet in chaos: replicas on PostgreSQL and on a shared state
 //! directory, under random planned stops and restarts, SIGKILLs, SIGSTOP/SIGCONT, database pauses
 //! and restarts and operator releases and drops, while every life submits new work. Two of the
 //! PostgreSQL replicas run with their wall clocks 10 s ahead and 10 s behind (libfaketime), as
@@ -276,7 +276,7 @@ fn env(k: &str) -> String {
 
 /// The replica's store: PostgreSQL (spilling to its state directory) or the shared directory,
 /// behind the defect wrapper. The defect `lease-on-local-clock` judges PostgreSQL's leases on the
-/// replica's own (skewed) clock, as the library did before issue 35.
+/// replica's own (skewed) clock, as the library once did.
 fn replica_store(state: &Path) -> Arc<Defective> {
     let inner: Arc<dyn RecordStore> = if env("CHAOS_STORE") == "pg" {
         let mut pg = PgRecordStore::from_url(&env("CHAOS_URL"), env("CHAOS_SERVICE"))

@@ -151,7 +151,7 @@ fn an_unmarked_sigterm_then_a_marker_still_exits_1() {
     assert_eq!(service.exit_code(), Some(1));
 }
 
-/// Issue 23.5: a forced drain used to read `stopped_planned`, exit 0, like a clean one. The
+/// A forced drain used to read `stopped_planned`, exit 0, like a clean one. The
 /// stopper now carries the drain's summary (`clean`, `drain`), and with `--require-clean` a lossy
 /// drain exits 13; a clean one still exits 0.
 #[cfg(unix)]
@@ -170,7 +170,7 @@ fn stop_wait_tells_a_clean_drain_from_a_forced_one() {
         .spawn()
         .unwrap();
     service.expect("draining");
-    // Issue 38.5: the first Ctrl-C of a drain begun by a marker does not force it (it says so);
+    // The first Ctrl-C of a drain begun by a marker does not force it (it says so);
     // the second does.
     service.signal(libc::SIGINT);
     common::wait_until("the first Ctrl-C is answered", || {
@@ -194,7 +194,7 @@ fn stop_wait_tells_a_clean_drain_from_a_forced_one() {
         "{report}"
     );
     assert_eq!(service.exit_code(), Some(0), "still a planned stop");
-    // Asked again (issue 38.8: it answered `already_stopped`, 0): still not clean, 13 with the
+    // Asked again (it once answered `already_stopped`, 0): still not clean, 13 with the
     // flag, 0 without it.
     let again = stop(&d, &service.pid_arg(), &["--require-clean"]);
     let report = json_of(&again);
@@ -540,7 +540,7 @@ fn inspect_reports_the_owners_verdict_and_leaves_the_slot() {
     }
 }
 
-/// Issue 25.9: one answer for a missing directory. `inspect` said "absent" (0) and `clear`
+/// One answer for a missing directory. `inspect` said "absent" (0) and `clear`
 /// "nothing to remove" (0) where `stop` and `status` said 2: every verb now says the directory
 /// does not exist (2), and none creates it.
 #[test]
@@ -565,7 +565,7 @@ fn every_verb_answers_2_for_a_missing_directory_and_creates_nothing() {
     }
 }
 
-/// Issue 25.11: `inspect` said "will stop as planned" for a `--no-trigger` marker, which stops
+/// `inspect` said "will stop as planned" for a `--no-trigger` marker, which stops
 /// nothing by itself: it classifies the next SIGTERM.
 #[test]
 fn inspect_says_what_a_no_trigger_marker_does() {
@@ -949,7 +949,7 @@ fn a_service_announces_that_it_watches_its_directory_and_a_stopper_warns_at_once
     );
 }
 
-/// Issue 25.2: Kubernetes creates an `emptyDir` with mode 0777 (1777 when backed by memory), and a
+/// Kubernetes creates an `emptyDir` with mode 0777 (1777 when backed by memory), and a
 /// service pointed at it refused to start (exit 2): every Pod crash-looped. The recipe points the
 /// service and the stopper at subdirectories of the volume; `serve` creates them 0700 inside a
 /// 0777 and a 1777 parent, and a planned stop through them works.
@@ -983,7 +983,7 @@ fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
         assert_eq!(out.status.code(), Some(2), "{mode:o}");
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(said.contains("subdirectory"), "{mode:o}: {said}");
-        // As a state directory it is refused in a state directory's words (issue 25.10).
+        // As a state directory it is refused in a state directory's words.
         let out = run(&[
             "serve",
             "--dir",
@@ -1003,7 +1003,7 @@ fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
     }
 }
 
-/// Issue 25.8: `stop --signal` toward a process that never announced watching the directory (a
+/// `stop --signal` toward a process that never announced watching the directory (a
 /// mistyped pid) sent SIGTERM and killed a bystander. It is refused now, before anything is
 /// written; `--signal-anyway` insists.
 #[cfg(unix)]
@@ -1041,7 +1041,7 @@ fn stop_signal_refuses_a_process_that_does_not_watch() {
     assert_eq!(bystander.wait().unwrap().code(), Some(1), "got the SIGTERM");
 }
 
-/// Issue 25.13: stopping a process that already stopped as planned answers that, 0 (as
+/// Stopping a process that already stopped as planned answers that, 0 (as
 /// `systemctl stop` does for a stopped unit), instead of 5 "already gone?"; `--pid 0` is a usage
 /// error.
 #[cfg(unix)]
@@ -1063,7 +1063,7 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
     let out = stop(&d, &pid, &["--start", &other]);
     assert_eq!(json_of(&out)["outcome"], "already_gone");
     assert_eq!(out.status.code(), Some(5));
-    // Issue 38.9: `--pid 0` is what systemd prints as the MainPID of a stopped unit: no process
+    // `--pid 0` is what systemd prints as the MainPID of a stopped unit: no process
     // runs, so the answer is "already gone" (5), not a usage error (2).
     let zero = stop(&d, "0", &["--wait", "5"]);
     let report = json_of(&zero);
@@ -1073,15 +1073,15 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
         report["message"].as_str().unwrap().contains("pid 0"),
         "{report}"
     );
-    // With --json even a malformed command line is one JSON object (issue 25.9).
+    // With --json even a malformed command line is one JSON object.
     let bad = stop(&d, "-3", &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert_eq!(json_of(&bad)["outcome"], "error");
 }
 
-/// Issue 25.15: `stop --dir D` without `--pid` stops the one process that announced watching D
+/// `stop --dir D` without `--pid` stops the one process that announced watching D
 /// (as `pg_ctl` finds its server from the data directory); with none or several it is an error,
-/// a JSON object with `--json` (issue 25.9), naming the pids.
+/// a JSON object with `--json`, naming the pids.
 #[cfg(unix)]
 #[test]
 fn stop_without_pid_finds_the_one_watcher_of_the_directory() {
@@ -1117,9 +1117,9 @@ fn stop_without_pid_finds_the_one_watcher_of_the_directory() {
     assert!(first.running() && second.running(), "nothing was stopped");
 }
 
-/// Issue 25.14: after `stop --wait` ran out, `--wait-only` follows the stop already requested
+/// After `stop --wait` ran out, `--wait-only` follows the stop already requested
 /// (writing nothing, so the report is not "on another stop request"), and `--kill` ends a target
-/// still running at the deadline: first by forcing its drain (issue 38.10), which a planned-stop
+/// still running at the deadline: first by forcing its drain, which a planned-stop
 /// service obeys — it records and exits 0, reported as `forced_at_deadline` (18).
 #[cfg(unix)]
 #[test]
@@ -1185,7 +1185,7 @@ fn wait_only_follows_a_stop_under_way_and_kill_ends_one_that_overruns() {
     assert_eq!(service.exit_code(), Some(0));
 }
 
-/// Issue 25.15: `status --pid N` answers like `pg_ctl status` / `systemctl is-active` — 0 while it
+/// `status --pid N` answers like `pg_ctl status` / `systemctl is-active` — 0 while it
 /// runs, 3 once it is not — with whether it watches and its last outcome; `--version` names the
 /// features the binary was built with.
 #[cfg(unix)]
@@ -1227,7 +1227,7 @@ fn status_pid_answers_running_or_not_with_the_last_outcome() {
     );
 }
 
-/// Issue 25.10: text output speaks the JSON vocabulary (`stopped, planned`, not `Stopped,
+/// Text output speaks the JSON vocabulary (`stopped, planned`, not `Stopped,
 /// Planned`), times to the millisecond, `inspect FILE` with an absolute path, and `status --json`
 /// says `items: null` when no state directory was given.
 #[cfg(unix)]
@@ -1293,7 +1293,7 @@ fn regex_free_nanos(text: &str) -> bool {
         .any(|(_, fraction)| fraction.len() == 9)
 }
 
-/// Issue 25.9: `inspect` as a user who cannot read the directory said "undecided … will retry"
+/// `inspect` as a user who cannot read the directory said "undecided … will retry"
 /// (7) though nothing would retry and no slot may exist; it now says it cannot read the
 /// directory and whom to run as (2).
 #[cfg(unix)]
@@ -1334,7 +1334,7 @@ fn inspect_of_a_directory_this_user_cannot_read_says_whom_to_run_as() {
     }
 }
 
-/// Issue 35.5: a presence file another user wrote never chooses whom root signals or kills. User
+/// A presence file another user wrote never chooses whom root signals or kills. User
 /// `nobody` owns the marker directory and plants a presence file naming a root process (its true
 /// pid and start fingerprint). Root's `stop --dir D --signal` (no `--pid`) finds no watcher,
 /// `--pid P --signal --wait 1 --kill` is refused as not watching, `status` lists no watcher, and
@@ -1406,7 +1406,7 @@ fn a_presence_file_another_user_planted_never_chooses_whom_root_signals() {
     assert_eq!(bystander.wait().unwrap().signal(), Some(libc::SIGTERM));
 }
 
-/// Issue 35.6: a presence file whose name and content name different processes is no one's
+/// A presence file whose name and content name different processes is no one's
 /// announcement: `status` lists no watcher for it, and a stop without `--pid` finds none.
 #[cfg(unix)]
 #[test]
@@ -1427,7 +1427,7 @@ fn a_presence_file_whose_name_and_content_disagree_is_not_listed() {
     assert!(misnamed.exists());
 }
 
-/// Issue 35.6: `stop --restart` toward a service that had stopped for good answered
+/// `stop --restart` toward a service that had stopped for good answered
 /// `already_stopped`, 0 — a deploy would believe it restarted. It now answers
 /// `already_stopped_for_good`, 5; toward one that did restart, `already_stopped`, 0. And
 /// `--wait-only`, which sends nothing, no longer ignores `--signal` and `--restart` in silence:
@@ -1515,7 +1515,7 @@ fn a_symlink_planted_as_the_outcome_reserve_is_never_followed() {
     );
 }
 
-/// Issue 37.3: `stop --restart --wait` sent while a stop is draining answered `stopped_planned`,
+/// `stop --restart --wait` sent while a stop is draining answered `stopped_planned`,
 /// 0 — the deploy saw success and, under `Restart=on-failure`, the service stayed down. The
 /// target ends as the stop under way says (for good, exit 0): the restart answer is
 /// `not_restarted`, 16, saying so. 20 rounds.
@@ -1547,7 +1547,7 @@ fn a_restart_asked_while_a_stop_drains_is_never_reported_as_done() {
     }
 }
 
-/// Issue 37.1: `serve --restart-in-place-ms`: a planned restart starts the successor (the same
+/// `serve --restart-in-place-ms`: a planned restart starts the successor (the same
 /// command), waits for its `ready`, and only then drains and exits 0 — not 75; the stopper names
 /// the successor, which resumes the job the old process handed back. 20 rounds, each restarting
 /// the previous round's successor.
@@ -1608,7 +1608,7 @@ fn serve_restarts_in_place_and_the_successor_resumes_what_it_left() {
     }
 }
 
-/// Issue 38.9: every `--json` answer is one JSON object — an unusable directory for `status` and
+/// Every `--json` answer is one JSON object — an unusable directory for `status` and
 /// `records list` too — and every answer of `stop` names the request (the one given when none
 /// was sent: a command line that does not parse, `already_stopped`); a stop without `--pid`
 /// through `--marker` asks whether `--marker` is right, not `--dir`.
@@ -1659,7 +1659,7 @@ fn every_json_answer_is_json_and_names_its_request() {
     );
 }
 
-/// Issue 38.6: a stopper that gives up while its marker is still live says so — the process may
+/// A stopper that gives up while its marker is still live says so — the process may
 /// still stop on it — and how to withdraw it; `--wait-only` toward a process nothing was asked of
 /// says that, not "is its event loop blocked?".
 #[cfg(unix)]
@@ -1702,7 +1702,7 @@ fn a_stopper_that_gives_up_says_its_marker_is_still_live() {
     assert_eq!(service.exit_code(), Some(0));
 }
 
-/// Issue 38.5: one Ctrl-C during a drain begun by a marker forced it (`forced: true`, a job cut)
+/// One Ctrl-C during a drain begun by a marker forced it (`forced: true`, a job cut)
 /// where the docs promise that a *second* one forces. Now the first is answered with a WARN and the
 /// drain goes on: the job finishes, the stop is clean.
 #[cfg(unix)]
@@ -1731,7 +1731,7 @@ fn one_ctrl_c_during_a_marker_drain_does_not_force_it() {
     assert!(stderr.contains("a second Ctrl-C forces"), "{stderr}");
 }
 
-/// Issue 38.7: `nobody` owns the marker directory of a root service, so it may ask for a stop
+/// `nobody` owns the marker directory of a root service, so it may ask for a stop
 /// there. It used to be told `gone_outcome_unknown` (8) and "not watching", though the service
 /// stopped as planned: root's presence and outcome files were 0600. They are readable in another
 /// user's directory now (still root's, so they still count), and the answer is true. Toward root's
@@ -1809,7 +1809,7 @@ fn another_user_who_owns_the_directory_stops_a_root_service_and_hears_the_truth(
     );
 }
 
-/// Issue 38.10, pg_ctl's modes: `--drain-ms` asks one stop for a shorter drain than the
+/// pg_ctl's modes: `--drain-ms` asks one stop for a shorter drain than the
 /// service's own ("fast" beside the default "smart"): the job is handed back at once and
 /// recorded, and the record's deadline is the one asked for. A longer one never lengthens the
 /// service's own.
@@ -1839,7 +1839,7 @@ fn a_stopper_asks_for_a_shorter_drain_and_never_a_longer_one() {
     }
 }
 
-/// Issue 38.10: `--kill` forces first, then kills. A target that ignores Ctrl-C (here a shell
+/// `--kill` forces first, then kills. A target that ignores Ctrl-C (here a shell
 /// that traps it, not a planned-stop service) is still running after the forced drain's grace,
 /// and is killed: `killed_at_deadline` (14) with `forced: true`; one that ends on it is answered
 /// `forced_at_deadline` (18), without claiming a record.

@@ -212,7 +212,7 @@ fn helper_slow_drain() {
     });
 }
 
-/// Issue 35.6 (finding 3): the marker directory fills during a drain. The service stopped as
+/// The marker directory fills during a drain. The service stopped as
 /// planned with both items stored, but its final outcome could not be written, so the stopper
 /// answered `killed_while_draining` (9), "no stop record was written". The accepted stop now
 /// keeps room for its final outcome: the stopper answers `stopped_planned`, 0.
@@ -255,7 +255,7 @@ fn a_marker_directory_that_fills_during_the_drain_still_gets_the_final_outcome()
     assert_eq!(service.wait().unwrap().code(), Some(0));
 }
 
-/// Issue 35.6 (finding 5): on a read-only state directory holding a pending item, `serve` became
+/// On a read-only state directory holding a pending item, `serve` became
 /// ready, reported `resumed … jobs: 0`, and its planned stop then ended `record_lost` (74): it
 /// could neither resume nor record. It now refuses to start (exit 2), saying why.
 #[test]

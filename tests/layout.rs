@@ -462,7 +462,7 @@ fn command_line_words(line: &str) -> Option<&str> {
     verbs.contains(&word).then_some(word)
 }
 
-/// Issue 39.2: the library's errors and logs name the library's API (a builder method, a type, a
+/// The library's errors and logs name the library's API (a builder method, a type, a
 /// store), never a flag or verb of the command line, which an application embedding the crate
 /// may not ship; `src/cli` adds its own words where it reports them. Doc comments may explain
 /// the command line; code may not speak it.

@@ -413,7 +413,7 @@ fn renewals_their_failures_and_lost_leases_are_counted() {
     assert_eq!(scrape.get("planned_stop_leases_lost_total"), 1.0);
 }
 
-/// Issue 36.5: an item that used up its failed attempts is held aside at the resume, not
+/// An item that used up its failed attempts is held aside at the resume, not
 /// resumed, and counted under its participant.
 #[test]
 fn an_item_held_aside_is_counted() {
@@ -456,7 +456,7 @@ fn an_item_held_aside_is_counted() {
     );
 }
 
-/// Issue 38.4: the example answers `--help` with what moves it, and starts nothing; another
+/// The example answers `--help` with what moves it, and starts nothing; another
 /// argument is refused.
 #[test]
 fn the_example_answers_help_without_serving() {
@@ -495,7 +495,7 @@ fn the_example_answers_help_without_serving() {
     assert!(!base.exists(), "an unknown argument started nothing");
 }
 
-/// Issue 38.4: with its stdout a closed pipe (a log shipper gone) the example serves and stops
+/// With its stdout a closed pipe (a log shipper gone) the example serves and stops
 /// as planned, where `println!` used to panic it (`aborted`, 1) right after it was ready.
 #[test]
 fn the_example_with_a_closed_stdout_serves_and_stops_as_planned() {

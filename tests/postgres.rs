@@ -240,7 +240,7 @@ mod fleet {
             .collect()
     }
 
-    /// Issue 25.12: `records list` for a service name the database never saw (a typo) said "no
+    /// `records list` for a service name the database never saw (a typo) said "no
     /// unfinished items", 0, as for an empty queue. Every start now registers its service: a
     /// service that started and left nothing is "no unfinished items", 0; a name that never
     /// started is exit 15 with the names the database knows (`service_known: false` with
@@ -460,7 +460,7 @@ mod fleet {
         assert!(listed(&url, &service).is_empty());
     }
 
-    /// Issue 35.4: leases are judged on the database's clock. A replica whose clock is 10 s
+    /// Leases are judged on the database's clock. A replica whose clock is 10 s
     /// behind holds two items (`--lease-ms 5000`); one whose clock is 10 s ahead leases every
     /// 100 ms: by its own clock the holder's lease lapsed long ago, yet it takes nothing while the
     /// holder lives and renews — past two lease lengths by the database's clock — and takes both
@@ -526,7 +526,7 @@ mod fleet {
         assert_eq!(taken, held, "taken over once the lease expired");
     }
 
-    /// Issue 22.5: a lease shorter than its renewal can keep is refused at start, with what to
+    /// A lease shorter than its renewal can keep is refused at start, with what to
     /// do; at the shortest accepted lease two live replicas on different hosts, both leasing
     /// again every 50 ms for three lease lengths, never take the same item.
     #[test]
@@ -662,7 +662,7 @@ mod fleet {
             .count()
     }
 
-    /// Issue 22.12: with the database at `url` unreachable, the operator still sees the two
+    /// With the database at `url` unreachable, the operator still sees the two
     /// items spilled under `base` and the marker directory, and is told the database could not
     /// be read.
     fn operator_sees_the_spill(base: &Path, url: &str, service: &str) {
@@ -813,7 +813,7 @@ fn unreachable_with_spill(
     (dir, spill, unreachable)
 }
 
-/// Issue 22.3: rows the crate cannot accept never panic, never fail a lease, are quarantined
+/// Rows the crate cannot accept never panic, never fail a lease, are quarantined
 /// once (listed with the reason, never offered, never multiplied); attempts at the top of
 /// `integer` saturate instead of failing the stop.
 #[test]
@@ -877,7 +877,7 @@ fn hostile_rows_are_quarantined_and_attempts_saturate() {
     }
 }
 
-/// Issue 22.4: a spilled item the spilling process had leased from the database replaces the
+/// A spilled item the spilling process had leased from the database replaces the
 /// database's stale row (newer content, attempts counted up, pending), instead of the stale row
 /// winning; one it does not hold there any more is left to its holder.
 #[test]
@@ -932,7 +932,7 @@ fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
     assert!(rt.block_on(spill.list()).unwrap().is_empty(), "pushed");
 }
 
-/// Issue 22.7 for the database: an operator's drop wins over the holder's hand-back, also when
+/// For the database: an operator's drop wins over the holder's hand-back, also when
 /// the hand-back was spilled on the holder's host and pushed later.
 #[test]
 #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
@@ -967,7 +967,7 @@ fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spil
     assert!(rt.block_on(next.list()).unwrap().is_empty());
 }
 
-/// Issue 22.6: a lease whose commit outlasts the operation timeout is abandoned by the caller
+/// A lease whose commit outlasts the operation timeout is abandoned by the caller
 /// but committed by the server; what it took must not stay leased to the live caller, who never
 /// got it. (A deferred trigger makes the commit take 3 s; the timeout is 1 s.)
 #[test]
@@ -1083,7 +1083,7 @@ fn the_upgrade_to_schema_3_knows_the_services_of_schema_2() {
         .unwrap();
 }
 
-/// Issue 26.5: a backend failure keeps the driver's error as its source (not only its text), so
+/// A backend failure keeps the driver's error as its source (not only its text), so
 /// a caller can look into it; the message says what was being done, the source what failed.
 #[test]
 fn a_backend_failure_keeps_the_drivers_error_as_its_source() {

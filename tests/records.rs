@@ -38,7 +38,7 @@ prop_state_machine! {
     fn the_file_store_conforms(sequential 1..=30 => Conformance<Files>);
 }
 
-/// A record store written outside the crate, from its public API alone (issue 22.15: the item
+/// A record store written outside the crate, from its public API alone (the item
 /// types have constructors, the lease rules and the suite are public): it must pass the same
 /// conformance suite as the crate's own stores.
 mod outside {
@@ -416,7 +416,7 @@ mod with_processes {
             stderr.contains(s(&state)) || stderr.contains(s(&file)),
             "{stderr}"
         );
-        // Issue 38.9: in the state directory's own words, not the marker directory's.
+        // In the state directory's own words, not the marker directory's.
         assert!(stderr.contains("state directory"), "{stderr}");
         assert!(!stderr.contains("marker directory"), "{stderr}");
     }
@@ -549,7 +549,7 @@ mod with_processes {
         unsafe { libc::geteuid() == 0 }
     }
 
-    /// Issue 22.8: a state directory that belongs to another user (who could rename what it
+    /// A state directory that belongs to another user (who could rename what it
     /// holds) is refused at start, even though it is 0700.
     #[test]
     #[ignore = "needs root (files of another user): .ci/run runs it with --ignored"]
@@ -570,7 +570,7 @@ mod with_processes {
         assert!(stderr.contains("belongs to uid 65534"), "{stderr}");
     }
 
-    /// Issues 22.9 and 22.10: root's operator verbs on a `nobody` service's state directory
+    /// Root's operator verbs on a `nobody` service's state directory
     /// create nothing when they only look, see the service's items, and act as the service's
     /// user when they change something.
     #[test]
@@ -680,7 +680,7 @@ mod with_processes {
         }
     }
 
-    /// Issue 36.5: an item whose holder is killed at every life is a failed attempt each time,
+    /// An item whose holder is killed at every life is a failed attempt each time,
     /// and after the last allowed one it is held aside: not resumed, listed as quarantined with
     /// its failures and the last one, WARNed; `records release` offers it again, from zero. A
     /// planned stop that hands it back is no failure.
@@ -857,7 +857,7 @@ fn listed_at_once(
     }
 }
 
-/// Issue 22.1: a file the store cannot use is reported by path, size and reason — never by its
+/// A file the store cannot use is reported by path, size and reason — never by its
 /// contents (a 2 MiB item once became one 10 MB log line of its bytes).
 #[test]
 fn an_unusable_item_file_is_reported_without_its_contents() {
@@ -885,7 +885,7 @@ fn an_unusable_item_file_is_reported_without_its_contents() {
     );
 }
 
-/// Issue 35.6 (finding 4): a valid item under a name that is not an item id (`bad.id.item.json`),
+/// A valid item under a name that is not an item id (`bad.id.item.json`),
 /// or under a name that is not UTF-8, was skipped without the warning cli.md promises, and so
 /// never resumed and never heard of. Each is now named in a WARN (path and why, never its
 /// contents), and the items with good names are still listed.

@@ -454,7 +454,7 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
     assert_eq!(f.record().request_id.as_deref(), Some("early"));
 }
 
-/// Issue 23.5: the phase deadline's warning names the participants that had not answered
+/// The phase deadline's warning names the participants that had not answered
 /// (and only those), so an operator knows whose in-memory work is unknown.
 #[test]
 fn the_phase_deadline_warning_names_the_silent_participant() {
@@ -481,7 +481,7 @@ fn the_phase_deadline_warning_names_the_silent_participant() {
     assert_eq!(f.record().unanswered, ["silent-jobs"]);
 }
 
-/// Issue 23.8: the service says at start, once, where it watches and records (absolute paths),
+/// The service says at start, once, where it watches and records (absolute paths),
 /// so an operator can find the directories a stopper needs from the log alone.
 #[test]
 fn the_start_is_logged_once_with_the_absolute_directories() {
@@ -1002,7 +1002,7 @@ impl Handler<planned_stop::Drain> for BigAndSmall {
     }
 }
 
-/// Issue 22.1: an item over the limit is never dropped while the stop says "planned": the stop
+/// An item over the limit is never dropped while the stop says "planned": the stop
 /// is `record_lost` (74) with the item in the ERROR log line, the small item is durable and
 /// resumed, and the note in the record says what happened.
 #[test]
@@ -1096,7 +1096,7 @@ fn a_stop_answered_with(
     )
 }
 
-/// Issue 36.4: an item that cannot be serialised (a map with tuple keys) was turned into a note
+/// An item that cannot be serialised (a map with tuple keys) was turned into a note
 /// while the stop said "planned, 0, clean": the same loss as an item over the size limit, with
 /// another answer. It now ends the stop `record_lost` (74) as that one does, with the reason in
 /// the ERROR line and the record's notes; the item that could be recorded is durable.
@@ -1120,7 +1120,7 @@ fn an_item_that_cannot_be_serialised_ends_the_stop_record_lost() {
     );
 }
 
-/// Issue 36.4, its sibling in the stores: a string holding a NUL character is JSON, but
+/// Its sibling in the stores: a string holding a NUL character is JSON, but
 /// PostgreSQL's jsonb cannot store it (the persist failed, and the item was spilled for good).
 /// The one rule of what an item may be (`record::unstorable`) refuses it where the runner
 /// accepts the report, for every store: `record_lost`, the item in the ERROR line.
@@ -1139,7 +1139,7 @@ fn an_item_holding_a_nul_character_ends_the_stop_record_lost() {
     );
 }
 
-/// Issue 36.4: `WorkSet::add` serialises the work where it enters; work that could not be
+/// `WorkSet::add` serialises the work where it enters; work that could not be
 /// recorded at a stop is refused to the caller, given back, never lost later.
 #[test]
 fn a_work_set_refuses_work_that_cannot_be_recorded_at_once() {
@@ -1235,7 +1235,7 @@ fn without_a_record_store_handed_back_items_are_in_one_error_line() {
     }
 }
 
-/// Issue 22.2: a persist that never ends cannot hang the stop, with participants or without
+/// A persist that never ends cannot hang the stop, with participants or without
 /// (a stop with none publishes `Stopped` before it persists): it ends `record_lost` at the
 /// persist deadline, with the items in the ERROR log line.
 #[test]
@@ -1281,7 +1281,7 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
     }
 }
 
-/// Issue 22.2: when the persist blocks the event loop, the watchdog ends the process — and logs
+/// When the persist blocks the event loop, the watchdog ends the process — and logs
 /// every item that was not made durable before it does.
 #[test]
 fn the_watchdog_logs_the_items_it_could_not_wait_for() {
@@ -1323,7 +1323,7 @@ fn helper_blocked_persist() {
     std::process::exit(0);
 }
 
-/// Issue 22.5 (found by the chaos run): a renewal that fails is retried soon, not a whole
+/// Found by the chaos run: a renewal that fails is retried soon, not a whole
 /// interval later — one unreachable moment must not let a live holder's lease lapse.
 #[test]
 fn a_failed_renewal_is_retried_soon() {
@@ -1366,7 +1366,7 @@ fn a_failed_renewal_is_retried_soon() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 23.7: work acknowledged when it completes, handed back whatever its origin (WorkSet).
+// Work acknowledged when it completes, handed back whatever its origin (WorkSet).
 
 /// A participant built on `WorkSet`: each job runs `JOB_MS`, then completes (a resumed one is
 /// acknowledged then); a drain hands back whatever is still running.

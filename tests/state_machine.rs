@@ -266,7 +266,7 @@ impl Model {
                     StopVerdict::Unexpected
                 });
             }
-            // Issue 38.5: the *second* Ctrl-C forces, however the drain began.
+            // The *second* Ctrl-C forces, however the drain began.
             RunnerState::Draining if second_interrupt => self.stop(),
             _ => {}
         }

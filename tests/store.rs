@@ -1102,7 +1102,7 @@ fn a_directory_made_shared_while_open_is_refused_until_it_is_private_again() {
     ));
 }
 
-/// Issue 26.5: a directory that cannot be listed (here: removed after the store was opened) is an
+/// A directory that cannot be listed (here: removed after the store was opened) is an
 /// error from `outcomes()` and `presences()`, not an empty list that says "nothing there".
 #[test]
 fn outcomes_and_presences_report_a_directory_they_cannot_list() {

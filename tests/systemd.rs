@@ -79,7 +79,7 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
         4,
         "one at the start and one per second: {messages:#?}"
     );
-    // Issue 38.3: the whole stop's bound, not only the drain's — the drain (5 s), three answer
+    // The whole stop's bound, not only the drain's — the drain (5 s), three answer
     // graces (0.3 s), the persist deadline (2 s) and the longer of the overrun grace (1 s) and
     // the exit grace (2 s) — plus a second for the next renewal: the record's write after the
     // drain is covered, and the service's own overrun watchdog fires before systemd's SIGKILL.
@@ -189,7 +189,7 @@ fn a_service_whose_loop_blocks_for_a_second() {
     });
 }
 
-/// Issue 37.5: under systemd a restart in place must move the unit's main process to the
+/// Under systemd a restart in place must move the unit's main process to the
 /// successor before the predecessor exits, or systemd takes that exit for the service's. A real
 /// `serve --restart-in-place-ms` with `$NOTIFY_SOCKET` set: the successor sends `MAINPID=` with
 /// its own pid, then its own `READY=1`; the predecessor exits 0.

@@ -1,4 +1,4 @@
-//! Issue 36.8: a real application whose jobs are tasks (`examples/task_service.rs`, built by this
+//! A real application whose jobs are tasks (`examples/task_service.rs`, built by this
 //! test and run as real processes), stopped under load across lives with a journal of finished
 //! jobs: every job is done exactly once; a panicking job makes each stop not clean and is held
 //! aside after its attempts; a payload that cannot be recorded is refused at once; and, on
@@ -496,7 +496,7 @@ fn socket_inode(pid: u32, fd: i32) -> String {
         .into_owned()
 }
 
-/// Issue 37.2: with the listening socket held by its supervisor (as a `.socket` unit holds it)
+/// With the listening socket held by its supervisor (as a `.socket` unit holds it)
 /// and handed to each life as systemd hands it, 20 planned restarts in a row under 8 clients
 /// opening a fresh connection per request refuse nothing, reset nothing, and answer every
 /// request 200: the connections made while no life runs wait in the socket's queue for the next.
@@ -540,7 +540,7 @@ fn restarts_with_the_socket_held_by_the_supervisor_refuse_no_connection() {
     );
 }
 
-/// Issue 37.4: a server that binds an address of its own while sockets were handed to it would
+/// A server that binds an address of its own while sockets were handed to it would
 /// leave their queued connections to nobody: `web::serve` refuses to run it, loudly, and the
 /// process does not exit 0.
 #[cfg(target_os = "linux")]
@@ -610,7 +610,7 @@ fn alive(pid: u32) -> bool {
     planned_stop::ProcessIdentity::of(pid).is_some()
 }
 
-/// Issue 37.1, 37.4, 37.7: 20 planned restarts in place in a row, under 8 clients opening a
+/// 20 planned restarts in place in a row, under 8 clients opening a
 /// fresh connection per request: each successor serves from the very socket the first process
 /// bound (one listening socket on the port, the same inode, the successor's descriptor 3), each
 /// predecessor exits 0 as planned, nothing is refused, reset or answered other than 200, and a
@@ -758,7 +758,7 @@ fn twenty_rounds(round: impl Fn(usize) + Sync) {
     });
 }
 
-/// Issue 37.3: a successor that exits at once, one that never says it is ready (killed at the
+/// A successor that exits at once, one that never says it is ready (killed at the
 /// timeout), and one that binds its own socket instead of the handed one (it never says ready):
 /// each time the restart did not happen (`restart_failed`, 17, saying why), the old process never
 /// stopped accepting and keeps serving, and a later stop is an ordinary planned stop. 20 rounds
@@ -833,7 +833,7 @@ fn restart_under_way(base: &Path, pid: u32) -> std::thread::JoinHandle<(Option<i
     restart
 }
 
-/// Issue 37.3: a stop asked while a restart in place is handing over waits for it; when the
+/// A stop asked while a restart in place is handing over waits for it; when the
 /// hand-over fails (a successor that never becomes ready, killed at the timeout), the waiting
 /// stop is acted on: `stopped_planned`, its own request, 0; the restart's stopper hears
 /// `restart_failed` (17) or `not_restarted` (16), never success. 20 rounds.
@@ -872,7 +872,7 @@ fn a_stop_during_a_failing_restart_is_acted_on_after_it() {
     });
 }
 
-/// Issue 37.3: a second restart asked while the first one's successor is starting waits for the
+/// A second restart asked while the first one's successor is starting waits for the
 /// hand-over, and is answered by it: the process it named is gone, restarted in place —
 /// `stopped_planned`, 0, the same `successor`, `own_request: false` (the first request was the
 /// one acted on). The successor serves on and is not restarted a second time. 20 rounds.
@@ -910,7 +910,7 @@ fn a_second_restart_during_a_hand_over_is_answered_by_the_first() {
     });
 }
 
-/// Issue 37.1: a restart asked before the service said it was ready is held, and once it is
+/// A restart asked before the service said it was ready is held, and once it is
 /// ready it restarts in place (exit 0 and a successor, not exit 75); one whose successor fails
 /// leaves the service serving and still watching, so a later stop is acted on. 20 rounds each.
 #[cfg(target_os = "linux")]
@@ -978,7 +978,7 @@ fn wait_for_presence(run_dir: &Path) -> u32 {
     })
 }
 
-/// Issue 37.2 with systemd's own tool: `systemd-socket-activate` holds the socket, starts the
+/// The same with systemd's own tool: `systemd-socket-activate` holds the socket, starts the
 /// service at the first connection (which waits in the queue meanwhile, never refused) and hands
 /// the socket over as a `.socket` unit does; the service serves it and stops as planned.
 #[cfg(target_os = "linux")]
@@ -1030,7 +1030,7 @@ fn a_socket_from_systemd_socket_activate_is_served() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
-/// Issue 37.3: a stop that begins while a successor is still starting wins over the restart: the
+/// A stop that begins while a successor is still starting wins over the restart: the
 /// successor is stopped with the process that was to hand over to it (it never outlives it), and
 /// the stop's outcome is not overwritten by the failed restart's. 20 rounds.
 #[cfg(target_os = "linux")]

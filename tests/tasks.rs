@@ -1,4 +1,4 @@
-//! Issue 36.1–36.4: work that runs as spawned tasks takes part in the drain ([`TaskGroup`]).
+//! Work that runs as spawned tasks takes part in the drain ([`TaskGroup`]).
 //!
 //! Each test runs a real service (markers and a file record store in a temporary directory) in
 //! this process, spawns jobs, requests a planned stop, and reads the stop record and the store:
@@ -236,7 +236,7 @@ fn a_panicking_life(dir: &Path, max: u32, new_job: Option<&str>) -> Vec<String> 
     })
 }
 
-/// Issue 36.3 and 36.5: a job whose task panics in every life counts a failed attempt each time
+/// A job whose task panics in every life counts a failed attempt each time
 /// (a planned stop does not), and once it has used them all it is held aside for a person: the
 /// next life does not get it, the store lists it with why.
 #[test]
@@ -431,7 +431,7 @@ impl RecordStore for Gate {
     }
 }
 
-/// Issue 36.6: a resume loop whose lease a drain overtakes. The lease is under way when the stop
+/// A resume loop whose lease a drain overtakes. The lease is under way when the stop
 /// comes; it brings two items back after the drain began. The loop's own drain waited for it
 /// and handed both back in the same stop: they are in its record, under their ids, and pending
 /// in the store — not held by a process that will never work on them.

@@ -230,7 +230,7 @@ impl Drop for App {
     }
 }
 
-/// Issue 36.2: a task spawned from a request handler ran on the HTTP worker's runtime and was
+/// A task spawned from a request handler ran on the HTTP worker's runtime and was
 /// dropped when the ingress phase ended (at +1 s with a 1 s grace). Spawned into a `TaskGroup`, it
 /// runs on the service's System: one that takes 2 s (ignoring the cancellation) finishes within
 /// the work phase, one told to stop is handed back as a new item; the stop exits 0. 20 rounds.
@@ -610,7 +610,7 @@ fn exchange(stream: &mut BufReader<TcpStream>, path: &str) -> (u16, bool, String
     (code, close, String::from_utf8(body).unwrap())
 }
 
-/// Issue 24.1: a load balancer's pooled keep-alive connection that sends a request during the
+/// A load balancer's pooled keep-alive connection that sends a request during the
 /// readiness grace gets its answer with `Connection: close`, and the server closes the connection
 /// after it — cleanly, with nothing in flight — instead of cutting it with the listener later.
 #[test]
@@ -650,7 +650,7 @@ fn a_pooled_connection_is_told_to_close_during_the_grace() {
     }
 }
 
-/// Issue 24.3: a WebSocket session open at a planned stop receives a Close frame with 1001
+/// A WebSocket session open at a planned stop receives a Close frame with 1001
 /// (Going Away) and a reason, and the stop record says how many were open and how they ended.
 #[test]
 fn websocket_sessions_are_told_to_go_away_with_1001() {
@@ -688,7 +688,7 @@ fn websocket_sessions_are_told_to_go_away_with_1001() {
             .unwrap()
             .unwrap();
         assert!(
-            // Issue 38.9: the participant names the kind once (`websocket: 1 open …`, never
+            // The participant names the kind once (`websocket: 1 open …`, never
             // `websocket: websocket: …`).
             record.notes.iter().any(|n| n.participant == "websocket"
                 && n.note.starts_with(
@@ -700,7 +700,7 @@ fn websocket_sessions_are_told_to_go_away_with_1001() {
     }
 }
 
-/// Issue 24.3: a Server-Sent Events stream open at a planned stop gets its last event and ends
+/// A Server-Sent Events stream open at a planned stop gets its last event and ends
 /// cleanly (the terminating chunk), and the stop record counts it.
 #[test]
 fn sse_streams_end_cleanly_at_a_stop() {
@@ -895,7 +895,7 @@ async fn quit_endpoint() -> &'static str {
     "stopping"
 }
 
-/// Spawns a job into the application's task group from a request handler (issue 36.2): it
+/// Spawns a job into the application's task group from a request handler: it
 /// sleeps `ms`, then is done (`finish`: it ignores the cancellation, so the drain waits for it)
 /// or, told to stop first, unfinished (`yield`). It prints `task-done NAME` when done.
 #[actix_web::get("/spawn/{name}/{ms}/{mode}")]
@@ -1222,7 +1222,7 @@ async fn h2_get(
     Ok(status)
 }
 
-/// Issue 24.4: what a planned stop does to an HTTP/2 connection (h2c here; actix-http serves h2
+/// What a planned stop does to an HTTP/2 connection (h2c here; actix-http serves h2
 /// over TLS with the same dispatcher), as docs/operations.md says. Requests on an open connection
 /// are answered through the grace and after the listener closed, while new connections are
 /// refused; actix-http sends no GOAWAY, so the connection stays open until the ingress deadline

@@ -400,7 +400,7 @@ mod tests {
     use chrono::{TimeDelta, Utc};
     use planned_stop::record::{Lease, ResumeItem};
 
-    /// Issue 23.9: a lease held on another host that lapsed is not "offered again after" a time
+    /// A lease held on another host that lapsed is not "offered again after" a time
     /// already past.
     #[test]
     fn a_lapsed_lease_on_another_host_says_it_lapsed() {

@@ -94,7 +94,7 @@ fn while_draining_only_an_escalation_does_anything() {
         l.request(StopRequest::Planned),
         Step::Ignore("already stopping")
     );
-    // Issue 38.5: the first Ctrl-C of a drain begun otherwise does not force it; the second does.
+    // The first Ctrl-C of a drain begun otherwise does not force it; the second does.
     assert_eq!(
         l.signal(Interrupt, false),
         Step::Ignore("a first Ctrl-C while draining: a second one forces the stop")

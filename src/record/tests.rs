@@ -356,7 +356,7 @@ fn a_refusal_names_the_holder() {
     );
 }
 
-/// Issue 22.1: one limit, the same where items are accepted and where they are read back.
+/// One limit, the same where items are accepted and where they are read back.
 #[test]
 fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -429,7 +429,7 @@ fn an_item_file_of_exactly_the_file_limit_is_written_and_read_back() {
     assert_eq!(ids, ["item-a", "item-b"], "both read back");
 }
 
-/// Issue 22.7: an operator's drop or release wins over the holder's later hand-back.
+/// An operator's drop or release wins over the holder's later hand-back.
 #[test]
 fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release() {
     let dir = tempfile::tempdir().unwrap();
@@ -471,7 +471,7 @@ fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release()
     assert_eq!(listed[0].item.attempts, 1);
 }
 
-/// Issue 22.11: the summary is for people; the items are durable without it.
+/// The summary is for people; the items are durable without it.
 #[test]
 fn a_summary_that_cannot_be_written_does_not_fail_the_persist() {
     let dir = tempfile::tempdir().unwrap();
@@ -485,7 +485,7 @@ fn a_summary_that_cannot_be_written_does_not_fail_the_persist() {
     assert_eq!(listed.len(), 1, "the item is durable");
 }
 
-/// Issue 22.13: the state directory is crash-consistent. The store's file-system steps are
+/// The state directory is crash-consistent. The store's file-system steps are
 /// recorded (`store::files::journal`); for every prefix of an operation the test builds the tree
 /// a power loss at that point would leave — only what a directory sync made durable, and a file
 /// written without a sync as empty — and opens a store on it.

@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Issue 22.9: a store opened to look creates nothing and removes nothing.
+/// A store opened to look creates nothing and removes nothing.
 #[test]
 fn a_store_opened_to_look_creates_and_removes_nothing() {
     let dir = tempfile::tempdir().unwrap();
