@@ -512,20 +512,33 @@ pub struct LongLived {
     shared: std::sync::Arc<LongLivedShared>,
 }
 
+/// What the registry and its connections share: the stop's cancellation, which tells every
+/// connection to go away, and a tracker that counts the open ones (each holds a token of it),
+/// which the drain closes and waits on. tokio-util does both; only how connections ended is
+/// counted here.
 #[derive(Debug)]
 struct LongLivedShared {
     kind: String,
-    going_away: tokio::sync::watch::Sender<bool>,
-    counts: tokio::sync::watch::Sender<LongLivedCounts>,
+    going_away: tokio_util::sync::CancellationToken,
+    open: tokio_util::task::TaskTracker,
+    ends: std::sync::Mutex<LongLivedEnds>,
 }
 
-/// How many connections are open and how those of a stop ended.
+/// How the connections of a stop ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct LongLivedCounts {
-    open: usize,
+struct LongLivedEnds {
     open_at_stop: usize,
     closed_for_stop: usize,
     ended_otherwise: usize,
+}
+
+impl LongLivedShared {
+    fn ends(&self) -> std::sync::MutexGuard<'_, LongLivedEnds> {
+        // The counts stay meaningful whatever panicked while holding them.
+        self.ends
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl LongLived {
@@ -535,8 +548,9 @@ impl LongLived {
         LongLived {
             shared: std::sync::Arc::new(LongLivedShared {
                 kind: kind.into(),
-                going_away: tokio::sync::watch::channel(false).0,
-                counts: tokio::sync::watch::channel(LongLivedCounts::default()).0,
+                going_away: tokio_util::sync::CancellationToken::new(),
+                open: tokio_util::task::TaskTracker::new(),
+                ends: std::sync::Mutex::default(),
             }),
         }
     }
@@ -558,17 +572,16 @@ impl LongLived {
     /// A connection opens: keep the returned value for its life. One opened after the stop was
     /// accepted is told to go away at once.
     pub fn open(&self) -> LongLivedConnection {
-        self.shared.counts.send_modify(|c| c.open += 1);
         LongLivedConnection {
             shared: self.shared.clone(),
-            going_away: self.shared.going_away.subscribe(),
+            _open: self.shared.open.token(),
             ended: false,
         }
     }
 
     /// How many connections are open now.
     pub fn open_now(&self) -> usize {
-        self.shared.counts.borrow().open
+        self.shared.open.len()
     }
 }
 
@@ -576,7 +589,8 @@ impl LongLived {
 #[derive(Debug)]
 pub struct LongLivedConnection {
     shared: std::sync::Arc<LongLivedShared>,
-    going_away: tokio::sync::watch::Receiver<bool>,
+    /// Counts this connection as open until it is dropped.
+    _open: tokio_util::task::task_tracker::TaskTrackerToken,
     ended: bool,
 }
 
@@ -584,15 +598,12 @@ impl LongLivedConnection {
     /// Resolves once a stop is accepted: then close the connection (WebSocket:
     /// [`close_going_away`]; SSE: end the stream) and call [`Self::closed_for_stop`].
     pub async fn going_away(&mut self) {
-        // An error means the registry is gone: there will be no stop to wait for.
-        if self.going_away.wait_for(|away| *away).await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        self.shared.going_away.cancelled().await;
     }
 
     /// Whether a stop has been accepted.
     pub fn is_going_away(&self) -> bool {
-        *self.going_away.borrow()
+        self.shared.going_away.is_cancelled()
     }
 
     /// The connection was closed because of the stop (Going Away sent, stream ended).
@@ -604,14 +615,13 @@ impl LongLivedConnection {
         if std::mem::replace(&mut self.ended, true) {
             return;
         }
-        self.shared.counts.send_modify(|c| {
-            c.open = c.open.saturating_sub(1);
-            if for_stop {
-                c.closed_for_stop += 1;
-            } else if *self.going_away.borrow() {
-                c.ended_otherwise += 1;
-            }
-        });
+        let away = self.is_going_away();
+        let mut ends = self.shared.ends();
+        if for_stop {
+            ends.closed_for_stop += 1;
+        } else if away {
+            ends.ended_otherwise += 1;
+        }
     }
 }
 
@@ -653,26 +663,82 @@ impl Handler<Drain> for LongLivedDrain {
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
         let shared = self.shared.clone();
         Box::pin(async move {
-            shared.counts.send_modify(|c| c.open_at_stop = c.open);
-            shared.going_away.send_replace(true);
-            let mut counts = shared.counts.subscribe();
-            let all_closed = counts.wait_for(|c| c.open == 0);
-            let closed = actix::clock::timeout(drain.within, all_closed).await;
-            let c = *shared.counts.borrow();
+            shared.ends().open_at_stop = shared.open.len();
+            shared.going_away.cancel();
+            // Closed: the wait ends once the last open connection is gone. A connection opened
+            // after this is told to go away at once, and counted until it goes.
+            shared.open.close();
+            let closed = actix::clock::timeout(drain.within, shared.open.wait()).await;
+            let ends = *shared.ends();
+            let open = shared.open.len();
             // The record names the participant (the kind) before the note: not again here.
             let note = format!(
                 "{} open at the stop; {} told to go away and closed, {} ended otherwise, {} still \
                  open at the deadline",
-                c.open_at_stop, c.closed_for_stop, c.ended_otherwise, c.open
+                ends.open_at_stop, ends.closed_for_stop, ends.ended_otherwise, open
             );
             let report = DrainReport::done().with_note(note);
             match closed {
-                Ok(Ok(_)) => report,
-                _ => report.with_cut_short(format!(
-                    "{} {} connections were cut at the ingress deadline",
-                    c.open, shared.kind
+                Ok(()) => report,
+                Err(_) => report.with_cut_short(format!(
+                    "{open} {} connections were cut at the ingress deadline",
+                    shared.kind
                 )),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Drain, DrainPhase, StopVerdict};
+    use std::time::Duration;
+
+    /// The drain tells every open connection to go away, counts how each ended, and cuts what
+    /// is still open at the deadline; one opened after the stop is told at once.
+    #[test]
+    fn the_drain_counts_how_connections_ended_and_cuts_the_rest() {
+        actix::System::new().block_on(async {
+            let sockets = LongLived::new("websocket");
+            let drain = LongLivedDrain {
+                shared: sockets.shared.clone(),
+            }
+            .start();
+            let mut polite = sockets.open();
+            let rude = sockets.open();
+            let stubborn = sockets.open();
+            assert_eq!(sockets.open_now(), 3);
+            assert!(!polite.is_going_away());
+            let asked = drain.send(Drain::new(
+                Duration::from_millis(200),
+                StopVerdict::Planned,
+                DrainPhase::Ingress,
+            ));
+            let report = async {
+                polite.going_away().await;
+                polite.closed_for_stop();
+                drop(rude);
+                let mut late = sockets.open();
+                assert!(late.is_going_away(), "opened after the stop: told at once");
+                late.going_away().await;
+                late.closed_for_stop();
+                asked.await.unwrap()
+            }
+            .await;
+            assert_eq!(
+                report.notes,
+                vec![
+                    "3 open at the stop; 2 told to go away and closed, 1 ended otherwise, 1 still \
+                     open at the deadline"
+                        .to_owned(),
+                    "1 websocket connections were cut at the ingress deadline".to_owned(),
+                ]
+            );
+            assert!(report.cut, "the stubborn one was cut: {report:?}");
+            assert_eq!(sockets.open_now(), 1);
+            drop(stubborn);
+            assert_eq!(sockets.open_now(), 0);
+        });
     }
 }
