@@ -19,6 +19,15 @@
 //!
 //! TLS is the application's: [`PgRecordStore::connector`] takes a function that connects
 //! however it likes (`postgres-native-tls`, `tokio-postgres-rustls`) and spawns the connection.
+//!
+//! Why one connection of its own rather than a pool (`deadpool-postgres`, `bb8`): a replica's
+//! store runs a few short transactions a minute, one at a time, so a pool's spare connections
+//! and recycling buy nothing; and what the outage rules need, no pool gives. Every operation,
+//! connecting and migrating included, is bounded by one timeout, so a stop never waits on a dead
+//! server and spills instead; a connection abandoned by that timeout is never handed out again;
+//! and the server process it left behind is remembered, so a lease that may have committed late
+//! is released only once that process is done. With a pool these rules would still be written
+//! here, around its checkout.
 
 mod aside;
 mod config;
