@@ -39,9 +39,9 @@ impl RunnerActor {
         let code = match (verdict, action, successor) {
             // Restarted in place: the successor serves, this process stops as planned.
             (StopVerdict::Planned, crate::marker::StopAction::Restart, None) => {
-                self.config.exit_codes.restart
+                i32::from(self.config.exit_codes.restart)
             }
-            _ => self.config.exit_codes.code(run.cause, verdict),
+            _ => i32::from(self.config.exit_codes.code(run.cause, verdict)),
         };
         let names: Vec<&str> = self.participants.iter().map(|p| p.name.as_str()).collect();
         let drained_in_time = run.drained_in_time(&names);
@@ -58,7 +58,7 @@ impl RunnerActor {
         let code = if unrecorded.is_empty() || self.config.records.is_none() {
             code
         } else {
-            self.config.exit_codes.record_lost_code(run.cause)
+            i32::from(self.config.exit_codes.record_lost_code(run.cause))
         };
         self.unrecorded = unrecorded;
         let record = StopRecord {
@@ -202,7 +202,7 @@ impl RunnerActor {
             // Without a store every item is only in the log line `finish` wrote, and the exit
             // code stays the verdict's: the application chose to keep nothing.
             Ok(_) if !unrecorded.is_empty() && store => {
-                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
+                record.exit_code = i32::from(self.config.exit_codes.record_lost_code(record.cause));
                 tracing::error!(
                     code = record.exit_code,
                     items = %items_json(&[], unrecorded),
@@ -232,7 +232,7 @@ impl RunnerActor {
                 Phase::Stopped
             }
             Err(e) => {
-                record.exit_code = self.config.exit_codes.record_lost_code(record.cause);
+                record.exit_code = i32::from(self.config.exit_codes.record_lost_code(record.cause));
                 tracing::error!(
                     error = %ErrorChain(&e),
                     code = record.exit_code,

@@ -19,17 +19,17 @@ use std::time::Duration;
 #[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ExitCodes {
     /// The code of a planned stop.
-    pub planned: i32,
+    pub planned: u8,
     /// The code of an unexpected stop.
-    pub unexpected: i32,
+    pub unexpected: u8,
     /// A planned stop whose marker asked for a restart. Default 75 (`EX_TEMPFAIL`): a failure
     /// to a supervisor, which starts the service again, while a planned stop (0) stays down.
-    pub restart: i32,
+    pub restart: u8,
     /// A stop whose unfinished items could not be made durable (the record store failed): never
     /// a success, whatever the verdict. Default 74 (`EX_IOERR`); see [`ExitCodes::record_lost_code`].
-    pub record_lost: i32,
-    overrides: Vec<(StopCause, StopVerdict, i32)>,
-    record_lost_overrides: Vec<(StopCause, i32)>,
+    pub record_lost: u8,
+    overrides: Vec<(StopCause, StopVerdict, u8)>,
+    record_lost_overrides: Vec<(StopCause, u8)>,
 }
 
 impl Default for ExitCodes {
@@ -53,7 +53,7 @@ impl ExitCodes {
     /// let codes = ExitCodes::default().with(StopCause::Request, StopVerdict::Unexpected, 3);
     /// assert_eq!(codes.code(StopCause::Request, StopVerdict::Unexpected), 3);
     /// ```
-    pub fn with(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
+    pub fn with(mut self, cause: StopCause, verdict: StopVerdict, code: u8) -> Self {
         self.overrides.push((cause, verdict, code));
         self
     }
@@ -67,13 +67,13 @@ impl ExitCodes {
     /// assert_eq!(codes.record_lost_code(StopCause::Marker), 70);
     /// assert_eq!(codes.record_lost_code(StopCause::Signal(SignalKind::Terminate)), 74);
     /// ```
-    pub fn with_record_lost(mut self, cause: StopCause, code: i32) -> Self {
+    pub fn with_record_lost(mut self, cause: StopCause, code: u8) -> Self {
         self.record_lost_overrides.push((cause, code));
         self
     }
 
     /// The code for a stop with `cause` whose unfinished items could not be recorded.
-    pub fn record_lost_code(&self, cause: StopCause) -> i32 {
+    pub fn record_lost_code(&self, cause: StopCause) -> u8 {
         let mut overridden = self.record_lost_overrides.iter().rev();
         overridden
             .find(|(c, _)| *c == cause)
@@ -86,7 +86,7 @@ impl ExitCodes {
     /// use planned_stop::{ExitCodes, StopCause, StopVerdict};
     /// assert_eq!(ExitCodes::default().code(StopCause::Marker, StopVerdict::Unexpected), 1);
     /// ```
-    pub fn code(&self, cause: StopCause, verdict: StopVerdict) -> i32 {
+    pub fn code(&self, cause: StopCause, verdict: StopVerdict) -> u8 {
         let mut overridden = self.overrides.iter().rev();
         match overridden.find(|(c, v, _)| *c == cause && *v == verdict) {
             Some(&(_, _, code)) => code,

@@ -40,7 +40,7 @@ impl RunnerActor {
         let limit = self.config.overrun_limit(within);
         let status = self.status.subscribe();
         let awaiting = self.awaiting.clone();
-        let code = self.config.exit_codes.unexpected;
+        let code = i32::from(self.config.exit_codes.unexpected);
         let pending = self.pending.clone();
         let store = self.store.clone();
         let own = self.own;
@@ -152,7 +152,7 @@ impl RunnerActor {
     /// Ends the process with the unexpected code before the runner finished: an `aborted`
     /// outcome, the pending items in the log, the presence withdrawn.
     fn abort(&mut self, why: &str) -> ! {
-        let code = self.config.exit_codes.unexpected;
+        let code = i32::from(self.config.exit_codes.unexpected);
         let state = self.lifecycle.state();
         tracing::error!(?state, code, "{why}");
         // Not the injected clock: it may be what panicked, and a second panic here would abort.

@@ -233,7 +233,7 @@ impl ServiceBuilder {
     /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
     ///     .exit_code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
     /// ```
-    pub fn exit_code(mut self, cause: StopCause, verdict: StopVerdict, code: i32) -> Self {
+    pub fn exit_code(mut self, cause: StopCause, verdict: StopVerdict, code: u8) -> Self {
         self.runner.exit_codes = self.runner.exit_codes.with(cause, verdict, code);
         self
     }
@@ -409,7 +409,7 @@ impl ServiceBuilder {
         let (context, runner) = mailbox(self.handle_signals)?;
         let mut config = self.runner;
         config.records = records.clone();
-        let unexpected_code = config.exit_codes.unexpected;
+        let unexpected_code = i32::from(config.exit_codes.unexpected);
         let owns_exit = config.owns_process_exit;
         #[cfg(all(unix, feature = "systemd"))]
         let after_drain = config.stop_bound(Duration::ZERO);
