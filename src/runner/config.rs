@@ -15,6 +15,14 @@ use std::time::Duration;
 /// ```
 ///
 /// Exit codes by verdict, with overrides per cause. Defaults: planned 0, unexpected 1.
+///
+/// A code is a `u8`, what a process can end with on every OS: a code no process can have does
+/// not compile, rather than becoming another at the end.
+///
+/// ```compile_fail
+/// use planned_stop::{ExitCodes, StopCause, StopVerdict};
+/// let codes = ExitCodes::default().with(StopCause::Marker, StopVerdict::Unexpected, -1);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ExitCodes {
