@@ -9,7 +9,7 @@
 //! `cargo bench --bench task_group` (about 20 s).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use planned_stop::{JobEnd, Layout, PlannedStopService, TaskGroup};
+use planned_stop::{JobEnd, Layout, ServiceBuilder, TaskGroup};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ fn bare(iters: u64) -> Duration {
 fn grouped(iters: u64) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     actix::System::new().block_on(async move {
-        let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+        let service = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
             .owns_process_exit(false)
             .handle_signals(false)
             .events(false)

@@ -29,7 +29,7 @@
 use actix::prelude::*;
 use actix_web::{App, HttpServer, get};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use planned_stop::{Drain, DrainPhase, DrainReport, Layout, PlannedStopService, WorkSet};
+use planned_stop::{Drain, DrainPhase, DrainReport, Layout, ServiceBuilder, WorkSet};
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -187,7 +187,7 @@ async fn main() -> std::io::Result<ExitCode> {
         .and_then(PrometheusBuilder::install_recorder)
         .map_err(std::io::Error::other)?;
     // planned-stop: the runner, the watcher and the previous life's resume list.
-    let stop = match PlannedStopService::builder(Layout::Slots(base.join("run")))
+    let stop = match ServiceBuilder::new(Layout::Slots(base.join("run")))
         .state_dir(base.join("state"))
         .drain_deadline(Duration::from_secs(25))
         // Room for the last scrape after the stop (below); the process ends with the stop's

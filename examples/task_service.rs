@@ -32,9 +32,7 @@
 //! `EXAMPLE_SERVICE` (the service name in it).
 
 use actix_web::{App, HttpResponse, HttpServer, web};
-use planned_stop::{
-    CancellationToken, JobEnd, Layout, PlannedStopService, ResumeLoop, ServiceBuilder, TaskGroup,
-};
+use planned_stop::{CancellationToken, JobEnd, Layout, ResumeLoop, ServiceBuilder, TaskGroup};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Write;
@@ -218,7 +216,7 @@ async fn main() -> std::io::Result<ExitCode> {
         || std::env::temp_dir().join("planned-stop-task-service"),
         PathBuf::from,
     );
-    let mut builder = PlannedStopService::builder(Layout::Slots(base.join("run")))
+    let mut builder = ServiceBuilder::new(Layout::Slots(base.join("run")))
         .drain_deadline(Duration::from_secs(20))
         .max_failed_attempts(env_u64("EXAMPLE_MAX_FAILED", 3) as u32);
     if let Some(ms) = std::env::var("EXAMPLE_RESTART_IN_PLACE_MS")

@@ -10,7 +10,7 @@ use actix::prelude::*;
 use chrono::Utc;
 use planned_stop::Layout;
 use planned_stop::marker::Marker;
-use planned_stop::{Drain, DrainReport, PlannedStopService};
+use planned_stop::{Drain, DrainReport, ServiceBuilder};
 use std::time::Duration;
 
 /// An application actor with work in flight.
@@ -43,7 +43,7 @@ fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
             in_flight: vec!["invoice-17".into(), "email-4".into()],
         }
         .start();
-        let service = PlannedStopService::builder(Layout::Slots(base.join("run")))
+        let service = ServiceBuilder::new(Layout::Slots(base.join("run")))
             .state_dir(base.join("state"))
             .poll_interval(Duration::from_millis(100))
             .drain_deadline(Duration::from_secs(5))

@@ -18,7 +18,7 @@
 //!
 //! The crate root holds what an application's `main` and its actors use:
 //!
-//! - [`PlannedStopService::builder`] starts the runner and the marker watcher on the current actix
+//! - [`ServiceBuilder::new`] starts the runner and the marker watcher on the current actix
 //!   `System`; the [`ServiceHandle`] says when the application is ready, leases what earlier stops
 //!   left ([`ServiceHandle::resume`]), and resolves to the exit code `main` returns.
 //! - Actors with work to finish take part in the drain: they handle [`Drain`] and answer with a
@@ -141,8 +141,7 @@ pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest,
 pub use resume::{DEFAULT_RESUME_BATCH, ResumeLoop};
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
 pub use service::{
-    DEFAULT_MAX_FAILED_ATTEMPTS, MIN_LEASE, PlannedStopService, ServiceBuilder, ServiceHandle,
-    StartError,
+    DEFAULT_MAX_FAILED_ATTEMPTS, MIN_LEASE, ServiceBuilder, ServiceHandle, StartError,
 };
 pub use store::Layout;
 pub use tasks::{CancellationToken, JobEnd, TaskGroup};

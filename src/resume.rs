@@ -41,11 +41,11 @@ pub const DEFAULT_RESUME_BATCH: usize = 32;
 /// brought after that.
 ///
 /// ```
-/// # use planned_stop::{Layout, PlannedStopService, JobEnd, ResumeLoop, TaskGroup};
+/// # use planned_stop::{Layout, ServiceBuilder, JobEnd, ResumeLoop, TaskGroup};
 /// # use std::time::Duration;
 /// # let dir = tempfile::tempdir().unwrap();
 /// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///     let service = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
 ///         .state_dir(dir.path().join("state"))
 ///         .owns_process_exit(false)
 ///         .handle_signals(false)

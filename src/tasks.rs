@@ -57,10 +57,10 @@ pub enum JobEnd {
 /// and a task that panics hands its job back as a failed attempt and makes the drain not clean.
 ///
 /// ```
-/// # use planned_stop::{Layout, PlannedStopService, JobEnd, TaskGroup};
+/// # use planned_stop::{Layout, ServiceBuilder, JobEnd, TaskGroup};
 /// # let dir = tempfile::tempdir().unwrap();
 /// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///     let service = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
 ///         .state_dir(dir.path().join("state"))
 ///         .owns_process_exit(false)
 ///         .handle_signals(false)

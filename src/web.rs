@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! use actix_web::{App, HttpServer, get};
-//! use planned_stop::{Layout, PlannedStopService};
+//! use planned_stop::{Layout, ServiceBuilder};
 //!
 //! #[get("/")]
 //! async fn hello() -> &'static str {
@@ -36,7 +36,7 @@
 //!
 //! #[actix_web::main]
 //! async fn main() -> std::io::Result<std::process::ExitCode> {
-//!     let stop = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+//!     let stop = ServiceBuilder::new(Layout::Slots("/run/app".into()))
 //!         .state_dir("/var/lib/app")
 //!         .start()
 //!         .map_err(std::io::Error::other)?;

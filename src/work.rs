@@ -117,10 +117,10 @@ impl<J> std::error::Error for Refused<J> {
 /// [`ServiceHandle::ready`].
 ///
 /// ```
-/// # use planned_stop::{Layout, PlannedStopService, StopRequest, WorkSet};
+/// # use planned_stop::{Layout, ServiceBuilder, StopRequest, WorkSet};
 /// # let dir = tempfile::tempdir().unwrap();
 /// actix::System::new().block_on(async {
-///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+///     let service = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
 ///         .state_dir(dir.path().join("state"))
 ///         .owns_process_exit(false)
 ///         .handle_signals(false)

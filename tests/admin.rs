@@ -8,14 +8,14 @@ mod common;
 use common::actors::{LogCapture, ParticipantControl};
 use common::http_get;
 use planned_stop::web::Admin;
-use planned_stop::{DrainPhase, Layout, PlannedStopService, ServiceHandle, StopRequest};
+use planned_stop::{DrainPhase, Layout, ServiceBuilder, ServiceHandle, StopRequest};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 fn service(dir: &Path) -> ServiceHandle {
-    PlannedStopService::builder(Layout::Slots(dir.join("run")))
+    ServiceBuilder::new(Layout::Slots(dir.join("run")))
         .owns_process_exit(false)
         .handle_signals(false)
         .events(false)

@@ -35,7 +35,7 @@ use planned_stop::record::{
     FileRecordStore, ItemState, Leased, Owner, Persisted, PgRecordStore, RecordError, RecordFuture,
     RecordStore, Sharing, StopRecord,
 };
-use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, ServiceHandle};
+use planned_stop::{Drain, DrainPhase, DrainReport, ServiceBuilder, ServiceHandle};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -351,7 +351,7 @@ fn helper_replica() {
     let mut rng = Lcg(u64::from(std::process::id()) ^ seed());
     let state = PathBuf::from(env("CHAOS_STATE"));
     let code = actix::System::new().block_on(async {
-        let mut builder = PlannedStopService::builder(Layout::Slots(env("CHAOS_RUN").into()))
+        let mut builder = ServiceBuilder::new(Layout::Slots(env("CHAOS_RUN").into()))
             .record_store(replica_store(&state))
             .lease_for(planned_stop::MIN_LEASE)
             .drain_deadline(Duration::from_millis(400))

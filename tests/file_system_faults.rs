@@ -199,14 +199,13 @@ fn helper_slow_drain() {
             planned_stop::record::Sharing::Refused,
         )
         .unwrap();
-        let handle =
-            planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(run_dir))
-                .record_store(std::sync::Arc::new(store))
-                .drain_deadline(std::time::Duration::from_secs(20))
-                .poll_interval(std::time::Duration::from_millis(10))
-                .participant("slow", SlowDrain { go }.start().recipient())
-                .start()
-                .unwrap();
+        let handle = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots(run_dir))
+            .record_store(std::sync::Arc::new(store))
+            .drain_deadline(std::time::Duration::from_secs(20))
+            .poll_interval(std::time::Duration::from_millis(10))
+            .participant("slow", SlowDrain { go }.start().recipient())
+            .start()
+            .unwrap();
         handle.ready();
         handle.stopped().await;
     });

@@ -16,7 +16,7 @@ use common::faulty::{Fault, Faulty, left_by_another_process};
 use common::{EVENT_TIMEOUT, http_get, wait_for};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use planned_stop::record::RecordStore;
-use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
+use planned_stop::{DrainReport, Layout, ServiceBuilder, StopRequest};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -286,7 +286,7 @@ fn items_no_store_holds_are_counted_lost() {
         let dir = tempfile::tempdir().unwrap();
         let scrape = recorded(async || {
             let big = "x".repeat(2 << 20);
-            let mut builder = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            let mut builder = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
                 .owns_process_exit(false)
                 .handle_signals(false)
                 .events(false)
@@ -319,7 +319,7 @@ fn items_kept_in_the_fallback_are_counted_spilled() {
     let dir = tempfile::tempdir().unwrap();
     let store = Faulty::new(dir.path(), Fault::PersistSpills);
     let scrape = recorded(async || {
-        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
             .owns_process_exit(false)
             .record_store(store.clone())
             .handle_signals(false)
@@ -342,7 +342,7 @@ fn answers_that_cut_work_short_are_counted() {
     let dir = tempfile::tempdir().unwrap();
     let scrape = recorded(async || {
         let cut = DrainReport::done().with_cut_short("two uploads were cut");
-        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
             .owns_process_exit(false)
             .handle_signals(false)
             .events(false)
@@ -374,7 +374,7 @@ fn renewals_their_failures_and_lost_leases_are_counted() {
         .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
     left_by_another_process(&store.inner, items.to_vec());
     let scrape = recorded(async || {
-        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
             .owns_process_exit(false)
             .record_store(store.clone())
             .lease_for(Duration::from_secs(6))
@@ -433,7 +433,7 @@ fn an_item_held_aside_is_counted() {
     left_by_another_process(&store, items.to_vec());
     let shared = std::sync::Arc::new(store.clone());
     let scrape = recorded(async || {
-        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
             .owns_process_exit(false)
             .record_store(shared)
             .max_failed_attempts(1)

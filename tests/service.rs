@@ -1,4 +1,4 @@
-//! The runner and the watcher together (through `PlannedStopService`), on tokio's paused clock: the
+//! The runner and the watcher together (through `ServiceBuilder`), on tokio's paused clock: the
 //! rules of docs/design.md, including hazards 1 and 7 of docs/protocol.md.
 
 mod common;
@@ -12,7 +12,7 @@ use planned_stop::marker::{Marker, MarkerStore};
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
 use planned_stop::stopper::{self, Phase, WaitOutcome};
 use planned_stop::{
-    PlannedStopService, ProcessIdentity, RunnerState, ServiceHandle, SignalKind, StopCause,
+    ProcessIdentity, RunnerState, ServiceBuilder, ServiceHandle, SignalKind, StopCause,
     StopRequest, StopVerdict,
 };
 use std::time::Duration;
@@ -52,7 +52,7 @@ impl Fixture {
     }
     /// Starts the service with the given participants (inside the system).
     fn start(&self, participants: Vec<(&str, Recipient<planned_stop::Drain>)>) -> ServiceHandle {
-        let mut b = PlannedStopService::builder(Layout::Slots(self.markers()))
+        let mut b = ServiceBuilder::new(Layout::Slots(self.markers()))
             .owns_process_exit(false)
             .state_dir(self.state())
             .poll_interval(POLL)
@@ -318,7 +318,7 @@ fn exit_codes_are_configurable_per_cause() {
     let f = Fixture::new();
     let sys = paused_system();
     let code = sys.block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .clock(TokioClock::new())
             .handle_signals(false)
@@ -363,7 +363,7 @@ fn a_status_subscriber_sees_states_only_move_forward() {
 #[test]
 fn start_outside_a_system_is_a_clear_error() {
     let f = Fixture::new();
-    let err = PlannedStopService::builder(Layout::Slots(f.markers()))
+    let err = ServiceBuilder::new(Layout::Slots(f.markers()))
         .owns_process_exit(false)
         .start()
         .unwrap_err();
@@ -380,7 +380,7 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
     let f = Fixture::new();
     let sys = paused_system();
     let code = sys.block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .poll_interval(Duration::from_secs(3600))
             .handle_signals(false)
@@ -427,7 +427,7 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
     let sys = paused_system();
     let warning = "has not called ServiceHandle::ready()";
     let code = sys.block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .state_dir(f.state())
             .poll_interval(POLL)
@@ -624,7 +624,7 @@ fn an_earlier_phase_timer_does_not_end_the_next_phase() {
     let code = sys.block_on(async {
         let (fast, fast_control) = ParticipantControl::start();
         let (slow, slow_control) = ParticipantControl::start();
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .state_dir(f.state())
             .poll_interval(POLL)
@@ -673,7 +673,7 @@ fn watchers_of_the_status_are_woken_when_a_phase_begins() {
     let code = sys.block_on(async {
         let (fast, fast_control) = ParticipantControl::start();
         let (slow, slow_control) = ParticipantControl::start();
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .state_dir(f.state())
             .poll_interval(POLL)
@@ -744,7 +744,7 @@ proptest::proptest! {
         let sys = paused_system();
         let code = sys.block_on(async {
             let (p, control) = ParticipantControl::start();
-            let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            let h = ServiceBuilder::new(Layout::Slots(f.markers()))
                 .owns_process_exit(false)
                 .state_dir(f.state())
                 .drain_deadline(drain)
@@ -834,7 +834,7 @@ fn helper_panicking_service() {
             _ => Duration::from_secs(3600),
         };
         let owned = role != "watcher-panics-not-owned";
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(owned)
             .poll_interval(poll)
             .handle_signals(false)
@@ -919,7 +919,7 @@ fn helper_blocked_drain() {
     println!("helper-pid {}", std::process::id());
     actix::System::new().block_on(async {
         let (quick, control) = ParticipantControl::start();
-        let h = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.join("run")))
             .drain_deadline(Duration::from_millis(200))
             .overrun_grace(Duration::from_millis(300))
             .participant_in(planned_stop::DrainPhase::Ingress, "quick", quick)
@@ -971,7 +971,7 @@ fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
     let f = Fixture::new();
     let sys = paused_system();
     sys.block_on(async {
-        let _h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let _h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .handle_signals(false)
             .events(false)
             .owns_process_exit(false)
@@ -1209,7 +1209,7 @@ fn without_a_record_store_handed_back_items_are_in_one_error_line() {
         let logs = LogCapture::default();
         let _guard = logs.install();
         let code = paused_system().block_on(async {
-            let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+            let h = ServiceBuilder::new(Layout::Slots(f.markers()))
                 .owns_process_exit(false)
                 .handle_signals(false)
                 .events(false)
@@ -1246,7 +1246,7 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
         let _guard = logs.install();
         let sys = paused_system();
         let code = sys.block_on(async {
-            let mut b = PlannedStopService::builder(Layout::Slots(f.markers()))
+            let mut b = ServiceBuilder::new(Layout::Slots(f.markers()))
                 .owns_process_exit(false)
                 .record_store(Faulty::new(&f.state(), Fault::PersistHangs))
                 .persist_deadline(Duration::from_secs(2))
@@ -1304,7 +1304,7 @@ fn helper_blocked_persist() {
     let f = Fixture::new();
     actix::System::new().block_on(async {
         let (jobs, control) = ParticipantControl::start();
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .record_store(Faulty::new(&f.state(), Fault::PersistBlocks))
             .drain_deadline(Duration::from_millis(200))
             .persist_deadline(Duration::from_millis(100))
@@ -1335,7 +1335,7 @@ fn a_failed_renewal_is_retried_soon() {
     );
     let lease = Duration::from_secs(6); // renewed every 2 s
     paused_system().block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .record_store(store.clone())
             .lease_for(lease)
@@ -1425,7 +1425,7 @@ fn helper_work_life() {
     let new = std::env::var("NEW_JOB").ok().filter(|n| !n.is_empty());
     // main returns whatever; the runner's code is the process's (it owns the end).
     let _code = actix::System::new().block_on(async move {
-        let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+        let service = ServiceBuilder::new(Layout::Slots(dir.join("run")))
             .state_dir(dir.join("state"))
             .start()
             .unwrap();
@@ -1540,7 +1540,7 @@ fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
         .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
     left_by_another_process(&store, items.to_vec());
     paused_system().block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(f.markers()))
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
             .state_dir(f.state())
             .handle_signals(false)

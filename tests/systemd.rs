@@ -9,7 +9,7 @@ use chrono::Utc;
 use common::actors::*;
 use planned_stop::Layout;
 use planned_stop::marker::{Marker, MarkerStore};
-use planned_stop::{PlannedStopService, ProcessIdentity};
+use planned_stop::{ProcessIdentity, ServiceBuilder};
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
     let sys = paused_system();
     let code = sys.block_on(async {
         let (participant, control) = ParticipantControl::start();
-        let h = PlannedStopService::builder(Layout::Slots(markers.clone()))
+        let h = ServiceBuilder::new(Layout::Slots(markers.clone()))
             .owns_process_exit(false)
             .poll_interval(POLL)
             .drain_deadline(DRAIN)
@@ -164,7 +164,7 @@ fn a_service_whose_loop_blocks_for_a_second() {
     let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
     let system = actix::System::new();
     let code = system.block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.join("run")))
             .handle_signals(false)
             .events(false)
             .start()

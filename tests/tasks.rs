@@ -11,7 +11,7 @@ mod common;
 
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
 use planned_stop::{
-    JobEnd, Layout, PlannedStopService, Refusal, ServiceHandle, StopRequest, TaskGroup,
+    JobEnd, Layout, Refusal, ServiceBuilder, ServiceHandle, StopRequest, TaskGroup,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// A service in `dir` with the given drain deadline, owning nothing of the process.
 fn service(dir: &Path, drain: Duration) -> ServiceHandle {
-    PlannedStopService::builder(Layout::Slots(dir.join("run")))
+    ServiceBuilder::new(Layout::Slots(dir.join("run")))
         .owns_process_exit(false)
         .state_dir(dir.join("state"))
         .drain_deadline(drain)
@@ -198,7 +198,7 @@ fn a_panicking_task_hands_its_job_back_and_the_drain_is_not_clean() {
 /// group whose tasks panic, waits for each panic, and stops as planned. Returns the resumed ids.
 fn a_panicking_life(dir: &Path, max: u32, new_job: Option<&str>) -> Vec<String> {
     actix::System::new().block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.join("run")))
             .owns_process_exit(false)
             .state_dir(dir.join("state"))
             .handle_signals(false)
@@ -454,7 +454,7 @@ fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop()
         leasing: std::sync::Arc::default(),
     });
     actix::System::new().block_on(async {
-        let h = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+        let h = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
             .owns_process_exit(false)
             .record_store(gate.clone())
             .drain_deadline(Duration::from_secs(5))

@@ -14,7 +14,7 @@ use planned_stop::Layout;
 use planned_stop::marker::MarkerStore;
 use planned_stop::record::FileRecordStore;
 use planned_stop::stopper::{self, Phase, StopOptions};
-use planned_stop::{Drain, DrainPhase, DrainReport, PlannedStopService, StopVerdict};
+use planned_stop::{Drain, DrainPhase, DrainReport, ServiceBuilder, StopVerdict};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -1013,7 +1013,7 @@ impl HelperApp {
     /// The planned stop, with a jobs participant whose jobs last `jobs`.
     fn start(&self) -> planned_stop::ServiceHandle {
         use actix::Actor;
-        let mut builder = PlannedStopService::builder(Layout::Slots(self.base.join("run")))
+        let mut builder = ServiceBuilder::new(Layout::Slots(self.base.join("run")))
             .state_dir(self.base.join("state"))
             .drain_deadline(Duration::from_secs(10))
             .owns_process_exit(self.layout != AppLayout::NotOwnedNeverEnds)

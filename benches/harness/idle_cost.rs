@@ -109,7 +109,7 @@ fn main() {
 #[cfg(target_os = "linux")]
 fn child(mode: &str) {
     use actix::prelude::*;
-    use planned_stop::{Layout, PlannedStopService};
+    use planned_stop::{Layout, ServiceBuilder};
 
     struct Nop;
     impl Actor for Nop {
@@ -123,7 +123,7 @@ fn child(mode: &str) {
     let system = System::new();
     system.block_on(async {
         let service = |events: bool, poll: u64| {
-            PlannedStopService::builder(Layout::Slots(dir.clone()))
+            ServiceBuilder::new(Layout::Slots(dir.clone()))
                 .events(events)
                 .poll_interval(Duration::from_millis(poll))
                 .start()

@@ -36,7 +36,7 @@ mod common;
 use actix_web::{App, HttpServer, get};
 use planned_stop::marker::MarkerStore;
 use planned_stop::stopper::{self, StopOptions};
-use planned_stop::{Layout, PlannedStopService};
+use planned_stop::{Layout, ServiceBuilder};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -63,7 +63,7 @@ fn serve(variant: &str, base: &str) -> std::io::Result<std::process::ExitCode> {
             server.run().await?;
             return Ok(std::process::ExitCode::SUCCESS);
         }
-        let stop = PlannedStopService::builder(Layout::Slots(base.join("run")))
+        let stop = ServiceBuilder::new(Layout::Slots(base.join("run")))
             .phase_deadline(planned_stop::DrainPhase::Ingress, Duration::from_secs(10))
             .start()
             .map_err(std::io::Error::other)?;

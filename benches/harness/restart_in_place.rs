@@ -46,10 +46,9 @@ fn serve(variant: &str, base: &str, port: u16) -> std::io::Result<std::process::
                 .await?;
             return Ok(std::process::ExitCode::SUCCESS);
         }
-        let mut builder = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(
-            base.join("run"),
-        ))
-        .state_dir(base.join("state"));
+        let mut builder =
+            planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots(base.join("run")))
+                .state_dir(base.join("state"));
         if variant == "in-place" {
             builder = builder.restart_in_place(Duration::from_secs(30));
         }

@@ -20,7 +20,7 @@ mod common;
 use actix_web::{App, HttpServer, get};
 use planned_stop::marker::MarkerStore;
 use planned_stop::stopper::{self, StopOptions};
-use planned_stop::{Layout, PlannedStopService};
+use planned_stop::{Layout, ServiceBuilder};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -41,7 +41,7 @@ async fn work() -> &'static str {
 fn serve(base: &str) -> std::io::Result<std::process::ExitCode> {
     let base = std::path::PathBuf::from(base);
     let code = actix_web::rt::System::new().block_on(async {
-        let stop = PlannedStopService::builder(Layout::Slots(base.join("run")))
+        let stop = ServiceBuilder::new(Layout::Slots(base.join("run")))
             .state_dir(base.join("state"))
             .phase_deadline(planned_stop::DrainPhase::Ingress, Duration::from_secs(10))
             .start()

@@ -19,7 +19,7 @@ use actix::prelude::*;
 use clap::Args;
 use planned_stop::record::Leased;
 use planned_stop::{
-    Drain, DrainReport, PlannedStopService, RunnerState, RunnerStatus, ServiceHandle, StopVerdict,
+    Drain, DrainReport, RunnerState, RunnerStatus, ServiceBuilder, ServiceHandle, StopVerdict,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -210,7 +210,7 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
     let pid = std::process::id();
     // Named by this process's pid, so resumed jobs and new ones never share a name.
     let names: Vec<String> = (0..args.jobs).map(|i| format!("job-{pid}-{i}")).collect();
-    let mut builder = PlannedStopService::builder(layout)
+    let mut builder = ServiceBuilder::new(layout)
         .poll_interval(Duration::from_millis(args.poll_ms.max(1)))
         .drain_deadline(Duration::from_millis(args.drain_ms))
         .allow_shared_dir(args.allow_shared_dir)

@@ -52,7 +52,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// The lifecycle actor. [`crate::PlannedStopService`] starts it with the watcher; the watcher
+/// The lifecycle actor. [`crate::ServiceBuilder`] starts it with the watcher; the watcher
 /// sends it [`PlannedStop`], the signal listener [`OsSignal`], and the service's handle the
 /// application's requests. Its address stays inside the crate: a [`PlannedStop`] says a marker was
 /// claimed, which only the watcher may say.

@@ -21,8 +21,8 @@ use std::time::Duration;
 /// Configures and starts the runner and the watcher.
 ///
 /// ```
-/// use planned_stop::{Layout, PlannedStopService, StopCause, StopVerdict};
-/// let _builder = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+/// use planned_stop::{Layout, ServiceBuilder, StopCause, StopVerdict};
+/// let _builder = ServiceBuilder::new(Layout::Slots("/run/app".into()))
 ///     .state_dir("/var/lib/app")
 ///     .drain_deadline(std::time::Duration::from_secs(20))
 ///     .exit_code(StopCause::Request, StopVerdict::Unexpected, 3);
@@ -74,7 +74,7 @@ impl ServiceBuilder {
     /// the process.
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).handle_signals(false);
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).handle_signals(false);
     /// ```
     pub fn handle_signals(mut self, handle: bool) -> Self {
         self.handle_signals = handle;
@@ -86,7 +86,7 @@ impl ServiceBuilder {
     /// unless [`ServiceBuilder::allow_shared_state`]). Several services may share it.
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).state_dir("/var/lib/app");
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).state_dir("/var/lib/app");
     /// ```
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.records = Records::Dir(dir.into());
@@ -128,7 +128,7 @@ impl ServiceBuilder {
     /// metric (`planned_stop_items_held_aside_total`).
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()))
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into()))
     ///     .max_failed_attempts(3);
     /// ```
     pub fn max_failed_attempts(mut self, max: u32) -> Self {
@@ -147,7 +147,7 @@ impl ServiceBuilder {
     /// restart exits with the restart code for the supervisor, with a WARN at the start.
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()))
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into()))
     ///     .restart_in_place(std::time::Duration::from_secs(30));
     /// ```
     pub fn restart_in_place(mut self, ready_within: Duration) -> Self {
@@ -160,7 +160,7 @@ impl ServiceBuilder {
     /// available). The poll keeps running as a safety net either way.
     ///
     /// ```
-    /// let _poll_only = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).events(false);
+    /// let _poll_only = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).events(false);
     /// ```
     pub fn events(mut self, events: bool) -> Self {
         self.events = events;
@@ -171,7 +171,7 @@ impl ServiceBuilder {
     /// zero interval would probe in a busy loop).
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).poll_interval(std::time::Duration::from_secs(1));
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).poll_interval(std::time::Duration::from_secs(1));
     /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval.max(MIN_POLL_INTERVAL);
@@ -181,7 +181,7 @@ impl ServiceBuilder {
     /// How long the drain participants have. Default 10 s.
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).drain_deadline(std::time::Duration::from_secs(30));
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).drain_deadline(std::time::Duration::from_secs(30));
     /// ```
     pub fn drain_deadline(mut self, deadline: Duration) -> Self {
         self.runner.drain_deadline = deadline;
@@ -191,10 +191,10 @@ impl ServiceBuilder {
     /// The marker policy (TTL, skew, start slack).
     ///
     /// ```
-    /// use planned_stop::{Layout, PlannedStopService};
+    /// use planned_stop::{Layout, ServiceBuilder};
     /// use planned_stop::marker::Policy;
     /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
-    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).policy(policy);
+    /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into())).policy(policy);
     /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
@@ -205,7 +205,7 @@ impl ServiceBuilder {
     /// [`crate::store::MarkerStoreBuilder::allow_shared_dir`]).
     ///
     /// ```
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/srv/shared".into())).allow_shared_dir(true);
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/srv/shared".into())).allow_shared_dir(true);
     /// ```
     pub fn allow_shared_dir(mut self, allow: bool) -> Self {
         self.allow_shared_dir = allow;
@@ -215,10 +215,10 @@ impl ServiceBuilder {
     /// Exit codes by verdict and cause.
     ///
     /// ```
-    /// use planned_stop::{ExitCodes, Layout, PlannedStopService};
+    /// use planned_stop::{ExitCodes, Layout, ServiceBuilder};
     /// let mut codes = ExitCodes::default();
     /// codes.unexpected = 75;
-    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).exit_codes(codes);
+    /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into())).exit_codes(codes);
     /// ```
     pub fn exit_codes(mut self, codes: ExitCodes) -> Self {
         self.runner.exit_codes = codes;
@@ -228,9 +228,9 @@ impl ServiceBuilder {
     /// Overrides one exit code: `code` when a stop with `cause` reaches `verdict`.
     ///
     /// ```
-    /// use planned_stop::{Layout, PlannedStopService, SignalKind, StopCause, StopVerdict};
+    /// use planned_stop::{Layout, ServiceBuilder, SignalKind, StopCause, StopVerdict};
     /// // A SIGHUP is a clean stop for this application.
-    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+    /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into()))
     ///     .exit_code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
     /// ```
     pub fn exit_code(mut self, cause: StopCause, verdict: StopVerdict, code: u8) -> Self {
@@ -242,7 +242,7 @@ impl ServiceBuilder {
     ///
     /// ```
     /// use actix::prelude::*;
-    /// use planned_stop::{Drain, DrainReport, Layout, PlannedStopService};
+    /// use planned_stop::{Drain, DrainReport, Layout, ServiceBuilder};
     /// struct Jobs;
     /// impl Actor for Jobs { type Context = Context<Self>; }
     /// impl Handler<Drain> for Jobs {
@@ -250,7 +250,7 @@ impl ServiceBuilder {
     ///     fn handle(&mut self, _: Drain, _: &mut Context<Self>) -> DrainReport { DrainReport::default() }
     /// }
     /// actix::System::new().block_on(async {
-    ///     let _b = PlannedStopService::builder(Layout::Slots("/run/app".into())).participant("jobs", Jobs.start().recipient());
+    ///     let _b = ServiceBuilder::new(Layout::Slots("/run/app".into())).participant("jobs", Jobs.start().recipient());
     /// });
     /// ```
     pub fn participant(self, name: impl Into<String>, recipient: Recipient<Drain>) -> Self {
@@ -275,10 +275,10 @@ impl ServiceBuilder {
     /// one a phase may use all that is left.
     ///
     /// ```
-    /// use planned_stop::{DrainPhase, Layout, PlannedStopService};
+    /// use planned_stop::{DrainPhase, Layout, ServiceBuilder};
     /// use std::time::Duration;
     /// // 25 s in all; the HTTP server gets at most 10 of them, the workers what remains.
-    /// let _b = PlannedStopService::builder(Layout::Slots("/run/app".into()))
+    /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into()))
     ///     .drain_deadline(Duration::from_secs(25))
     ///     .phase_deadline(DrainPhase::Ingress, Duration::from_secs(10));
     /// ```
@@ -328,7 +328,7 @@ impl ServiceBuilder {
     ///
     /// ```
     /// // Run the runner inside a larger program that ends by other means.
-    /// let _b = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into())).owns_process_exit(false);
+    /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).owns_process_exit(false);
     /// ```
     pub fn owns_process_exit(mut self, owns: bool) -> Self {
         self.runner.owns_process_exit = owns;
@@ -380,10 +380,10 @@ impl ServiceBuilder {
     /// application).
     ///
     /// ```
-    /// # use planned_stop::{Layout, PlannedStopService, RunnerState, StopRequest};
+    /// # use planned_stop::{Layout, ServiceBuilder, RunnerState, StopRequest};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let code = actix::System::new().block_on(async {
-    ///     let service = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+    ///     let service = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
     ///         .handle_signals(false)
     ///         .start()
     ///         .unwrap();

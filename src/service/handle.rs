@@ -59,11 +59,11 @@ impl ServiceHandle {
     /// unexpected code.
     ///
     /// ```no_run
-    /// use planned_stop::{Layout, PlannedStopService};
+    /// use planned_stop::{Layout, ServiceBuilder};
     ///
     /// #[actix::main]
     /// async fn main() -> std::process::ExitCode {
-    ///     let service = match PlannedStopService::builder(Layout::Slots("/run/app".into())).start() {
+    ///     let service = match ServiceBuilder::new(Layout::Slots("/run/app".into())).start() {
     ///         Ok(service) => service,
     ///         Err(e) => {
     ///             eprintln!("{e}");
@@ -176,7 +176,7 @@ impl ServiceHandle {
     /// [`DrainReport::with_handed_back`]: crate::DrainReport::with_handed_back
     ///
     /// ```
-    /// # use planned_stop::{DrainReport, Layout, PlannedStopService, StopRequest};
+    /// # use planned_stop::{DrainReport, Layout, ServiceBuilder, StopRequest};
     /// # use actix::prelude::*;
     /// # struct Jobs;
     /// # impl Actor for Jobs { type Context = Context<Self>; }
@@ -189,7 +189,7 @@ impl ServiceHandle {
     /// # let dir = tempfile::tempdir().unwrap();
     /// let life = |dir: &std::path::Path| {
     ///     actix::System::new().block_on(async {
-    ///         let service = PlannedStopService::builder(Layout::Slots(dir.join("run")))
+    ///         let service = ServiceBuilder::new(Layout::Slots(dir.join("run")))
     ///             .state_dir(dir.join("state"))
     ///             // Two lives in one process: the first must not end it.
     ///             .owns_process_exit(false)

@@ -1,13 +1,13 @@
-//! [`PlannedStopService`]: the runner and the watcher wired together in a few lines.
+//! [`ServiceBuilder`]: the runner and the watcher wired together in a few lines.
 //!
 //! ```no_run
 //! use actix::prelude::*;
-//! use planned_stop::{Layout, PlannedStopService};
+//! use planned_stop::{Layout, ServiceBuilder};
 //! use std::time::Duration;
 //!
 //! #[actix::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let service = PlannedStopService::builder(Layout::Slots("/run/my-app".into()))
+//!     let service = ServiceBuilder::new(Layout::Slots("/run/my-app".into()))
 //!         .state_dir("/var/lib/my-app")
 //!         .drain_deadline(Duration::from_secs(20))
 //!         .start()?;
@@ -21,7 +21,7 @@
 //! }
 //! ```
 //!
-//! [`PlannedStopService::builder`] opens the marker store (creating the directory 0700), reads this
+//! [`ServiceBuilder::new`] opens the marker store (creating the directory 0700), reads this
 //! process's identity once, sweeps leftovers of dead processes, and starts a [`RunnerActor`](crate::runner::RunnerActor) and a
 //! [`MarkerWatcherActor`](crate::watcher::MarkerWatcherActor) on the current actix system. The runner owns the end of the process
 //! ([`ServiceBuilder::owns_process_exit`]): once the stop concluded, the process ends with the
@@ -52,7 +52,7 @@ use tokio::sync::watch;
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// let err = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots(dir.path().into())).start().unwrap_err();
+/// let err = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots(dir.path().into())).start().unwrap_err();
 /// assert!(matches!(err, planned_stop::StartError::NoSystem));
 /// ```
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +71,7 @@ pub enum StartError {
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
     /// `start` was called outside a running actix system.
-    #[error("PlannedStopService::start must be called inside a running actix System")]
+    #[error("ServiceBuilder::start must be called inside a running actix System")]
     NoSystem,
     /// The lease is shorter than its renewal can keep ([`MIN_LEASE`]).
     #[error(
@@ -98,19 +98,16 @@ pub enum StartError {
 /// says otherwise ([`ServiceBuilder::max_failed_attempts`]).
 pub const DEFAULT_MAX_FAILED_ATTEMPTS: u32 = 5;
 
-/// Entry point; see the module docs.
-#[derive(Debug, Clone, Copy)]
-pub struct PlannedStopService;
-
-impl PlannedStopService {
-    /// A builder with safe defaults: filesystem notifications plus 250 ms polling, 10 s drain, [`Policy::default`], exit codes
-    /// 0 / 1, a private marker directory.
+impl ServiceBuilder {
+    /// The entry point: a builder with safe defaults for the markers of `layout` — filesystem
+    /// notifications plus 250 ms polling, 10 s drain, [`Policy::default`], exit codes 0 / 1, a
+    /// private marker directory. [`ServiceBuilder::start`] starts the service.
     ///
     /// ```
-    /// let builder = planned_stop::PlannedStopService::builder(planned_stop::Layout::Slots("/run/app".into()));
+    /// let builder = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into()));
     /// let _builder = builder.poll_interval(std::time::Duration::from_millis(500));
     /// ```
-    pub fn builder(layout: Layout) -> ServiceBuilder {
+    pub fn new(layout: Layout) -> ServiceBuilder {
         ServiceBuilder {
             layout,
             policy: Policy::default(),
@@ -232,7 +229,7 @@ mod tests {
         System::new().block_on(async {
             crate::signals::FAIL_NEXT.set(true);
             let before = crate::runner::LIVE.get();
-            let result = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            let result = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
                 // Off, so a runner left behind shows in the count instead of ending the tests.
                 .owns_process_exit(false)
                 .start();
@@ -246,7 +243,7 @@ mod tests {
                 "a runner was left behind"
             );
             // The application retries without signal handlers, and that service works.
-            let handle = PlannedStopService::builder(Layout::Slots(dir.path().join("run")))
+            let handle = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
                 .owns_process_exit(false)
                 .handle_signals(false)
                 .start()
