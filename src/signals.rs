@@ -26,17 +26,7 @@ use std::io;
 /// Starts forwarding signals to `runner` on the current actix system. Errors when a handler cannot
 /// be installed (for example, no signal support on this platform).
 pub(crate) fn listen(runner: Recipient<OsSignal>) -> io::Result<()> {
-    #[cfg(test)]
-    if FAIL_NEXT.take() {
-        return Err(io::Error::other("injected: no signal handlers"));
-    }
     os::listen(runner)
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Makes this thread's next [`listen`] fail, as installing a handler can (tests).
-    pub(crate) static FAIL_NEXT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Hands one signal to the runner. Never dropped: `do_send` queues even when the runner's

@@ -102,8 +102,6 @@ impl RunnerActor {
 /// the `System`'s exit (`owns_process_exit`, the default).
 impl Drop for RunnerActor {
     fn drop(&mut self) {
-        #[cfg(test)]
-        super::LIVE.with(|live| live.set(live.get().saturating_sub(1)));
         // Also while unwinding: a runner that panicked has stopped deciding anything, and a
         // process whose runner is gone must not go on ignoring stops or exit 0.
         if self.lifecycle.state() == RunnerState::Stopped {

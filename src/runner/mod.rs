@@ -98,12 +98,6 @@ impl std::fmt::Debug for RunnerActor {
     }
 }
 
-#[cfg(test)]
-thread_local! {
-    /// How many runners exist on this thread (tests: a failed start must leave none).
-    pub(crate) static LIVE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 /// See [`RunnerActor::pending`].
 pub(crate) type Pending = Arc<std::sync::Mutex<Option<String>>>;
 
@@ -116,8 +110,6 @@ impl RunnerActor {
         clock: Arc<dyn Clock>,
     ) -> Self {
         let (status, _) = watch::channel(RunnerStatus::starting());
-        #[cfg(test)]
-        LIVE.with(|live| live.set(live.get() + 1));
         RunnerActor {
             lifecycle: Lifecycle::new(),
             store,

@@ -37,7 +37,9 @@ pub struct ServiceBuilder {
     pub(super) participants: Vec<(DrainPhase, String, Recipient<Drain>)>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) identity: Option<ProcessIdentity>,
-    pub(super) handle_signals: bool,
+    /// Installs the signal handlers that forward to the runner; `None` installs none
+    /// ([`ServiceBuilder::handle_signals`]). A function so a test can hand in one that fails.
+    pub(super) signals: Option<SignalListener>,
     pub(super) events: bool,
     pub(super) records: Records,
     pub(super) allow_shared_state: bool,
@@ -77,7 +79,7 @@ impl ServiceBuilder {
     /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into())).handle_signals(false);
     /// ```
     pub fn handle_signals(mut self, handle: bool) -> Self {
-        self.handle_signals = handle;
+        self.signals = handle.then_some(crate::signals::listen as SignalListener);
         self
     }
 
@@ -406,7 +408,7 @@ impl ServiceBuilder {
         )?;
         let (state_dir, records) =
             open_records(self.records, self.allow_shared_state, &self.clock)?;
-        let (context, runner) = mailbox(self.handle_signals)?;
+        let (context, runner) = mailbox(self.signals)?;
         let mut config = self.runner;
         config.records = records.clone();
         let unexpected_code = i32::from(config.exit_codes.unexpected);
@@ -499,14 +501,20 @@ impl ServiceBuilder {
 /// The runner's mailbox, which exists before the runner does: the signal handlers, the last
 /// fallible step, are installed against it, and only then is the runner made and run. A
 /// failure leaves no runner behind (its drop guard would end the process later).
-fn mailbox(handle_signals: bool) -> Result<(Context<RunnerActor>, Addr<RunnerActor>), StartError> {
+fn mailbox(
+    signals: Option<SignalListener>,
+) -> Result<(Context<RunnerActor>, Addr<RunnerActor>), StartError> {
     let context: Context<RunnerActor> = Context::new();
     let runner = context.address();
-    if handle_signals {
-        crate::signals::listen(runner.clone().recipient()).map_err(StartError::Signals)?;
+    if let Some(listen) = signals {
+        listen(runner.clone().recipient()).map_err(StartError::Signals)?;
     }
     Ok((context, runner))
 }
+
+/// Starts forwarding the OS's stop signals to the runner ([`crate::signals::listen`]).
+pub(super) type SignalListener =
+    fn(actix::Recipient<crate::runner::OsSignal>) -> std::io::Result<()>;
 
 /// The runner owns the process's end: panics are logged, and the process ends with the
 /// unexpected code when it would otherwise end before the runner concluded.

@@ -117,7 +117,7 @@ impl ServiceBuilder {
             participants: Vec::new(),
             clock: Arc::new(SystemClock),
             identity: None,
-            handle_signals: true,
+            signals: Some(crate::signals::listen),
             events: true,
             records: Records::None,
             allow_shared_state: false,
@@ -222,33 +222,59 @@ mod tests {
 
     /// Installing the signal handlers is the last fallible step of `start`: when it fails, no
     /// runner is left behind (one used to be running already, and its drop guard ended the
-    /// process about 30 s later when the application went on without it).
+    /// process about 30 s later when the application went on without it). A runner left behind
+    /// would hold its participants: the participant here ends once nothing holds it.
     #[test]
     fn a_start_that_fails_on_signals_leaves_no_runner() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        struct Participant(Arc<AtomicBool>);
+        impl actix::Actor for Participant {
+            type Context = actix::Context<Self>;
+            fn stopped(&mut self, _: &mut Self::Context) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        impl actix::Handler<crate::Drain> for Participant {
+            type Result = crate::DrainReport;
+            fn handle(&mut self, _: crate::Drain, _: &mut Self::Context) -> crate::DrainReport {
+                crate::DrainReport::done()
+            }
+        }
         let dir = tempfile::tempdir().unwrap();
         System::new().block_on(async {
-            crate::signals::FAIL_NEXT.set(true);
-            let before = crate::runner::LIVE.get();
-            let result = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
-                // Off, so a runner left behind shows in the count instead of ending the tests.
+            use actix::Actor;
+            let ended = Arc::new(AtomicBool::new(false));
+            let participant = Participant(ended.clone()).start();
+            let mut builder = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
+                // Off, so a runner left behind shows instead of ending the tests.
                 .owns_process_exit(false)
-                .start();
+                .participant("jobs", participant.recipient());
+            builder.signals = Some(|_| Err(std::io::Error::other("no signal handlers here")));
+            let result = builder.start();
             assert!(matches!(result, Err(StartError::Signals(_))), "{result:?}");
             for _ in 0..16 {
                 tokio::task::yield_now().await;
             }
-            assert_eq!(
-                crate::runner::LIVE.get(),
-                before,
-                "a runner was left behind"
+            assert!(
+                ended.load(Ordering::SeqCst),
+                "a runner was left behind, holding its participant"
             );
             // The application retries without signal handlers, and that service works.
+            let ended = Arc::new(AtomicBool::new(false));
+            let participant = Participant(ended.clone()).start();
             let handle = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
                 .owns_process_exit(false)
                 .handle_signals(false)
+                .participant("jobs", participant.recipient())
                 .start()
                 .unwrap();
-            assert_eq!(crate::runner::LIVE.get(), before + 1);
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+            assert!(
+                !ended.load(Ordering::SeqCst),
+                "the runner holds its participant"
+            );
             handle.ready();
             handle.request_stop(StopRequest::Planned);
             assert_eq!(handle.stopped().await, std::process::ExitCode::SUCCESS);
