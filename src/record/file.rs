@@ -116,6 +116,9 @@ pub struct FileRecordStore {
     /// `false` for a store opened to look ([`FileRecordStore::open_existing`]): it creates and
     /// removes nothing.
     writable: bool,
+    /// Told of each file-system step the store takes: nothing does anything with it but the
+    /// crash-consistency tests ([`FileRecordStore::observed`]).
+    observer: Arc<dyn fsx::Observer>,
 }
 
 impl std::fmt::Debug for FileRecordStore {
@@ -194,6 +197,7 @@ impl FileRecordStore {
             liveness: Arc::new(crate::record::host::liveness_here),
             allow_shared,
             writable,
+            observer: Arc::new(fsx::Unobserved),
         }
     }
 
@@ -203,7 +207,7 @@ impl FileRecordStore {
         // Each directory's own entry is made durable too, not only what it holds.
         for dir in [&self.dir, &self.items, &self.acked] {
             fsx::prepare_own_dir(dir, self.allow_shared).map_err(in_state_dir_words)?;
-            fsx::sync_dir_of(dir)?;
+            fsx::sync_dir_of(dir, &*self.observer)?;
         }
         Ok(())
     }
@@ -240,6 +244,13 @@ impl FileRecordStore {
     #[must_use]
     pub fn clock(self, clock: Arc<dyn Clock>) -> FileRecordStore {
         self.with_clock(clock)
+    }
+
+    /// Tells `observer` of every file-system step from now on (the crash-consistency tests).
+    #[cfg(test)]
+    pub(crate) fn observed(mut self, observer: Arc<dyn fsx::Observer>) -> FileRecordStore {
+        self.observer = observer;
+        self
     }
 
     /// The service's clock, handed down by its builder.
@@ -451,7 +462,7 @@ impl FileRecordStore {
                     ),
                 });
             }
-            write_unique(&path, &bytes, true)?;
+            write_unique(&path, &bytes, true, &*self.observer)?;
             self.remove_file(&self.path(id, LEASE))?;
         }
         // The summary is for people: the items above are durable whatever happens to it, so a
@@ -573,7 +584,7 @@ impl FileRecordStore {
         }
         // The acknowledgement is one rename: the item leaves the item directory for good.
         let done = self.acked.join(format!("{id}{ITEM}"));
-        match fsx::rename_file(&item, &done) {
+        match fsx::rename_file(&item, &done, &*self.observer) {
             Ok(()) => {}
             // Unknown only if the item itself is gone: a missing acknowledged directory is an
             // error of the store, and the item stays held (its holder must not take it for done).
@@ -596,8 +607,8 @@ impl FileRecordStore {
         }
         // The new place first: a power loss between the two syncs leaves the item in both (it may
         // be resumed once more), never in neither.
-        fsx::sync_dir_of(&done)?;
-        fsx::sync_dir_of(&item)?;
+        fsx::sync_dir_of(&done, &*self.observer)?;
+        fsx::sync_dir_of(&item, &*self.observer)?;
         self.remove_file(&self.path(id, LEASE))
     }
 

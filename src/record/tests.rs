@@ -486,7 +486,7 @@ fn a_summary_that_cannot_be_written_does_not_fail_the_persist() {
 }
 
 /// The state directory is crash-consistent. The store's file-system steps are
-/// recorded (`store::files::journal`); for every prefix of an operation the test builds the tree
+/// told to an observer the test hands the store (`FileRecordStore::observed`); for every prefix of an operation the test builds the tree
 /// a power loss at that point would leave — only what a directory sync made durable, and a file
 /// written without a sync as empty — and opens a store on it.
 mod crash;

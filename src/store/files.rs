@@ -146,7 +146,18 @@ pub(crate) fn write_replacing(
     bytes: &[u8],
     durable: bool,
 ) -> Result<(), StoreError> {
-    write_replacing_for(path, temp, bytes, durable, Readers::Writer)
+    write_replacing_for(path, temp, bytes, durable, Readers::Writer, &Unobserved)
+}
+
+/// [`write_replacing`], each step told to `observer`.
+pub(crate) fn write_replacing_observed(
+    path: &Path,
+    temp: &Path,
+    bytes: &[u8],
+    durable: bool,
+    observer: &dyn Observer,
+) -> Result<(), StoreError> {
+    write_replacing_for(path, temp, bytes, durable, Readers::Writer, observer)
 }
 
 /// Who may read a new file besides the process that writes it.
@@ -185,7 +196,7 @@ pub(crate) fn write_atomically_for(
     bytes: &[u8],
     readers: Readers,
 ) -> Result<(), StoreError> {
-    write_replacing_for(path, temp, bytes, true, readers)
+    write_replacing_for(path, temp, bytes, true, readers, &Unobserved)
 }
 
 fn write_replacing_for(
@@ -194,14 +205,21 @@ fn write_replacing_for(
     bytes: &[u8],
     durable: bool,
     readers: Readers,
+    observer: &dyn Observer,
 ) -> Result<(), StoreError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let result = write_new_file(temp, bytes, durable, readers)
-        .and_then(|()| replace(temp, path))
-        .and_then(|()| if durable { sync_dir(dir) } else { Ok(()) });
+    let result = write_new_file(temp, bytes, durable, readers, observer)
+        .and_then(|()| replace(temp, path, observer))
+        .and_then(|()| {
+            if durable {
+                sync_dir(dir, observer)
+            } else {
+                Ok(())
+            }
+        });
     if result.is_err() {
         let _ = fs::remove_file(temp);
     }
@@ -215,6 +233,7 @@ fn write_new_file(
     bytes: &[u8],
     durable: bool,
     readers: Readers,
+    observer: &dyn Observer,
 ) -> Result<(), StoreError> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
@@ -232,10 +251,9 @@ fn write_new_file(
     if durable {
         file.sync_all().map_err(|e| io("sync", e))?;
     }
-    #[cfg(test)]
-    journal::record(journal::Step::Write {
-        path: path.to_path_buf(),
-        bytes: bytes.to_vec(),
+    observer.took(Step::Write {
+        path,
+        bytes,
         synced: durable,
     });
     Ok(())
@@ -245,19 +263,19 @@ fn write_new_file(
 /// after the retries — Windows without POSIX rename semantics (FAT, network shares, Wine) — the old
 /// file is deleted first and the rename retried: a reader may then briefly find no file (which it
 /// takes as "nothing yet", never as a decision), but never a partial one.
-fn replace(from: &Path, to: &Path) -> Result<(), StoreError> {
-    match rename(from, to) {
+fn replace(from: &Path, to: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
+    match rename(from, to, observer) {
         Err(StoreError::Io { source, .. }) if is_sharing_violation(&source) => {
             tracing::debug!(path = %to.display(), "replace refused while open elsewhere; delete, then rename");
-            remove(to)?;
-            rename(from, to)
+            remove_observed(to, observer)?;
+            rename(from, to, observer)
         }
         result => result,
     }
 }
 
-fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
-    rename_file(from, to).map_err(|source| StoreError::Io {
+fn rename(from: &Path, to: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
+    rename_file(from, to, observer).map_err(|source| StoreError::Io {
         op: "rename into place",
         path: to.to_path_buf(),
         source,
@@ -265,33 +283,29 @@ fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
 }
 
 /// Renames `from` to `to` (retrying Windows sharing violations).
-pub(crate) fn rename_file(from: &Path, to: &Path) -> io::Result<()> {
+pub(crate) fn rename_file(from: &Path, to: &Path, observer: &dyn Observer) -> io::Result<()> {
     with_sharing_retries(|| fs::rename(from, to))?;
-    #[cfg(test)]
-    journal::record(journal::Step::Rename {
-        from: from.to_path_buf(),
-        to: to.to_path_buf(),
-    });
+    observer.took(Step::Rename { from, to });
     Ok(())
 }
 
-/// Makes the entries of `dir` durable (and records the step for the crash-consistency tests).
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+/// Makes the entries of `dir` durable.
+fn sync_dir(dir: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
     os::sync_dir(dir)?;
-    #[cfg(test)]
-    journal::record(journal::Step::SyncDir {
-        dir: dir.to_path_buf(),
-    });
+    observer.took(Step::SyncDir { dir });
     Ok(())
 }
 
+/// Removes `path`; one that is already gone is fine.
 pub(crate) fn remove(path: &Path) -> Result<(), StoreError> {
+    remove_observed(path, &Unobserved)
+}
+
+/// [`remove`], the step told to `observer`.
+pub(crate) fn remove_observed(path: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
     match with_sharing_retries(|| fs::remove_file(path)) {
         Ok(()) => {
-            #[cfg(test)]
-            journal::record(journal::Step::Remove {
-                path: path.to_path_buf(),
-            });
+            observer.took(Step::Remove { path });
             Ok(())
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -380,10 +394,10 @@ pub(crate) fn check_own_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// Makes a rename into or out of `path`'s directory durable.
-pub(crate) fn sync_dir_of(path: &Path) -> Result<(), StoreError> {
+pub(crate) fn sync_dir_of(path: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
     match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
-        _ => sync_dir(Path::new(".")),
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir, observer),
+        _ => sync_dir(Path::new("."), observer),
     }
 }
 
@@ -434,58 +448,45 @@ fn refuse_shared(dir: &Path, meta: &fs::Metadata, allow_shared: bool) -> Result<
     }
 }
 
-/// The file-system steps the store takes, recorded for the crash-consistency tests (tests only):
-/// they replay every prefix of an operation and keep only what was made durable, as a power loss
-/// at that point would (`src/record/tests.rs`).
-#[cfg(test)]
-pub(crate) mod journal {
-    use std::path::PathBuf;
-    use std::sync::Mutex;
+/// One file-system step of a write, a rename, a removal or a directory sync, as it is taken.
+/// The record store tells its [`Observer`] each: the crash-consistency tests replay every prefix
+/// of an operation and keep only what was made durable, as a power loss at that point would
+/// (`src/record/tests/crash.rs`).
+#[derive(Debug, Clone, Copy)]
+// Read by the tests' observer only.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Step<'a> {
+    /// A new file with these bytes, synced or not (its name is durable only once its directory
+    /// is synced).
+    Write {
+        path: &'a Path,
+        bytes: &'a [u8],
+        synced: bool,
+    },
+    Rename {
+        from: &'a Path,
+        to: &'a Path,
+    },
+    Remove {
+        path: &'a Path,
+    },
+    /// The directory's entries are durable from here on.
+    SyncDir {
+        dir: &'a Path,
+    },
+}
 
-    /// One step, in the order it was taken.
-    #[derive(Debug, Clone)]
-    pub(crate) enum Step {
-        /// A new file with these bytes, synced or not (its name is durable only once its
-        /// directory is synced).
-        Write {
-            path: PathBuf,
-            bytes: Vec<u8>,
-            synced: bool,
-        },
-        Rename {
-            from: PathBuf,
-            to: PathBuf,
-        },
-        Remove {
-            path: PathBuf,
-        },
-        /// The directory's entries are durable from here on.
-        SyncDir {
-            dir: PathBuf,
-        },
-    }
+/// What is told of each [`Step`] taken: nothing, but for the stores a test opens to watch.
+pub(crate) trait Observer: Send + Sync {
+    /// The step was taken (it succeeded).
+    fn took(&self, step: Step<'_>);
+}
 
-    static STEPS: Mutex<Vec<Step>> = Mutex::new(Vec::new());
+/// The observer of every production path: it is told, and does nothing.
+pub(crate) struct Unobserved;
 
-    pub(crate) fn record(step: Step) {
-        STEPS.lock().unwrap_or_else(|p| p.into_inner()).push(step);
-    }
-
-    /// The steps recorded since the last call that touch paths under `root` (tests run in
-    /// parallel; each looks at its own directory).
-    pub(crate) fn take_under(root: &std::path::Path) -> Vec<Step> {
-        let mut steps = STEPS.lock().unwrap_or_else(|p| p.into_inner());
-        let (mine, others): (Vec<Step>, Vec<Step>) = steps.drain(..).partition(|s| {
-            let path = match s {
-                Step::Write { path, .. } | Step::Remove { path } => path,
-                Step::Rename { to, .. } => to,
-                Step::SyncDir { dir } => dir,
-            };
-            path.starts_with(root)
-        });
-        *steps = others;
-        mine
-    }
+impl Observer for Unobserved {
+    fn took(&self, _: Step<'_>) {}
 }
 
 #[cfg(unix)]

@@ -56,18 +56,18 @@ impl FileRecordStore {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        write_unique(path, &bytes, durable)
+        write_unique(path, &bytes, durable, &*self.observer)
     }
 
     pub(super) fn remove_file(&self, path: &Path) -> Result<(), RecordError> {
-        fsx::remove(path).map_err(RecordError::from)
+        fsx::remove_observed(path, &*self.observer).map_err(RecordError::from)
     }
 
     /// Removes `path` for good: the directory is synced, so a power failure cannot bring the
     /// file back (an operator's drop that returns would run the work again).
     pub(super) fn remove_durably(&self, path: &Path) -> Result<(), RecordError> {
         self.remove_file(path)?;
-        fsx::sync_dir_of(path).map_err(RecordError::from)
+        fsx::sync_dir_of(path, &*self.observer).map_err(RecordError::from)
     }
 }
 
@@ -83,7 +83,12 @@ pub(super) fn older_than(entry: &fs::DirEntry, age: Duration) -> bool {
 
 /// Writes `bytes` to `path` atomically through a temporary file whose name no leftover can
 /// take: created exclusively, with a new name on a collision.
-pub(super) fn write_unique(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RecordError> {
+pub(super) fn write_unique(
+    path: &Path,
+    bytes: &[u8],
+    durable: bool,
+    observer: &dyn fsx::Observer,
+) -> Result<(), RecordError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -97,7 +102,7 @@ pub(super) fn write_unique(path: &Path, bytes: &[u8], durable: bool) -> Result<(
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        match fsx::write_replacing(path, &temp, bytes, durable) {
+        match fsx::write_replacing_observed(path, &temp, bytes, durable, observer) {
             Err(crate::marker::StoreError::Io { source, .. })
                 if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
             {

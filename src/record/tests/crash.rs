@@ -1,7 +1,65 @@
 use super::*;
-use crate::store::files::journal::{self, Step};
+use crate::store::files::{Observer, Step as Taken};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// One file-system step, owned: what the journal keeps of a [`Taken`] step.
+#[derive(Debug, Clone)]
+enum Step {
+    Write {
+        path: PathBuf,
+        bytes: Vec<u8>,
+        synced: bool,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    Remove {
+        path: PathBuf,
+    },
+    SyncDir {
+        dir: PathBuf,
+    },
+}
+
+/// The steps a store opened to be watched took, in order.
+#[derive(Default)]
+struct Journal(Mutex<Vec<Step>>);
+
+impl Observer for Journal {
+    fn took(&self, step: Taken<'_>) {
+        let step = match step {
+            Taken::Write {
+                path,
+                bytes,
+                synced,
+            } => Step::Write {
+                path: path.to_path_buf(),
+                bytes: bytes.to_vec(),
+                synced,
+            },
+            Taken::Rename { from, to } => Step::Rename {
+                from: from.to_path_buf(),
+                to: to.to_path_buf(),
+            },
+            Taken::Remove { path } => Step::Remove {
+                path: path.to_path_buf(),
+            },
+            Taken::SyncDir { dir } => Step::SyncDir {
+                dir: dir.to_path_buf(),
+            },
+        };
+        self.0.lock().unwrap().push(step);
+    }
+}
+
+impl Journal {
+    /// The steps taken since the last call.
+    fn take(&self) -> Vec<Step> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
 
 /// Path -> contents (`None`: a directory).
 type Tree = BTreeMap<PathBuf, Option<Vec<u8>>>;
@@ -103,13 +161,15 @@ fn every_power_loss(
     holds: impl Fn(usize, usize, &[(String, Option<u32>)], &[String]) -> Result<(), String>,
 ) {
     let dir = tempfile::tempdir().unwrap();
+    let journal = Arc::new(Journal::default());
     let (store, _) = store(dir.path());
+    let store = store.observed(journal.clone());
     setup(&store);
     let root = dir.path();
-    journal::take_under(root);
+    journal.take();
     let base = snapshot(root);
     op(&store);
-    let steps = journal::take_under(root);
+    let steps = journal.take();
     assert!(!steps.is_empty(), "the operation took no recorded step");
     for k in 0..=steps.len() {
         let (listed, acked) = found(&after_power_loss(&base, &steps[..k]), root);
