@@ -118,6 +118,7 @@ mod outcome;
 pub mod record;
 mod resume;
 mod runner;
+mod schema;
 mod service;
 mod signals;
 pub mod stopper;
@@ -173,7 +174,7 @@ pub mod internals {
 
     /// A runner outside the service, with its drain participants, and its status channel.
     pub fn runner(
-        store: crate::marker::MarkerStore,
+        store: crate::store::MarkerStore,
         own: crate::ProcessIdentity,
         config: RunnerConfig,
         clock: std::sync::Arc<dyn Clock>,

@@ -14,10 +14,8 @@
 //! file system. The size limits of a marker are public so a stopper written in another language can
 //! check its own output: [`MAX_MARKER_BYTES`], [`MAX_REQUEST_ID_CHARS`], [`MAX_REASON_CHARS`].
 
-mod schema;
-
-pub use crate::store::{MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
-pub use crate::verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};
-pub use schema::{
+pub use crate::schema::{
     MAX_MARKER_BYTES, MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS, Marker, MarkerError, StopAction,
 };
+pub use crate::store::{MarkerStore, MarkerStoreBuilder, SlotEntry, StoreError, SweepReport};
+pub use crate::verdict::{FileKind, Malformed, Policy, Stale, Undecided, Verdict};

@@ -20,7 +20,7 @@
 
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::{StopCause, StopVerdict};
-use crate::marker::StopAction;
+use crate::schema::StopAction;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 

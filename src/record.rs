@@ -268,7 +268,7 @@ pub struct StopRecord {
     pub phases: Vec<PhaseRecord>,
     /// Stop or restart, as the stopper asked (a stop when it did not say).
     #[serde(default)]
-    pub action: crate::marker::StopAction,
+    pub action: crate::schema::StopAction,
     /// The exit code the process ended with.
     pub exit_code: i32,
 }

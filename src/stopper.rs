@@ -13,8 +13,8 @@
 //! ([`ExitWatch`]).
 
 use crate::identity::ProcessIdentity;
-use crate::marker::Marker;
 pub use crate::outcome::{DrainSummary, Outcome, Phase, Presence};
+use crate::schema::Marker;
 use crate::store::{MarkerStore, StoreError};
 use chrono::Utc;
 use std::path::PathBuf;
@@ -66,10 +66,10 @@ pub struct StopOptions {
     /// that reads markers without announcing, such as a port of the protocol). Without it such a
     /// request is refused before anything is written: a mistyped pid must not kill a bystander.
     pub signal_unwatched: bool,
-    /// Stop and stay down, or restart (see [`crate::marker::StopAction`]).
-    pub action: crate::marker::StopAction,
+    /// Stop and stay down, or restart (see [`crate::schema::StopAction`]).
+    pub action: crate::schema::StopAction,
     /// A drain deadline for this request, when it must be shorter than the target's own
-    /// ([`crate::marker::Marker::drain_deadline`]).
+    /// ([`crate::schema::Marker::drain_deadline`]).
     pub drain_deadline: Option<Duration>,
 }
 
@@ -83,7 +83,7 @@ impl StopOptions {
             expect_start: None,
             signal: false,
             signal_unwatched: false,
-            action: crate::marker::StopAction::Stop,
+            action: crate::schema::StopAction::Stop,
             drain_deadline: None,
         }
     }
@@ -97,7 +97,7 @@ impl StopOptions {
 
     /// Ask for a planned restart instead of a stop: the target drains and records alike, and
     /// exits with its restart code (75 by default) so its supervisor starts it again.
-    pub fn with_action(mut self, action: crate::marker::StopAction) -> StopOptions {
+    pub fn with_action(mut self, action: crate::schema::StopAction) -> StopOptions {
         self.action = action;
         self
     }

@@ -23,7 +23,7 @@
 //! pid-only match — so a dead predecessor's marker never stops its pid's next owner.
 
 use crate::identity::ProcessIdentity;
-use crate::marker::{Marker, MarkerError};
+use crate::schema::{Marker, MarkerError};
 use chrono::{DateTime, TimeDelta, Utc};
 use std::time::Duration;
 
@@ -79,7 +79,7 @@ impl Default for Policy {
 }
 
 /// What was found at a slot, as the store read it (at most one byte more than
-/// [`crate::marker::MAX_MARKER_BYTES`]).
+/// [`crate::schema::MAX_MARKER_BYTES`]).
 #[derive(Debug, Clone, Copy)]
 pub enum SlotContent<'a> {
     /// Nothing at the slot path.
@@ -262,7 +262,7 @@ pub enum Stale {
         /// Our fingerprint.
         ours: u64,
     },
-    /// The process that owns the slot is no longer running (only an inspection by someone other than the owner says this: [`crate::marker::MarkerStore::inspect`], `entries` and `sweep`).
+    /// The process that owns the slot is no longer running (only an inspection by someone other than the owner says this: [`crate::store::MarkerStore::inspect`], `entries` and `sweep`).
     #[error("process {pid}, which the marker is for, is no longer running")]
     OwnerGone {
         /// The owner's pid.

@@ -319,7 +319,7 @@ impl MarkerWatcherActor {
     /// ways a stop goes out (found now, or held while starting and sent once running).
     fn keep_looking_after(&mut self, send: &WatchSend) {
         let restart =
-            matches!(send, WatchSend::Stop(s) if s.action == crate::marker::StopAction::Restart);
+            matches!(send, WatchSend::Stop(s) if s.action == crate::schema::StopAction::Restart);
         if restart && self.keeps_after_restart {
             self.watch = Watch::Looking;
         }

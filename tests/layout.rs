@@ -7,10 +7,10 @@
 //! fails the test: a new module is placed on purpose, not by accident.
 //!
 //! A dependency is a `crate::` (or `super::`) path in the library's code, outside comments and test
-//! modules. A façade — a module whose file holds nothing but `mod` declarations and `pub use`
-//! re-exports, as `marker` does — gathers other modules' types under one public name for the
-//! user's convenience: its re-exports are not dependencies of its own. (A path that reaches a type
-//! through a façade counts as a dependency on the façade, not on the module behind it.)
+//! modules, re-exports included: a façade — a module that gathers other modules' types under one
+//! public name, as `marker` does — depends on what it gathers, so it sits above all of it. (A path
+//! that reaches a type through a façade counts as a dependency on the façade.) Within one line of
+//! the diagram, modules may use each other as long as no circle forms, which design.md says too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -141,38 +141,6 @@ fn library_code(text: &str) -> String {
     out
 }
 
-/// `code` without its `pub use` re-exports (each from `pub use` to its semicolon, over several
-/// lines if braced).
-fn without_reexports(code: &str) -> String {
-    let mut kept = String::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("pub use ") {
-        kept.push_str(&rest[..at]);
-        rest = rest[at..].split_once(';').map_or("", |(_, after)| after);
-    }
-    kept.push_str(rest);
-    kept
-}
-
-/// Whether `code` is a façade's: nothing but `mod` declarations, attributes and re-exports.
-fn is_facade(code: &str) -> bool {
-    without_reexports(code).lines().map(str::trim).all(|line| {
-        line.is_empty()
-            || line.starts_with('#')
-            || (line.starts_with("mod ") && line.ends_with(';'))
-    })
-}
-
-/// The code whose paths are dependencies: a façade's re-exports are not.
-fn dependency_code(text: &str) -> String {
-    let code = library_code(text);
-    if is_facade(&code) {
-        without_reexports(&code)
-    } else {
-        code
-    }
-}
-
 fn is_ident_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
@@ -258,7 +226,7 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("a source file");
-        for dep in dependencies(&dependency_code(&text), &path) {
+        for dep in dependencies(&library_code(&text), &path) {
             // Items of the root itself (`crate::Drain`) are re-exports of a module; `self`
             // and the crate's own name are not modules.
             if dep != top && dep != "self" && !dep.is_empty() {
@@ -311,6 +279,30 @@ fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>
     None
 }
 
+/// The dependencies in `graph` that point up `layers` (the top layer first), each said as a
+/// sentence. Within one layer is not up.
+fn upward(
+    layers: &[(String, BTreeSet<String>)],
+    graph: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    let layer_of = |module: &str| layers.iter().position(|(_, m)| m.contains(module));
+    let mut upward = Vec::new();
+    for (module, deps) in graph {
+        for dep in deps {
+            let (Some(from), Some(to)) = (layer_of(module), layer_of(dep)) else {
+                continue; // a dependency that is not a module of ours (an item of the root)
+            };
+            if to < from {
+                upward.push(format!(
+                    "{module} (layer \"{}\") uses {dep} (layer \"{}\")",
+                    layers[from].0, layers[to].0
+                ));
+            }
+        }
+    }
+    upward
+}
+
 #[test]
 fn dependencies_point_down_the_layers_of_design_md() {
     let layers = layers_of_design();
@@ -329,20 +321,7 @@ fn dependencies_point_down_the_layers_of_design_md() {
         "design.md's layer diagram names modules that do not exist: {stale:?}"
     );
 
-    let mut upward = Vec::new();
-    for (module, deps) in &graph {
-        for dep in deps {
-            let (Some(from), Some(to)) = (layer_of(module), layer_of(dep)) else {
-                continue; // a dependency that is not a module of ours (an item of the root)
-            };
-            if to < from {
-                upward.push(format!(
-                    "{module} (layer \"{}\") uses {dep} (layer \"{}\")",
-                    layers[from].0, layers[to].0
-                ));
-            }
-        }
-    }
+    let upward = upward(&layers, &graph);
     assert!(
         upward.is_empty(),
         "dependencies that point up design.md's layers:\n{}",
@@ -412,18 +391,44 @@ fn the_checks_see_paths_groups_supers_and_circles() {
                 #[cfg(test)]\nmod tests {\n    use crate::cli::x;\n    fn h() { let s = \"{}\"; }\n}\n\
                 fn after() { crate::events::e(); }\n";
     assert_eq!(
-        dependencies(&dependency_code(code), &path("verdict")),
+        dependencies(&library_code(code), &path("verdict")),
         BTreeSet::from(["events".to_string(), "store".to_string()])
     );
-    // A façade's re-exports are not: it has no code of its own.
-    let facade = "//! Docs.\n\nmod schema;\n\npub use crate::store::{A,\n B};\n#[doc(inline)]\n\
-                  pub use schema::{C, D};\n";
-    assert!(is_facade(&library_code(facade)));
+    // A façade depends on what it re-exports: one in the pure layer that gathers the store's
+    // types points up; above the store it does not.
+    let facade = "//! Docs.\n\npub use crate::store::{A,\n B};\n#[doc(inline)]\n\
+                  pub use crate::schema::{C, D};\n";
+    let layer = |name: &str, modules: &[&str]| {
+        (
+            name.to_string(),
+            modules
+                .iter()
+                .map(|m| m.to_string())
+                .collect::<BTreeSet<_>>(),
+        )
+    };
+    let graph = BTreeMap::from([
+        (
+            "marker".to_string(),
+            dependencies(&library_code(facade), &path("marker")),
+        ),
+        ("store".to_string(), BTreeSet::from(["schema".to_string()])),
+        ("schema".to_string(), BTreeSet::new()),
+    ]);
+    let in_the_pure_layer = [
+        layer("io", &["store"]),
+        layer("pure", &["marker", "schema"]),
+    ];
     assert_eq!(
-        dependencies(&dependency_code(facade), &path("marker")),
-        BTreeSet::new()
+        upward(&in_the_pure_layer, &graph),
+        ["marker (layer \"pure\") uses store (layer \"io\")"]
     );
-    assert!(!is_facade(&library_code(&format!("{facade}fn f() {{}}\n"))));
+    let above_the_store = [
+        layer("wiring", &["marker"]),
+        layer("io", &["store"]),
+        layer("pure", &["schema"]),
+    ];
+    assert!(upward(&above_the_store, &graph).is_empty());
     let graph: BTreeMap<String, BTreeSet<String>> = [
         ("a", vec!["b"]),
         ("b", vec!["c"]),

@@ -179,9 +179,9 @@ impl FileRecordStore {
             source,
         })?;
         if !meta.is_dir() {
-            return Err(in_state_dir_words(
-                crate::marker::StoreError::NotADirectory(store.dir.clone()),
-            ));
+            return Err(in_state_dir_words(crate::store::StoreError::NotADirectory(
+                store.dir.clone(),
+            )));
         }
         fsx::check_own_dir(&store.dir)?;
         Ok(store)

@@ -30,7 +30,7 @@ fn record() -> StopRecord {
         unanswered: vec![],
         notes: vec![],
         phases: vec![],
-        action: crate::marker::StopAction::Stop,
+        action: crate::schema::StopAction::Stop,
         exit_code: 0,
     }
 }

@@ -38,7 +38,7 @@ impl RunnerActor {
         self.handed_to = successor;
         let code = match (verdict, action, successor) {
             // Restarted in place: the successor serves, this process stops as planned.
-            (StopVerdict::Planned, crate::marker::StopAction::Restart, None) => {
+            (StopVerdict::Planned, crate::schema::StopAction::Restart, None) => {
                 i32::from(self.config.exit_codes.restart)
             }
             _ => i32::from(self.config.exit_codes.code(run.cause, verdict)),

@@ -35,7 +35,7 @@ pub(crate) struct Requester {
     pub(crate) request_id: Option<String>,
     pub(crate) reason: Option<String>,
     pub(crate) stopper_pid: Option<u32>,
-    pub(crate) action: crate::marker::StopAction,
+    pub(crate) action: crate::schema::StopAction,
     /// When the marker that asked was written, when one did.
     pub(crate) written_at: Option<DateTime<Utc>>,
     /// The successor a restart in place handed over to, once it is ready.

@@ -5,8 +5,8 @@
 //! its watch channel.
 
 use crate::lifecycle::{DrainPhase, RunnerState, SignalKind, StopRequest, StopVerdict};
-use crate::marker::{Marker, StopAction};
 use crate::outcome::Outcome;
+use crate::schema::{Marker, StopAction};
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use serde::Serialize;

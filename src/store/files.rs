@@ -5,7 +5,7 @@
 //! Platform differences live in the `os` module at the end, one twin per OS.
 
 use super::StoreError;
-use crate::marker::MAX_MARKER_BYTES;
+use crate::schema::MAX_MARKER_BYTES;
 use crate::verdict::{FileKind, SlotContent};
 use os::{is_symlink_loop, open_no_follow};
 use std::fs::{self, OpenOptions};

@@ -42,7 +42,7 @@ pub use layout::Layout;
 pub use sweep::{SlotEntry, SweepReport};
 
 use crate::identity::ProcessIdentity;
-use crate::marker::Marker;
+use crate::schema::Marker;
 use crate::verdict::{self, FileKind, Policy, Undecided, Verdict};
 use chrono::{DateTime, Utc};
 use error::unreadable;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::marker::MAX_MARKER_BYTES;
+use crate::schema::MAX_MARKER_BYTES;
 
 #[test]
 fn slot_names_round_trip_and_reject_look_alikes() {

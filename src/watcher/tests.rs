@@ -1,5 +1,5 @@
 use super::*;
-use crate::marker::Marker;
+use crate::schema::Marker;
 use crate::verdict::{Malformed, Stale};
 use RunnerState::*;
 
@@ -40,7 +40,7 @@ fn other_verdicts_and_no_trigger_markers_keep_watching() {
         Verdict::Absent,
         Verdict::Foreign(marker),
         Verdict::Stale(Stale::OwnerGone { pid: 9 }),
-        Verdict::Malformed(Malformed::Content(crate::marker::MarkerError::Empty)),
+        Verdict::Malformed(Malformed::Content(crate::schema::MarkerError::Empty)),
         for_self(false),
     ] {
         assert_eq!(next_step(&v, Running), WatchStep::Continue, "{v:?}");

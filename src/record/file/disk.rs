@@ -103,7 +103,7 @@ pub(super) fn write_unique(
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         match fsx::write_replacing_observed(path, &temp, bytes, durable, observer) {
-            Err(crate::marker::StoreError::Io { source, .. })
+            Err(crate::store::StoreError::Io { source, .. })
                 if source.kind() == io::ErrorKind::AlreadyExists && tries < 8 =>
             {
                 tries += 1;
@@ -115,8 +115,8 @@ pub(super) fn write_unique(
 
 /// A directory error of the shared helpers (worded for the marker directory), in the state
 /// directory's own words: an operator must not look for a marker directory that is not there.
-pub(super) fn in_state_dir_words(e: crate::marker::StoreError) -> RecordError {
-    use crate::marker::StoreError;
+pub(super) fn in_state_dir_words(e: crate::store::StoreError) -> RecordError {
+    use crate::store::StoreError;
     match e {
         StoreError::Directory { path, source } => RecordError::Io {
             op: "use the state directory",
