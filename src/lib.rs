@@ -148,6 +148,12 @@ pub use store::Layout;
 pub use tasks::{CancellationToken, JobEnd, TaskGroup};
 pub use work::{JobId, Refusal, Refused, Unreadable, WorkSet};
 
+/// The README's Rust blocks, compiled: `tests/readme-blocks.md` holds each with the lines that
+/// make it a program hidden, and `tests/layout.rs` checks its visible lines are the README's.
+#[cfg(all(doctest, feature = "actix-web"))]
+#[doc = include_str!("../tests/readme-blocks.md")]
+pub struct ReadmeBlocks;
+
 /// The crate's own pieces, for its tests, benchmarks and fuzz targets only.
 ///
 /// Behind the `internals` feature, which no application should enable: nothing here is part of

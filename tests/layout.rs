@@ -511,3 +511,53 @@ fn the_command_line_scan_sees_flags_and_verbs() {
     assert_eq!(command_line_words(r#""the planned-stop runner""#), None);
     assert_eq!(command_line_words("let x = a - -b;"), None);
 }
+
+/// The ```` ```rust ```` blocks of `markdown` (any info string starting with `rust`), each as its
+/// lines.
+fn rust_blocks(markdown: &str) -> Vec<Vec<String>> {
+    let mut blocks = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in markdown.lines() {
+        match current.as_mut() {
+            None if line.starts_with("```rust") => current = Some(Vec::new()),
+            None => {}
+            Some(_) if line == "```" => blocks.extend(current.take()),
+            Some(block) => block.push(line.to_string()),
+        }
+    }
+    blocks
+}
+
+/// What rustdoc shows of a doctest's lines: those hidden with `# ` (or a lone `#`) left out.
+fn visible(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| !(l.as_str() == "#" || l.starts_with("# ")))
+        .cloned()
+        .collect()
+}
+
+/// The README's Rust blocks compile: `tests/readme-blocks.md` holds them as doctests (built with
+/// the `actix-web` feature), and what rustdoc shows of each is the README's block, line for line.
+#[test]
+fn the_readmes_rust_blocks_are_the_compiled_doctests() {
+    let readme = rust_blocks(&std::fs::read_to_string(root().join("README.md")).unwrap());
+    let doctests =
+        rust_blocks(&std::fs::read_to_string(root().join("tests/readme-blocks.md")).unwrap());
+    assert_eq!(
+        readme.len(),
+        doctests.len(),
+        "every README block has its doctest in tests/readme-blocks.md"
+    );
+    for (n, (shown, compiled)) in readme.iter().zip(&doctests).enumerate() {
+        assert_eq!(
+            shown,
+            &visible(compiled),
+            "README block {n} differs from its doctest's visible lines: edit both"
+        );
+    }
+    // The check sees a difference: a README line the doctest does not have.
+    let mut edited = readme[0].clone();
+    edited.push("// a line added to the README only".into());
+    assert_ne!(edited, visible(&doctests[0]));
+}
