@@ -3,21 +3,22 @@
 //!
 //! Why it is public: [`RecordStore`] invites other backends, and a backend is only as good as its
 //! agreement with the lease rules every store shares. A backend's test implements [`Backend`] and
-//! runs [`Conformance`] with `proptest_state_machine::prop_state_machine!`, exactly as this crate's
-//! own stores do (`tests/records.rs` for the state directory, `tests/postgres.rs` for PostgreSQL):
+//! calls [`check_conformance`], exactly as this crate's own stores do (`tests/records.rs` for the
+//! state directory, `tests/postgres.rs` for PostgreSQL); the suite's model and its property-test
+//! machinery are this module's own business, not the backend's:
 //!
-//! ```ignore
-//! use planned_stop::testing::{Backend, Conformance, Probe};
+//! ```no_run
+//! use planned_stop::record::RecordStore;
+//! use planned_stop::testing::{Backend, Clock, Probe, check_conformance};
+//! use std::sync::Arc;
 //! struct Mine;
 //! impl Backend for Mine {
-//!     fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn Any>) {
+//!     fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>) {
 //!         todo!("a fresh, empty store reading `clock`, deciding liveness with `probe`")
 //!     }
 //! }
-//! proptest_state_machine::prop_state_machine! {
-//!     #[test]
-//!     fn my_store_conforms(sequential 1..=30 => Conformance<Mine>);
-//! }
+//! // In a #[test]: 256 random sequences of up to 30 steps, each failure shrunk to its shortest.
+//! check_conformance::<Mine>(256, None);
 //! ```
 //!
 //! The model: four owners (two on this host, whose liveness the store can check, two on another
@@ -29,8 +30,6 @@
 //! an operator's release that offers them again; leases, acknowledgements, releases and drops; a
 //! wall clock that only the test moves. After every step
 //! the store must list exactly what the model holds, and every answer must be the model's.
-
-#![allow(missing_docs)] // the model's steps and states are named for the test output, not an API
 
 pub use crate::clock::Clock;
 pub use crate::record::lease::Liveness;
@@ -52,7 +51,7 @@ pub trait Backend: 'static {
 
 mod model;
 
-pub use model::{Expect, Model, Reference, Step};
+use model::{Expect, Model, Reference, Step};
 use model::{HERE, OWNERS, STOPPER, owner};
 
 /// The test clock: the model's seconds after a fixed instant.
@@ -73,7 +72,7 @@ impl Clock for TestClock {
 type Listed = (String, u32, u32, bool, Option<(u32, u64)>, String);
 
 /// The store under test and the world it sees.
-pub struct Sut {
+struct Sut {
     store: Arc<dyn RecordStore>,
     _keep: Box<dyn std::any::Any>,
     clock: Arc<TestClock>,
@@ -153,12 +152,42 @@ impl std::fmt::Debug for Sut {
     }
 }
 
-/// The suite, for backend `B`.
-pub struct Conformance<B>(PhantomData<B>);
+/// The suite, for backend `B`: the store against the model, step by step.
+struct Conformance<B>(PhantomData<B>);
 
 impl<B> std::fmt::Debug for Conformance<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Conformance")
+    }
+}
+
+/// Runs the conformance suite against backend `B`: `cases` random sequences of up to 30 steps,
+/// each on a fresh store from [`Backend::open`]; after every step the store must list exactly
+/// what the model holds, and every answer must be the model's. A failure is shrunk to its
+/// shortest sequence and panics with it (so call this in a `#[test]`); with `regressions`, a
+/// file (a path from the crate's root, as `concat!(env!("CARGO_MANIFEST_DIR"), "/tests/x.txt")`
+/// gives it) keeps the seeds of past failures, which run first every time.
+pub fn check_conformance<B: Backend>(cases: u32, regressions: Option<&'static str>) {
+    use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+    use proptest_state_machine::ReferenceStateMachine;
+    let persistence =
+        regressions.map_or(FileFailurePersistence::Off, FileFailurePersistence::Direct);
+    let config = Config {
+        cases,
+        max_shrink_iters: 4096,
+        failure_persistence: Some(Box::new(persistence)),
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config.clone());
+    let result = runner.run(
+        &Reference::sequential_strategy(1..=30),
+        |(model, steps, seen)| {
+            Conformance::<B>::test_sequential(config.clone(), model, steps, seen);
+            Ok(())
+        },
+    );
+    if let Err(failure) = result {
+        panic!("the store does not conform to the model: {failure}");
     }
 }
 

@@ -12,9 +12,7 @@ mod common;
 
 use planned_stop::internals::Clock;
 use planned_stop::record::{Owner, PgRecordStore, RecordStore, Sharing};
-use planned_stop::testing::{Backend, Conformance, Probe};
-use proptest::prelude::ProptestConfig;
-use proptest_state_machine::prop_state_machine;
+use planned_stop::testing::{Backend, Probe, check_conformance};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -62,17 +60,17 @@ impl Backend for Postgres {
 
 use common::cases;
 
-prop_state_machine! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        max_shrink_iters: 4096,
-        .. ProptestConfig::default()
-    })]
+/// The seeds of past failures, run first every time (proptest's file, committed).
+const REGRESSIONS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/postgres.proptest-regressions"
+);
 
-    /// The same suite as the file store's (`tests/records.rs`), unchanged.
-    #[test]
-    #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
-    fn the_postgres_store_conforms(sequential 1..=30 => Conformance<Postgres>);
+/// The same suite as the file store's (`tests/records.rs`), unchanged.
+#[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
+fn the_postgres_store_conforms() {
+    check_conformance::<Postgres>(cases(), Some(REGRESSIONS));
 }
 
 fn runtime() -> tokio::runtime::Runtime {

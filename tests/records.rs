@@ -6,9 +6,7 @@ mod common;
 
 use planned_stop::internals::Clock;
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing};
-use planned_stop::testing::{Backend, Conformance, Probe};
-use proptest::prelude::ProptestConfig;
-use proptest_state_machine::prop_state_machine;
+use planned_stop::testing::{Backend, Probe, check_conformance};
 use std::sync::Arc;
 
 struct Files;
@@ -26,16 +24,16 @@ impl Backend for Files {
 
 use common::cases;
 
-prop_state_machine! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        max_shrink_iters: 4096,
-        .. ProptestConfig::default()
-    })]
+/// The seeds of past failures, run first every time (proptest's file, committed).
+const REGRESSIONS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/records.proptest-regressions"
+);
 
-    /// Every answer of the file store is the model's, and it lists exactly the model's items.
-    #[test]
-    fn the_file_store_conforms(sequential 1..=30 => Conformance<Files>);
+/// Every answer of the file store is the model's, and it lists exactly the model's items.
+#[test]
+fn the_file_store_conforms() {
+    check_conformance::<Files>(cases(), Some(REGRESSIONS));
 }
 
 /// A record store written outside the crate, from its public API alone (the item
@@ -55,6 +53,8 @@ mod outside {
         items: Mutex<Vec<ItemState>>,
         clock: Arc<dyn Clock>,
         probe: super::Probe,
+        /// An injected defect: any owner may acknowledge any item (the suite must catch it).
+        pub lax: bool,
     }
 
     impl std::fmt::Debug for Memory {
@@ -73,6 +73,7 @@ mod outside {
                 items: Mutex::default(),
                 clock,
                 probe,
+                lax: false,
             }
         }
 
@@ -184,7 +185,7 @@ mod outside {
             let mut items = self.items.lock().unwrap();
             let result = match items.iter().position(|s| s.item.id == id) {
                 None => Err(RecordError::UnknownItem { id: id.into() }),
-                Some(i) if holds(items[i].lease.as_ref(), owner) => {
+                Some(i) if self.lax || holds(items[i].lease.as_ref(), owner) => {
                     items.remove(i);
                     Ok(())
                 }
@@ -268,16 +269,34 @@ impl Backend for Outside {
     }
 }
 
-prop_state_machine! {
-    #![proptest_config(ProptestConfig {
-        cases: cases().min(200),
-        max_shrink_iters: 4096,
-        .. ProptestConfig::default()
-    })]
+/// The same store with one rule broken: any owner may acknowledge any item.
+struct Lax;
 
-    /// A store written outside the crate from its public API passes the same suite.
-    #[test]
-    fn a_store_written_outside_the_crate_conforms(sequential 1..=30 => Conformance<Outside>);
+impl Backend for Lax {
+    fn open(clock: Arc<dyn Clock>, probe: Probe) -> (Arc<dyn RecordStore>, Box<dyn std::any::Any>) {
+        let mut store = outside::Memory::new(clock, probe);
+        store.lax = true;
+        (Arc::new(store), Box::new(()))
+    }
+}
+
+/// The suite is a checker that fails: a store that lets an owner acknowledge an item it does not
+/// hold is reported, with the shrunk sequence of steps.
+#[test]
+fn the_suite_reports_a_store_that_lets_anyone_acknowledge() {
+    let failed = std::panic::catch_unwind(|| check_conformance::<Lax>(200, None))
+        .expect_err("the suite passed a store that breaks the holder rule");
+    let said = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        said.contains("does not conform to the model") && said.contains("Ack"),
+        "{said}"
+    );
+}
+
+/// A store written outside the crate from its public API passes the same suite.
+#[test]
+fn a_store_written_outside_the_crate_conforms() {
+    check_conformance::<Outside>(cases().min(200), Some(REGRESSIONS));
 }
 
 #[cfg(unix)]

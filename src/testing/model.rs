@@ -1,8 +1,6 @@
 //! The conformance suite's model: four owners, their lives, the items and what every step must
 //! answer. Why apart from the system under test: the model is the specification, read on its own.
 
-#![allow(missing_docs)] // the model's steps and states are named for the test output, not an API
-
 use crate::record::Owner;
 use crate::record::lease::Liveness;
 use proptest::prelude::*;
@@ -39,7 +37,7 @@ pub(super) struct Item {
 
 /// What the last step must have answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expect {
+pub(super) enum Expect {
     Nothing,
     Leased(Vec<String>),
     Acked(Result<(), &'static str>),
@@ -51,7 +49,7 @@ pub enum Expect {
 
 /// The model's state.
 #[derive(Debug, Clone)]
-pub struct Model {
+pub(super) struct Model {
     pub(super) now: i64,
     /// Each owner's current start fingerprint and whether it runs.
     pub(super) lives: [(u64, bool); OWNERS],
@@ -65,7 +63,7 @@ pub struct Model {
 
 /// One step.
 #[derive(Debug, Clone)]
-pub enum Step {
+pub(super) enum Step {
     /// A stop: `new` fresh items, plus, from `by`, the items it holds handed back (it then exits);
     /// with `failed`, every item's attempt failed (its task panicked).
     Stop {
@@ -141,7 +139,7 @@ impl Model {
 
 /// The reference state machine.
 #[derive(Debug)]
-pub struct Reference;
+pub(super) struct Reference;
 
 impl ReferenceStateMachine for Reference {
     type State = Model;
