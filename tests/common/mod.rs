@@ -210,11 +210,31 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// The executable of example `name`, built once per test run with `features` (a no-op when it
-/// is up to date).
+/// The optional features this test binary was built with: an example built with the same ones
+/// shares this build's library instead of compiling another.
+fn features_of_this_build() -> Vec<&'static str> {
+    [
+        ("systemd", cfg!(feature = "systemd")),
+        ("actix-web", cfg!(feature = "actix-web")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("metrics", cfg!(feature = "metrics")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
+}
+
+/// The executable of example `name`, built once per test run with `features` and those of this
+/// test build (a no-op when it is up to date).
 pub fn example_binary(name: &str, features: &str) -> PathBuf {
     use std::sync::{Mutex, OnceLock};
     static BUILT: OnceLock<Mutex<std::collections::HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut all: Vec<&str> = features.split(',').filter(|f| !f.is_empty()).collect();
+    all.extend(features_of_this_build());
+    all.sort_unstable();
+    all.dedup();
+    let features = all.join(",");
+    let features = features.as_str();
     let key = format!("{name} {features}");
     let mut built = BUILT.get_or_init(Mutex::default).lock().unwrap();
     if let Some(path) = built.get(&key) {
