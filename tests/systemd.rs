@@ -107,7 +107,7 @@ fn the_watchdog_is_fed_from_the_event_loop_and_starves_while_it_is_blocked() {
     let socket_path = dir.path().join("watchdog.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_nonblocking(true).unwrap();
-    let mut cmd = common::helper_command("a_service_whose_loop_blocks_for_a_second", "watchdog");
+    let mut cmd = std::process::Command::new(common::helper_program("watchdog_service", "systemd"));
     cmd.env("NOTIFY_SOCKET", &socket_path)
         .env("WATCHDOG_USEC", "200000") // WatchdogSec=200ms: a heartbeat every 100 ms
         .env_remove("WATCHDOG_PID")
@@ -150,43 +150,6 @@ fn the_watchdog_is_fed_from_the_event_loop_and_starves_while_it_is_blocked() {
     let mut line = String::new();
     while out.read_line(&mut line).unwrap() > 0 {}
     assert_eq!(child.wait().unwrap().code(), Some(0));
-}
-
-/// The helper for the watchdog test: a service that, once ready and fed for a while, blocks its
-/// own event loop for a second (and until the test says go on), then stops as planned.
-#[test]
-#[ignore = "a helper process for the_watchdog_is_fed_from_the_event_loop_and_starves_while_it_is_blocked"]
-fn a_service_whose_loop_blocks_for_a_second() {
-    if common::helper_role().as_deref() != Some("watchdog") {
-        return;
-    }
-    common::give_up_after_helper_lifetime();
-    let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
-    let system = actix::System::new();
-    let code = system.block_on(async {
-        let h = ServiceBuilder::new(Layout::Slots(dir.join("run")))
-            .handle_signals(false)
-            .events(false)
-            .start()
-            .unwrap();
-        h.ready();
-        actix::clock::sleep(Duration::from_millis(450)).await;
-        println!("blocking");
-        // The loop's own thread sleeps: no task on this System runs meanwhile.
-        std::thread::sleep(Duration::from_secs(1));
-        println!("unblocked");
-        // Still blocked until the test has counted the heartbeats.
-        let mut line = String::new();
-        std::io::stdin().read_line(&mut line).unwrap();
-        actix::clock::sleep(Duration::from_millis(300)).await;
-        h.request_stop(planned_stop::StopRequest::Planned);
-        h.stopped().await
-    });
-    std::process::exit(if code == std::process::ExitCode::SUCCESS {
-        0
-    } else {
-        1
-    });
 }
 
 /// Under systemd a restart in place must move the unit's main process to the

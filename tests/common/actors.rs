@@ -390,13 +390,8 @@ impl Watched {
     }
 }
 
-/// The number inside an `ExitCode` (it has no accessor): what the process would exit with.
-#[allow(dead_code)]
-pub fn code_of(code: std::process::ExitCode) -> i32 {
-    (0..=255)
-        .find(|&n| std::process::ExitCode::from(n) == code)
-        .map_or(1, i32::from)
-}
+#[allow(unused_imports)] // not every test file uses it
+pub use super::program::code_of;
 
 /// A participant that answers its first drain with the report it was given (and any later one
 /// with [`DrainReport::done`]).

@@ -8,6 +8,11 @@ pub mod process;
 
 pub use process::EVENT_TIMEOUT;
 
+#[path = "../helpers/program.rs"]
+mod program;
+#[allow(unused_imports)] // not every test file uses both
+pub use program::{HELPER_LIFETIME, give_up_after_helper_lifetime};
+
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::ProcessIdentity;
 use planned_stop::marker::Marker;
@@ -48,15 +53,6 @@ pub fn run_helper(name: &str, role: &str) -> std::process::Output {
     helper_command(name, role).output().unwrap()
 }
 
-/// In a helper: end the process with 99 after [`HELPER_LIFETIME`], so a helper whose test died
-/// never lingers.
-pub fn give_up_after_helper_lifetime() {
-    std::thread::spawn(|| {
-        std::thread::sleep(HELPER_LIFETIME);
-        std::process::exit(99);
-    });
-}
-
 /// A helper child process that is killed when dropped, so a failing test leaves nothing running.
 pub struct Helper(pub Child, Option<tempfile::TempDir>);
 
@@ -87,9 +83,6 @@ impl Drop for Helper {
         let _ = self.0.wait();
     }
 }
-
-/// How long a helper process may live before it gives up by itself.
-pub const HELPER_LIFETIME: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The role this process was started with by [`spawn_helper`], if any.
 pub fn helper_role() -> Option<String> {
@@ -208,6 +201,12 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
     let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
     Some((status, body))
+}
+
+/// The helper program `name` (`tests/helpers/NAME.rs`, built as an example with `features`): a
+/// real process a test starts, which is neither a test nor an example for users.
+pub fn helper_program(name: &str, features: &str) -> PathBuf {
+    example_binary(name, features)
 }
 
 /// The optional features this test binary was built with: an example built with the same ones
