@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-fn slots_store(dir: &Path) -> MarkerStore {
-    MarkerStore::open(Layout::Slots(dir.to_path_buf())).unwrap()
-}
+#[path = "helpers/store_shared.rs"]
+mod store_shared;
+use store_shared::{ROUNDS, claim_all, round_identity, slots_store};
 
 // ---------------------------------------------------------------------------------------------
 // Hostile inputs.
@@ -687,36 +687,12 @@ fn an_invalid_marker_is_never_written() {
     );
 }
 
-/// Helper process: writes markers for pid 4242 in a loop until killed, printing "started" once the
-/// first one is in place.
-#[test]
-#[ignore = "helper process for killed_writer_never_leaves_a_partial_slot"]
-fn helper_marker_writer() {
-    if helper_role().as_deref() != Some("writer") {
-        return;
-    }
-    let dir = PathBuf::from(std::env::var_os("DIR").unwrap());
-    let store = slots_store(&dir);
-    let reason = "r".repeat(256);
-    let deadline = std::time::Instant::now() + HELPER_LIFETIME;
-    for i in 0u64.. {
-        if std::time::Instant::now() > deadline {
-            return;
-        }
-        let marker = Marker::new(4242, Some(i), Utc::now()).with_reason(reason.clone());
-        store.write(&marker).unwrap();
-        if i == 0 {
-            println!("started");
-        }
-    }
-}
-
 #[test]
 fn killed_writer_never_leaves_a_partial_slot() {
     let dir = tempfile::tempdir().unwrap();
     let store = slots_store(dir.path());
     for round in 0..20u64 {
-        let mut child = spawn_helper("helper_marker_writer", "writer", &[("DIR", dir.path())]);
+        let mut child = spawn_helper_program("marker_processes", "", &["writer"], dir.path());
         let mut out = BufReader::new(child.stdout.take().unwrap());
         wait_for_line(&mut out, "started");
         // Vary the moment of the kill across rounds.
@@ -733,13 +709,6 @@ fn killed_writer_never_leaves_a_partial_slot() {
 // Claiming.
 // ---------------------------------------------------------------------------------------------
 
-const ROUNDS: u32 = 1000;
-
-/// A synthetic target per round, so one directory holds a slot per round.
-fn round_identity(round: u32) -> ProcessIdentity {
-    ProcessIdentity::new(round + 1, 7, chrono::DateTime::UNIX_EPOCH)
-}
-
 fn write_round_markers(store: &MarkerStore) {
     for round in 0..ROUNDS {
         let id = round_identity(round);
@@ -747,22 +716,6 @@ fn write_round_markers(store: &MarkerStore) {
             .write(&Marker::new(id.pid, Some(id.start), Utc::now()))
             .unwrap();
     }
-}
-
-/// Claims every round's marker in order; returns the rounds this claimer won.
-fn claim_all(store: &MarkerStore, before_each: impl Fn()) -> Vec<u32> {
-    let mut won = Vec::new();
-    for round in 0..ROUNDS {
-        before_each();
-        if store
-            .claim(&round_identity(round), Utc::now())
-            .unwrap()
-            .is_some()
-        {
-            won.push(round);
-        }
-    }
-    won
 }
 
 fn assert_exactly_one_winner(a: &[u32], b: &[u32]) {
@@ -797,34 +750,13 @@ fn two_threads_claiming_one_marker_exactly_one_wins() {
     );
 }
 
-/// Helper process: waits for a `go` file, then claims every round's marker and prints the rounds it
-/// won, one per line.
-#[test]
-#[ignore = "helper process for two_processes_claiming_one_marker_exactly_one_wins"]
-fn helper_claimer() {
-    if helper_role().as_deref() != Some("claimer") {
-        return;
-    }
-    let dir = PathBuf::from(std::env::var_os("DIR").unwrap());
-    let store = slots_store(&dir.join("slots"));
-    println!("ready");
-    let deadline = std::time::Instant::now() + HELPER_LIFETIME;
-    while !dir.join("go").exists() {
-        assert!(std::time::Instant::now() < deadline, "never told to go");
-        std::hint::spin_loop();
-    }
-    for round in claim_all(&store, || {}) {
-        println!("won {round}");
-    }
-}
-
 #[test]
 fn two_processes_claiming_one_marker_exactly_one_wins() {
     let dir = tempfile::tempdir().unwrap();
     let store = slots_store(&dir.path().join("slots"));
     write_round_markers(&store);
     let mut children: Vec<_> = (0..2)
-        .map(|_| spawn_helper("helper_claimer", "claimer", &[("DIR", dir.path())]))
+        .map(|_| spawn_helper_program("marker_processes", "", &["claimer"], dir.path()))
         .collect();
     let mut outputs: Vec<_> = children
         .iter_mut()

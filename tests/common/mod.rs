@@ -204,9 +204,29 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// The helper program `name` (`tests/helpers/NAME.rs`, built as an example with `features`): a
-/// real process a test starts, which is neither a test nor an example for users.
+/// real process a test starts, which is neither a test nor an example for users. Under Wine no
+/// `cargo` can run: there it is the example the same `cargo test` built beside this test.
 pub fn helper_program(name: &str, features: &str) -> PathBuf {
+    if cfg!(windows) {
+        let exe = std::env::current_exe().unwrap();
+        let debug = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/…/debug/deps/");
+        return debug.join("examples").join(format!("{name}.exe"));
+    }
     example_binary(name, features)
+}
+
+/// Starts helper program `name` with `args`, `DIR` set to `dir`, stdin closed and stdout piped.
+pub fn spawn_helper_program(name: &str, features: &str, args: &[&str], dir: &Path) -> Helper {
+    let mut cmd = Command::new(helper_program(name, features));
+    cmd.args(args)
+        .env("DIR", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    Helper(cmd.spawn().unwrap(), None)
 }
 
 /// The optional features this test binary was built with: an example built with the same ones
