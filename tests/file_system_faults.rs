@@ -160,57 +160,6 @@ fn a_full_state_directory_at_the_stop_is_record_lost_never_planned_and_the_items
     }
 }
 
-/// A participant that answers its drain only once the file `go` exists: the window in which a
-/// test fills the marker directory.
-struct SlowDrain {
-    go: PathBuf,
-}
-
-impl actix::Actor for SlowDrain {
-    type Context = actix::Context<Self>;
-}
-
-impl actix::Handler<planned_stop::Drain> for SlowDrain {
-    type Result = actix::ResponseFuture<planned_stop::DrainReport>;
-    fn handle(&mut self, _: planned_stop::Drain, _: &mut actix::Context<Self>) -> Self::Result {
-        let go = self.go.clone();
-        Box::pin(async move {
-            while !go.exists() {
-                actix::clock::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            planned_stop::DrainReport::unfinished(["first", "second"])
-        })
-    }
-}
-
-#[test]
-#[ignore = "run as a child process by the tests here"]
-fn helper_slow_drain() {
-    use actix::Actor;
-    if common::helper_role().is_none() {
-        return;
-    }
-    common::give_up_after_helper_lifetime();
-    let var = |k: &str| PathBuf::from(std::env::var(k).unwrap());
-    let (run_dir, state, go) = (var("FS_RUN"), var("FS_STATE"), var("FS_GO"));
-    actix::System::new().block_on(async move {
-        let store = planned_stop::record::FileRecordStore::open(
-            state,
-            planned_stop::record::Sharing::Refused,
-        )
-        .unwrap();
-        let handle = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots(run_dir))
-            .record_store(std::sync::Arc::new(store))
-            .drain_deadline(std::time::Duration::from_secs(20))
-            .poll_interval(std::time::Duration::from_millis(10))
-            .participant("slow", SlowDrain { go }.start().recipient())
-            .start()
-            .unwrap();
-        handle.ready();
-        handle.stopped().await;
-    });
-}
-
 /// The marker directory fills during a drain. The service stopped as
 /// planned with both items stored, but its final outcome could not be written, so the stopper
 /// answered `killed_while_draining` (9), "no stop record was written". The accepted stop now
@@ -222,7 +171,7 @@ fn a_marker_directory_that_fills_during_the_drain_still_gets_the_final_outcome()
     let fs = Tmpfs::mount(&base.path().join("m"), "64k");
     let run_dir = fs.0.join("run");
     let (state, go) = (base.path().join("state"), base.path().join("go"));
-    let mut cmd = common::helper_command("helper_slow_drain", "slow");
+    let mut cmd = Command::new(common::helper_program("slow_drain_service", ""));
     cmd.env("FS_RUN", &run_dir)
         .env("FS_STATE", &state)
         .env("FS_GO", &go)
