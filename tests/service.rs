@@ -72,16 +72,16 @@ impl Fixture {
     }
 }
 
-/// In a helper process: its role, with its logs on stderr and a bounded life; `None` when this
-/// process is not a helper.
-fn logging_helper() -> Option<String> {
-    let role = common::helper_role()?;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
-    common::give_up_after_helper_lifetime();
-    Some(role)
+/// Runs the helper program `tests/helpers/service_processes.rs` in `role` to its end, in `dir`
+/// (a directory of its own when `None`).
+fn run_service_process(role: &str, dir: Option<&std::path::Path>) -> std::process::Output {
+    let own = tempfile::tempdir().unwrap();
+    std::process::Command::new(common::helper_program("service_processes", ""))
+        .arg(role)
+        .env("PLANNED_STOP_TEST_DIR", dir.unwrap_or(own.path()))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
 }
 
 fn state(h: &ServiceHandle) -> RunnerState {
@@ -775,24 +775,12 @@ proptest::proptest! {
     }
 }
 
-/// A clock that panics once armed: a stand-in for any bug in the watcher or the runner.
-struct Bomb(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl planned_stop::internals::Clock for Bomb {
-    fn now(&self) -> chrono::DateTime<Utc> {
-        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
-            panic!("clock bomb");
-        }
-        Utc::now()
-    }
-}
-
 /// A panic in the watcher or in the runner must not leave a process that ignores stops: it ends,
 /// non-zero, with the panic in the service's log.
 #[test]
 fn a_panic_in_the_watcher_or_the_runner_ends_the_process_non_zero_and_logged() {
     for role in ["watcher-panics", "runner-panics"] {
-        let out = common::run_helper("helper_panicking_service", role);
+        let out = run_service_process(role, None);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{role}: {stderr}");
         assert!(
@@ -806,7 +794,7 @@ fn a_panic_in_the_watcher_or_the_runner_ends_the_process_non_zero_and_logged() {
 /// hook: a watcher that panics is logged, and the application decides (here: it exits 0 itself).
 #[test]
 fn a_watcher_panic_does_not_end_a_process_the_runner_does_not_own() {
-    let out = common::run_helper("helper_panicking_service", "watcher-panics-not-owned");
+    let out = run_service_process("watcher-panics-not-owned", None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("marker stops are ignored"), "{stderr}");
@@ -819,61 +807,6 @@ fn a_watcher_panic_does_not_end_a_process_the_runner_does_not_own() {
     );
 }
 
-#[test]
-#[ignore = "run as a child process by the test above"]
-fn helper_panicking_service() {
-    let Some(role) = logging_helper() else {
-        return;
-    };
-    let f = Fixture::new();
-    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    actix::System::new().block_on(async {
-        // The watcher probes every 10 ms, or (to let the runner panic first) once an hour.
-        let poll = match role.as_str() {
-            "watcher-panics" | "watcher-panics-not-owned" => Duration::from_millis(10),
-            _ => Duration::from_secs(3600),
-        };
-        let owned = role != "watcher-panics-not-owned";
-        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
-            .owns_process_exit(owned)
-            .poll_interval(poll)
-            .handle_signals(false)
-            .events(false)
-            .clock(std::sync::Arc::new(Bomb(armed.clone())))
-            .start()
-            .unwrap();
-        h.ready();
-        armed.store(true, std::sync::atomic::Ordering::SeqCst);
-        if role == "runner-panics" {
-            // The runner reads the clock when it accepts the stop.
-            h.request_stop(StopRequest::Planned);
-        }
-        if !owned {
-            // The watcher panics within a few polls; the application goes on, then ends.
-            actix::clock::sleep(Duration::from_millis(500)).await;
-            std::process::exit(0);
-        }
-        h.stopped().await
-    });
-    // Reached only if neither guard ended the process.
-    std::process::exit(0);
-}
-
-/// A participant that blocks the event loop: the runner's own deadline timers cannot fire.
-struct Blocker;
-
-impl Actor for Blocker {
-    type Context = Context<Self>;
-}
-
-impl Handler<planned_stop::Drain> for Blocker {
-    type Result = planned_stop::DrainReport;
-    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
-        std::thread::sleep(common::HELPER_LIFETIME);
-        planned_stop::DrainReport::done()
-    }
-}
-
 /// No stop can hang forever: a drain whose participant blocks the event loop is ended by the
 /// overrun watchdog once the deadline and its grace have passed, non-zero, naming the participant
 /// that had not answered (not the one that had); its end is an outcome of its own (`overrun`,
@@ -882,10 +815,7 @@ impl Handler<planned_stop::Drain> for Blocker {
 #[test]
 fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
     let dir = tempfile::tempdir().unwrap();
-    let out = common::helper_command("helper_blocked_drain", "blocked-drain")
-        .env("PLANNED_STOP_TEST_DIR", dir.path())
-        .output()
-        .unwrap();
+    let out = run_service_process("blocked-drain", Some(dir.path()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -907,35 +837,6 @@ fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
     assert!(outcome.finished_at.is_some());
     assert_eq!(store.read_presence(pid), None, "withdrawn");
     assert!(stdout.contains("forced-exit 1 None"), "{stdout}");
-}
-
-#[test]
-#[ignore = "run as a child process by the test above"]
-fn helper_blocked_drain() {
-    if logging_helper().is_none() {
-        return;
-    }
-    let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
-    println!("helper-pid {}", std::process::id());
-    actix::System::new().block_on(async {
-        let (quick, control) = ParticipantControl::start();
-        let h = ServiceBuilder::new(Layout::Slots(dir.join("run")))
-            .drain_deadline(Duration::from_millis(200))
-            .overrun_grace(Duration::from_millis(300))
-            .participant_in(planned_stop::DrainPhase::Ingress, "quick", quick)
-            .participant("blocker", Blocker.start().recipient())
-            .handle_signals(false)
-            .events(false)
-            .on_forced_exit(|code, verdict| println!("forced-exit {code} {verdict:?}"))
-            .start()
-            .unwrap();
-        h.ready();
-        h.request_stop(StopRequest::Planned);
-        control.wait_asked().await;
-        assert!(control.finish(&[]));
-        h.stopped().await
-    });
-    std::process::exit(0);
 }
 
 /// The announcement that the process watches its directory (docs/protocol.md, "The presence
@@ -1285,7 +1186,7 @@ fn a_persist_that_never_ends_is_record_lost_at_its_deadline_with_the_items_logge
 /// every item that was not made durable before it does.
 #[test]
 fn the_watchdog_logs_the_items_it_could_not_wait_for() {
-    let out = common::run_helper("helper_blocked_persist", "blocked-persist");
+    let out = run_service_process("blocked-persist", None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let line = stderr
@@ -1293,34 +1194,6 @@ fn the_watchdog_logs_the_items_it_could_not_wait_for() {
         .find(|l| l.contains("ERROR") && l.contains("made durable"))
         .unwrap_or_else(|| panic!("no ERROR line with the items: {stderr}"));
     assert!(line.contains("job-41"), "{line}");
-}
-
-#[test]
-#[ignore = "run as a child process by the test above"]
-fn helper_blocked_persist() {
-    if logging_helper().is_none() {
-        return;
-    }
-    let f = Fixture::new();
-    actix::System::new().block_on(async {
-        let (jobs, control) = ParticipantControl::start();
-        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
-            .record_store(Faulty::new(&f.state(), Fault::PersistBlocks))
-            .drain_deadline(Duration::from_millis(200))
-            .persist_deadline(Duration::from_millis(100))
-            .overrun_grace(Duration::from_millis(300))
-            .participant("jobs", jobs)
-            .handle_signals(false)
-            .events(false)
-            .start()
-            .unwrap();
-        h.ready();
-        h.request_stop(StopRequest::Planned);
-        control.wait_asked().await;
-        assert!(control.finish(&["job-41"]));
-        h.stopped().await
-    });
-    std::process::exit(0);
 }
 
 /// Found by the chaos run: a renewal that fails is retried soon, not a whole
@@ -1368,89 +1241,6 @@ fn a_failed_renewal_is_retried_soon() {
 // ---------------------------------------------------------------------------------------------
 // Work acknowledged when it completes, handed back whatever its origin (WorkSet).
 
-/// A participant built on `WorkSet`: each job runs `JOB_MS`, then completes (a resumed one is
-/// acknowledged then); a drain hands back whatever is still running.
-struct WorkActor {
-    work: planned_stop::WorkSet<String>,
-    job: Duration,
-}
-
-impl Actor for WorkActor {
-    type Context = Context<Self>;
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
-enum Take {
-    New(String),
-    Resumed(Box<planned_stop::record::Leased>),
-}
-
-impl Handler<Take> for WorkActor {
-    type Result = ();
-    fn handle(&mut self, take: Take, ctx: &mut Context<Self>) {
-        let id = match take {
-            Take::New(name) => self.work.add(name).unwrap(),
-            Take::Resumed(leased) => self.work.add_resumed(*leased).unwrap(),
-        };
-        let name = self.work.get(id).unwrap().clone();
-        println!("started {name} resumed={}", self.work.is_resumed(id));
-        ctx.run_later(self.job, move |act, ctx| {
-            let completing = act.work.complete(id);
-            ctx.spawn(actix::fut::wrap_future(async move {
-                completing.await.unwrap();
-                println!("acked {name}");
-            }));
-        });
-    }
-}
-
-impl Handler<planned_stop::Drain> for WorkActor {
-    type Result = planned_stop::DrainReport;
-    fn handle(&mut self, _: planned_stop::Drain, _: &mut Context<Self>) -> Self::Result {
-        self.work.drain()
-    }
-}
-
-/// One life of an application whose jobs live in a `WorkSet`.
-#[test]
-#[ignore = "run as a child process by the test below"]
-fn helper_work_life() {
-    if common::helper_role().as_deref() != Some("work-life") {
-        return;
-    }
-    common::give_up_after_helper_lifetime();
-    let dir = std::path::PathBuf::from(std::env::var("PLANNED_STOP_TEST_DIR").unwrap());
-    let job = Duration::from_millis(std::env::var("JOB_MS").unwrap().parse().unwrap());
-    let new = std::env::var("NEW_JOB").ok().filter(|n| !n.is_empty());
-    // main returns whatever; the runner's code is the process's (it owns the end).
-    let _code = actix::System::new().block_on(async move {
-        let service = ServiceBuilder::new(Layout::Slots(dir.join("run")))
-            .state_dir(dir.join("state"))
-            .start()
-            .unwrap();
-        let work = WorkActor {
-            work: planned_stop::WorkSet::new(&service),
-            job,
-        }
-        .start();
-        service.add_participant(
-            planned_stop::DrainPhase::Work,
-            "work",
-            work.clone().recipient(),
-        );
-        for leased in service.resume().await.unwrap() {
-            work.send(Take::Resumed(Box::new(leased))).await.unwrap();
-        }
-        if let Some(name) = new {
-            work.send(Take::New(name)).await.unwrap();
-        }
-        service.ready();
-        println!("ready");
-        service.stopped().await
-    });
-}
-
 /// A resumed job is acknowledged when it completes, not when it is taken on: a SIGKILL mid-job
 /// gets it offered again, a planned stop mid-job hands it back under its id (resumed exactly
 /// once), and once it completes it is never offered again. New work is handed back as a new item.
@@ -1458,7 +1248,9 @@ fn helper_work_life() {
 fn work_is_acknowledged_on_completion_and_handed_back_whatever_its_origin() {
     let dir = tempfile::tempdir().unwrap();
     let life = |job_ms: u64, new: &str| {
-        let mut child = common::helper_command("helper_work_life", "work-life")
+        let mut child = std::process::Command::new(common::helper_program("service_processes", ""))
+            .arg("work-life")
+            .stdin(std::process::Stdio::null())
             .env("PLANNED_STOP_TEST_DIR", dir.path())
             .env("JOB_MS", job_ms.to_string())
             .env("NEW_JOB", new)
