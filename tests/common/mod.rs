@@ -10,8 +10,8 @@ pub use process::EVENT_TIMEOUT;
 
 #[path = "../helpers/program.rs"]
 mod program;
-#[allow(unused_imports)] // not every test file uses both
-pub use program::{HELPER_LIFETIME, give_up_after_helper_lifetime};
+#[allow(unused_imports)] // not every test file uses each
+pub use program::{HELPER_LIFETIME, Lcg};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use planned_stop::ProcessIdentity;
@@ -19,45 +19,11 @@ use planned_stop::marker::Marker;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// The environment variable that turns a test binary into a helper process (see [`spawn_helper`]).
-pub const HELPER_ENV: &str = "PLANNED_STOP_TEST_HELPER";
-
-/// The command that runs the `#[ignore]`d test `name` of the current test binary as a child
-/// process, with [`HELPER_ENV`] set to `role` and no standard input.
-pub fn helper_command(name: &str, role: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        name,
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(HELPER_ENV, role)
-    .stdin(Stdio::null());
-    cmd
-}
-
-/// Starts the helper test `name` as `role` with the given extra environment; its stdout is piped.
-pub fn spawn_helper(name: &str, role: &str, env: &[(&str, &Path)]) -> Helper {
-    let mut cmd = helper_command(name, role);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    Helper(cmd.spawn().unwrap(), None)
-}
-
-/// Runs the helper test `name` as `role` to completion; returns its output.
-pub fn run_helper(name: &str, role: &str) -> std::process::Output {
-    helper_command(name, role).output().unwrap()
-}
-
 /// A helper child process that is killed when dropped, so a failing test leaves nothing running.
 pub struct Helper(pub Child, Option<tempfile::TempDir>);
 
 impl Helper {
-    /// A helper started by hand (from [`helper_command`] with more set up).
+    /// A helper started by hand (from [`helper_program`] with more set up).
     #[allow(dead_code)]
     pub fn new(child: Child) -> Helper {
         Helper(child, None)
@@ -82,11 +48,6 @@ impl Drop for Helper {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// The role this process was started with by [`spawn_helper`], if any.
-pub fn helper_role() -> Option<String> {
-    std::env::var(HELPER_ENV).ok()
 }
 
 /// A fixed instant a little after `me` started, so verdicts do not depend on how long the tests ran.
@@ -146,23 +107,6 @@ pub fn write_self_marker(marker: &Path, stale: bool) -> Marker {
     let m = Marker::new(me.pid, Some(me.start), written_at).with_stopper_pid(me.pid);
     std::fs::write(marker, m.to_json().unwrap()).unwrap();
     m
-}
-
-/// A small deterministic generator for the tests' random choices (kill delays, chaos faults):
-/// print the seed, and a failing run can be repeated.
-#[allow(dead_code)]
-pub struct Lcg(pub u64);
-
-#[allow(dead_code)]
-impl Lcg {
-    /// A number in `0..n` (0 for `n` = 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n.max(1)
-    }
 }
 
 /// Checks `done` every few milliseconds until it holds; fails the test with `what` after

@@ -1,6 +1,6 @@
 //! What the tests' helper programs (`tests/helpers/`) share with the tests that start them: how
-//! long a helper may live, and the number inside an `ExitCode`. Included by `tests/common` and by
-//! each helper program, so it is written once.
+//! long a helper may live, the number inside an `ExitCode`, and a seeded random generator.
+//! Included by `tests/common` and by each helper program, so it is written once.
 
 #![allow(dead_code)] // each includer uses its part
 
@@ -21,4 +21,19 @@ pub fn code_of(code: std::process::ExitCode) -> i32 {
     (0..=255)
         .find(|&n| std::process::ExitCode::from(n) == code)
         .map_or(1, i32::from)
+}
+
+/// A small deterministic generator for the tests' random choices (kill delays, chaos faults):
+/// print the seed, and a failing run can be repeated.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// A number in `0..n` (0 for `n` = 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n.max(1)
+    }
 }
