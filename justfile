@@ -51,7 +51,7 @@ windows:
 # `just mutants-iterate` re-tests only what the last run missed.
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants {{args}} -o target/mutants-pure --file src/marker/schema.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
+    cargo mutants {{args}} -o target/mutants-pure --file src/schema.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
     cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs -- --lib --test metrics
