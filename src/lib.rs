@@ -52,9 +52,10 @@
 //!
 //! ## Cargo features
 //!
-//! - `cli` (default): the `planned-stop` command-line tool. A library user sets
-//!   `default-features = false` and compiles none of its dependencies (clap, indicatif,
-//!   tracing-subscriber).
+//! No feature is on by default, and none needs turning off: the `planned-stop` command-line tool
+//! is a crate of its own (`planned-stop-cli`), so an application compiles none of clap, indicatif
+//! or tracing-subscriber.
+//!
 //! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
 //! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
 //!   readiness that says `draining`, and the exit code `main` returns.

@@ -1,5 +1,5 @@
 //! The marker store against real files: hostile inputs, racing claimers, killed writers and the
-//! sweep. (The seed's two probe tests are in `seed_parity.rs`.)
+//! sweep, and the probe's first contract (its two tests at the end).
 
 mod common;
 
@@ -928,12 +928,12 @@ fn sweeps_files_of_gone_processes(
     );
 }
 
-/// The seed's two store tests, under their names: the watcher's probe goes through
+/// The probe's first contract, two tests under their first names: the watcher's probe goes through
 /// `MarkerStore::probe`.
 #[test]
 fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
     let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
+    let marker = shared_marker(dir.path());
     write_self_marker(&marker, false);
     let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
     let me = ProcessIdentity::current().unwrap();
@@ -954,7 +954,7 @@ fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
 #[test]
 fn test_planned_stop_marker_targets_self_drops_malformed() {
     let dir = tempfile::tempdir().unwrap();
-    let marker = seed_marker(dir.path());
+    let marker = shared_marker(dir.path());
     std::fs::write(&marker, "{not valid json").unwrap();
     let store = MarkerStore::open(Layout::SingleFile(marker.clone())).unwrap();
     let me = ProcessIdentity::current().unwrap();

@@ -1,7 +1,7 @@
-//! The watcher alone. The `test_watcher_*` tests are the watcher tests of the system this crate
-//! descends from, kept under their original names (its two store tests are in `store.rs`).
+//! The watcher alone. The `test_watcher_*` tests are the watcher's first contract, one test a
+//! rule, on one shared marker file (the probe's two are in `store.rs`).
 //!
-//! That system ran its watcher as a thread against a fake event loop. Here the watcher is the real
+//! They state the watcher against an event loop that only records. Here the watcher is the real
 //! `MarkerWatcherActor`; the runner's state is set by the test through the status channel, the fake
 //! loop is a `Recorder` actor that records every `PlannedStop`, and its `stop_event` is the
 //! runner reaching `Stopped`. Time is tokio's paused clock, so "let it poll a few times" is an exact
@@ -37,7 +37,7 @@ enum Mode {
 
 const MODES: [Mode; 2] = [Mode::Poll, Mode::Events];
 
-/// The seed's watcher and fake loop, on the seed's single marker file, in `mode`.
+/// The watcher and a recording loop, on one shared marker file, in `mode`.
 fn on_file(path: &Path, state: RunnerState, poll: Duration, mode: Mode) -> Watched {
     let store = MarkerStore::open(Layout::SingleFile(path.to_path_buf())).unwrap();
     let own = ProcessIdentity::current().unwrap();
@@ -61,7 +61,7 @@ fn on_file(path: &Path, state: RunnerState, poll: Duration, mode: Mode) -> Watch
 fn test_watcher_fires_shutdown_when_marker_appears() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         let written = write_self_marker(&marker, false);
         paused_system().block_on(async {
             let w = on_file(&marker, RunnerState::Running, POLL, mode);
@@ -73,7 +73,7 @@ fn test_watcher_fires_shutdown_when_marker_appears() {
                 1,
                 "expected exactly one PlannedStop, got {seen:?}"
             );
-            // The seed's `args == (None,)`: the planned-stop sentinel, here carrying the marker's data.
+            // The one delivery: the planned-stop message, carrying the marker's data.
             assert_eq!(
                 seen[0].0,
                 planned_stop::internals::PlannedStop::from(&written)
@@ -87,7 +87,7 @@ fn test_watcher_fires_shutdown_when_marker_appears() {
 fn test_watcher_does_not_fire_when_marker_absent() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         paused_system().block_on(async {
             let w = on_file(&marker, RunnerState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await; // six polls
@@ -111,7 +111,7 @@ fn test_watcher_does_not_fire_when_marker_absent() {
 fn test_watcher_skips_when_runner_already_draining() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         write_self_marker(&marker, false);
         paused_system().block_on(async {
             let w = on_file(&marker, RunnerState::Draining, POLL, mode);
@@ -136,8 +136,8 @@ fn test_watcher_skips_when_runner_already_draining() {
 fn test_watcher_skips_when_runner_not_started() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
-        // The seed's marker from a previous instance...
+        let marker = shared_marker(dir.path());
+        // A marker from a previous instance...
         std::fs::write(&marker, r#"{"target_pid": 9999}"#).unwrap();
         paused_system().block_on(async {
             let w = on_file(&marker, RunnerState::Starting, POLL, mode);
@@ -167,7 +167,7 @@ fn test_watcher_skips_when_runner_not_started() {
 fn test_watcher_responds_to_stop_event_promptly() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         paused_system().block_on(async {
             let w = on_file(
                 &marker,
@@ -193,7 +193,7 @@ fn test_watcher_responds_to_stop_event_promptly() {
 fn test_watcher_fires_only_once_when_marker_persists() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         write_self_marker(&marker, false);
         paused_system().block_on(async {
             let w = on_file(&marker, RunnerState::Running, POLL, mode);
@@ -213,7 +213,7 @@ fn test_watcher_fires_only_once_when_marker_persists() {
     }
 }
 
-/// The seed's exploding path resolver: the first probe works, every later one fails.
+/// An exploding path resolver: the first probe works, every later one fails.
 struct Exploding {
     calls: Rc<Cell<u32>>,
 }
@@ -284,7 +284,7 @@ fn test_watcher_tolerates_marker_path_resolution_errors() {
 fn test_watcher_does_not_fire_for_foreign_pid_marker() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         let me = ProcessIdentity::current().unwrap();
         // A different, live process, with a start time that cannot match it, freshly written so the
         // TTL does not remove it.
@@ -314,7 +314,7 @@ fn test_watcher_does_not_fire_for_foreign_pid_marker() {
 fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
-        let marker = seed_marker(dir.path());
+        let marker = shared_marker(dir.path());
         write_self_marker(&marker, true);
         paused_system().block_on(async {
             let w = on_file(&marker, RunnerState::Running, POLL, mode);

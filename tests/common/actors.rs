@@ -117,7 +117,7 @@ pub fn status(state: RunnerState) -> RunnerStatus {
 /// One delivery seen by a [`Recorder`]: the message and the runner's state at that moment.
 pub type Delivery = (PlannedStop, RunnerState);
 
-/// Stands in for the runner (the seed's fake loop): records every `PlannedStop` and the runner state
+/// Stands in for the runner (an event loop that only records): records every `PlannedStop` and the runner state
 /// it arrived in, then optionally forwards it.
 pub struct Recorder {
     pub seen: Arc<Mutex<Vec<Delivery>>>,
@@ -313,8 +313,7 @@ where
     }
 }
 
-/// A real watcher whose runner is a [`Recorder`] and whose runner state the test sets by hand (the
-/// seed's fake loop and flags).
+/// A real watcher whose runner is a [`Recorder`] and whose runner state the test sets by hand.
 pub struct Watched {
     pub watcher: Addr<planned_stop::internals::MarkerWatcherActor>,
     pub seen: Arc<Mutex<Vec<Delivery>>>,
@@ -364,7 +363,7 @@ impl Watched {
         }
     }
 
-    /// The seed's `stop_event.set()`: the runner has stopped.
+    /// The runner has stopped.
     pub fn stop_event(&self) {
         self.set_state(RunnerState::Stopped);
     }

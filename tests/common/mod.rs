@@ -91,12 +91,12 @@ pub fn other_live_process() -> Helper {
     Helper(child, Some(dir))
 }
 
-/// The seed's marker path, in the seed's single-file layout.
-pub fn seed_marker(dir: &Path) -> PathBuf {
+/// A marker path in the single-file layout, as an application that shares one file names it.
+pub fn shared_marker(dir: &Path) -> PathBuf {
     dir.join(".gateway-planned-stop.json")
 }
 
-/// The seed's `_write_self_marker`: a marker for this process, optionally backdated past the TTL.
+/// A marker for this process, optionally backdated past the TTL.
 pub fn write_self_marker(marker: &Path, stale: bool) -> Marker {
     let me = ProcessIdentity::current().unwrap();
     let written_at = if stale {
@@ -152,14 +152,32 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// `cargo` can run: there it is the example the same `cargo test` built beside this test.
 pub fn helper_program(name: &str, features: &str) -> PathBuf {
     if cfg!(windows) {
-        let exe = std::env::current_exe().unwrap();
-        let debug = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/…/debug/deps/");
-        return debug.join("examples").join(format!("{name}.exe"));
+        return built_beside_this_test(&format!("examples/{name}.exe"));
     }
     example_binary(name, features)
+}
+
+/// The `planned-stop` binary of the command-line crate (`cli/`): in that crate's own tests the
+/// one cargo built for them; in the library's, built once per test run with this build's
+/// features (under Wine, the one the same `cargo test` at the workspace root built).
+pub fn command_line_binary() -> PathBuf {
+    if let Some(path) = option_env!("CARGO_BIN_EXE_planned-stop") {
+        return PathBuf::from(path);
+    }
+    if cfg!(windows) {
+        return built_beside_this_test("planned-stop.exe");
+    }
+    built(Target::CommandLine, "")
+}
+
+/// `relative` (`examples/NAME.exe`) under the profile directory of this test's own executable.
+fn built_beside_this_test(relative: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let debug = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/…/debug/deps/");
+    debug.join(relative)
 }
 
 /// Starts helper program `name` with `args`, `DIR` set to `dir`, stdin closed and stdout piped.
@@ -174,7 +192,9 @@ pub fn spawn_helper_program(name: &str, features: &str, args: &[&str], dir: &Pat
 }
 
 /// The optional features this test binary was built with: an example built with the same ones
-/// shares this build's library instead of compiling another.
+/// shares this build's library instead of compiling another. (The command-line crate's tests
+/// share this file, and that crate has no `actix-web` or `metrics` feature of its own.)
+#[allow(unexpected_cfgs)]
 fn features_of_this_build() -> Vec<&'static str> {
     [
         ("systemd", cfg!(feature = "systemd")),
@@ -190,6 +210,21 @@ fn features_of_this_build() -> Vec<&'static str> {
 /// The executable of example `name`, built once per test run with `features` and those of this
 /// test build (a no-op when it is up to date).
 pub fn example_binary(name: &str, features: &str) -> PathBuf {
+    built(Target::Example(name), features)
+}
+
+/// A program of this workspace that a test runs.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    /// An example (or helper program) of the library crate.
+    Example(&'a str),
+    /// The `planned-stop` binary of the command-line crate.
+    CommandLine,
+}
+
+/// The executable of `target`, built once per test run with `features` and those of this test
+/// build (a no-op when it is up to date).
+fn built(target: Target, features: &str) -> PathBuf {
     use std::sync::{Mutex, OnceLock};
     static BUILT: OnceLock<Mutex<std::collections::HashMap<String, PathBuf>>> = OnceLock::new();
     let mut all: Vec<&str> = features.split(',').filter(|f| !f.is_empty()).collect();
@@ -197,34 +232,39 @@ pub fn example_binary(name: &str, features: &str) -> PathBuf {
     all.sort_unstable();
     all.dedup();
     let features = all.join(",");
-    let features = features.as_str();
-    let key = format!("{name} {features}");
+    let (kind, name) = match target {
+        Target::Example(name) => ("example", name),
+        Target::CommandLine => ("bin", "planned-stop"),
+    };
+    let key = format!("{kind} {name} {features}");
     let mut built = BUILT.get_or_init(Mutex::default).lock().unwrap();
     if let Some(path) = built.get(&key) {
         return path.clone();
     }
+    // Both crates and an example of the library, as `cargo test` at the root builds them: cargo
+    // then resolves the features of every dependency the same way (dev-dependencies included),
+    // and the binary is the one that run built rather than a second build of the library.
     let out = Command::new(env!("CARGO"))
-        .args(["build", "--example", name, "--features", features])
-        .args([
-            "--message-format",
-            "json-render-diagnostics",
-            "--manifest-path",
-        ])
+        .args(["build", "-p", "planned-stop", "-p", "planned-stop-cli"])
+        .args([&format!("--{kind}"), name, "--example", "marker_processes"])
+        .args(["--features", &features])
+        .args(["--message-format", "json-render-diagnostics"])
+        .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
-    assert!(out.status.success(), "cannot build the example {name}");
+    assert!(out.status.success(), "cannot build the {kind} {name}");
     let path = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .find(|m| {
             m["reason"] == "compiler-artifact"
                 && m["target"]["name"] == name
-                && m["target"]["kind"][0] == "example"
+                && m["target"]["kind"][0] == kind
         })
         .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-        .expect("cargo names the example's executable");
+        .unwrap_or_else(|| panic!("cargo names the {kind} {name}'s executable"));
     built.insert(key, path.clone());
     path
 }

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 /// generous bound so a broken build fails instead of hanging).
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The binary under test.
+/// The binary under test (`cli/`, built as [`super::command_line_binary`] says).
 pub fn planned_stop() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_planned-stop"))
+    Command::new(super::command_line_binary())
 }
 
 /// Runs `planned-stop ARGS` to completion; returns its output.

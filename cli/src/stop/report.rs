@@ -2,7 +2,7 @@
 //! a script, and the kill at the deadline.
 
 use super::StopArgs;
-use crate::cli::{
+use crate::{
     EXIT_FORCED_AT_DEADLINE, EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_NOT_CLEAN, EXIT_OK,
     EXIT_REFUSED, EXIT_USAGE, chain, emit,
 };
@@ -185,7 +185,7 @@ pub(super) fn already_stopped(
         && outcome.verdict == planned_stop::StopVerdict::Planned;
     let (kind, exit, text) = if !planned {
         let code = outcome.exit_code.map_or("?".to_owned(), |c| c.to_string());
-        let phase = crate::cli::word(&outcome.phase);
+        let phase = crate::word(&outcome.phase);
         let text = format!(
             "process {pid} is gone; its last outcome here says it ended {phase} with exit code {code}"
         );
@@ -237,7 +237,7 @@ pub(super) fn not_restarted(
         "clean": outcome.drain.as_ref().is_none_or(DrainSummary::is_clean),
         "drain": outcome.drain,
     });
-    ("not_restarted", crate::cli::EXIT_NOT_RESTARTED, text, extra)
+    ("not_restarted", crate::EXIT_NOT_RESTARTED, text, extra)
 }
 
 /// A restart in place of this request that did not happen: the target keeps serving.
@@ -251,12 +251,7 @@ pub(super) fn restart_failed(
         args.pid()
     );
     let extra = json!({ "note": outcome.note, "action": outcome.action });
-    (
-        "restart_failed",
-        crate::cli::EXIT_RESTART_FAILED,
-        text,
-        extra,
-    )
+    ("restart_failed", crate::EXIT_RESTART_FAILED, text, extra)
 }
 
 /// A restart in place still handing over at the deadline.
@@ -273,7 +268,7 @@ pub(super) fn still_handing_over(
     let extra = json!({ "since": outcome.accepted_at });
     (
         "still_handing_over",
-        crate::cli::EXIT_STILL_DRAINING,
+        crate::EXIT_STILL_DRAINING,
         text,
         extra,
     )

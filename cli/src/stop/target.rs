@@ -1,6 +1,6 @@
 //! Which process a stop without `--pid` is for: the one that announced watching the directory.
 
-use crate::cli::chain;
+use crate::chain;
 use planned_stop::marker::MarkerStore;
 
 /// The one live process that announced watching `store`'s directory, for a stop without --pid.

@@ -4,7 +4,7 @@
 
 use super::report::{self, describe};
 use super::{StopArgs, Target};
-use crate::cli::{
+use crate::{
     EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN, EXIT_OK,
     EXIT_RECORD_LOST, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED,
 };
@@ -110,7 +110,7 @@ fn ended_otherwise(
                  does not own the process's end (owns_process_exit(false)) and its main has not \
                  returned, or it is stuck on the way out",
                 args.pid(),
-                crate::cli::word(&outcome.phase),
+                crate::word(&outcome.phase),
                 outcome.exit_code.map_or("?".to_owned(), |c| c.to_string())
             ),
             json!({ "phase": outcome.phase, "exit_code": outcome.exit_code, "verdict": outcome.verdict }),

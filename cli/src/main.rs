@@ -1,4 +1,9 @@
-//! The `planned-stop` command line: argument parsing, output and exit codes.
+//! The `planned-stop` command line: argument parsing, output and exit codes, over the
+//! `planned-stop` library (see `docs/cli.md`).
+//!
+//! It is a crate of its own so that the library knows nothing of argument parsing, terminal output
+//! or exit codes: an application that depends on the library compiles none of clap, indicatif or
+//! tracing-subscriber, and nothing but this crate may speak of flags and verbs.
 //!
 //! Every verdict it prints comes from the library's one verdict function through its marker store; nothing here
 //! decides. Output for people goes to stdout as text, for scripts as JSON (`--json`, and the
@@ -27,6 +32,8 @@
 //! | 16 | a restart whose target stopped for good instead (`stop --restart --wait`) |
 //! | 17 | a restart in place did not happen; the target keeps serving (`stop --restart --wait`) |
 //! | 18 | the target was still running at the deadline; its drain was forced and it ended (`stop --wait --kill`) |
+
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod demo;
 mod records;
@@ -89,7 +96,6 @@ fn version_text() -> &'static str {
     TEXT.get_or_init(|| {
         let features: Vec<&str> = [
             ("systemd", cfg!(feature = "systemd")),
-            ("actix-web", cfg!(feature = "actix-web")),
             ("postgres", cfg!(feature = "postgres")),
         ]
         .into_iter()
@@ -228,8 +234,21 @@ pub struct ClearArgs {
     pub slot: SlotArgs,
 }
 
+fn main() -> ExitCode {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    run()
+}
+
 /// Parses the process arguments and runs the verb.
-pub fn main() -> ExitCode {
+fn run() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // `--help` and `--version` are answers, not errors; a malformed command line with
@@ -319,7 +338,7 @@ fn record_store(
         Some(_) => {
             let _ = service;
             Err("--records needs a build with the `postgres` feature \
-                 (cargo install planned-stop --features postgres)"
+                 (cargo install planned-stop-cli --features postgres)"
                 .to_owned())
         }
     }
