@@ -69,4 +69,4 @@ mutants-iterate:
 # a static binary starts in about half the time, which is most of a fast stop.
 stop-latency-static rounds="200":
     RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target x86_64-unknown-linux-gnu --bin planned-stop
-    RUSTFLAGS="-C target-feature=+crt-static" cargo bench --target x86_64-unknown-linux-gnu --bench stop_latency -- {{rounds}}
+    RUSTFLAGS="-C target-feature=+crt-static" cargo run --release -p planned-stop-harness --target x86_64-unknown-linux-gnu --bin stop_latency -- {{rounds}}

@@ -2,7 +2,7 @@
 //! every request it accepted?
 //!
 //! ```sh
-//! cargo bench --bench web_load --features actix-web -- [SECONDS_BEFORE] [CLIENTS]
+//! cargo run --release -p planned-stop-harness --bin web_load -- [SECONDS_BEFORE] [CLIENTS]
 //! ```
 //!
 //! The example re-runs itself as the server (a child process: the runner owns that process's
@@ -15,7 +15,7 @@
 //! accepted and are counted apart. Latency p50/p99 is reported for the requests sent before the
 //! stop and for those sent during the drain.
 
-mod common;
+use planned_stop_harness as common;
 
 use actix_web::{App, HttpServer, get};
 use planned_stop::marker::MarkerStore;
@@ -114,16 +114,82 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
-fn main() -> std::io::Result<std::process::ExitCode> {
-    let args: Vec<String> = common::args().collect();
-    if args.get(1).map(String::as_str) == Some("serve") {
-        return serve(&args[2]);
+/// The clients: threads sending requests until `done`, each answer tallied as before or during
+/// the stop.
+struct Load {
+    tally: Arc<Mutex<Tally>>,
+    stop_requested: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(clients: usize, port: u16) -> Load {
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let stop_requested = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let threads = (0..clients)
+            .map(|_| {
+                let (tally, stop_requested, done, sent) = (
+                    tally.clone(),
+                    stop_requested.clone(),
+                    done.clone(),
+                    sent.clone(),
+                );
+                std::thread::spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        let during = stop_requested.load(Ordering::Relaxed);
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        let answer = request(port);
+                        let mut t = tally.lock().expect("tally");
+                        match answer {
+                            Answer::Ok(latency) if during => t.ok_during.push(latency),
+                            Answer::Ok(latency) => t.ok_before.push(latency),
+                            Answer::NotAccepted => {
+                                t.not_accepted += 1;
+                                drop(t);
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            Answer::Failed => t.failed += 1,
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            tally,
+            stop_requested,
+            done,
+            sent,
+            threads,
+        }
     }
-    let before_secs: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3);
-    let clients: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(16);
-    let base = tempfile::tempdir()?;
+
+    /// Stops the clients; what they saw, sorted.
+    fn finish(self) -> Tally {
+        self.done.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let mut t = std::mem::take(&mut *self.tally.lock().expect("tally"));
+        t.ok_before.sort();
+        t.ok_during.sort();
+        t
+    }
+}
+
+/// The server (this program, `serve DIR`) started, and the port it printed.
+fn start_server(
+    base: &std::path::Path,
+) -> std::io::Result<(
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    u16,
+)> {
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["serve", base.path().to_str().unwrap_or(".")])
+        .args(["serve", base.to_str().unwrap_or(".")])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
@@ -133,47 +199,27 @@ fn main() -> std::io::Result<std::process::ExitCode> {
             break port.parse().expect("a port");
         }
     };
+    Ok((child, lines, port))
+}
 
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let stop_requested = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            let (tally, stop_requested, done, sent) = (
-                tally.clone(),
-                stop_requested.clone(),
-                done.clone(),
-                sent.clone(),
-            );
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    let during = stop_requested.load(Ordering::Relaxed);
-                    sent.fetch_add(1, Ordering::Relaxed);
-                    let answer = request(port);
-                    let mut t = tally.lock().expect("tally");
-                    match answer {
-                        Answer::Ok(latency) if during => t.ok_during.push(latency),
-                        Answer::Ok(latency) => t.ok_before.push(latency),
-                        Answer::NotAccepted => {
-                            t.not_accepted += 1;
-                            drop(t);
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        Answer::Failed => t.failed += 1,
-                    }
-                }
-            })
-        })
-        .collect();
+fn main() -> std::io::Result<std::process::ExitCode> {
+    let args: Vec<String> = common::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        return serve(&args[2]);
+    }
+    let before_secs: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let clients: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(16);
+    let base = tempfile::tempdir()?;
+    let (mut child, lines, port) = start_server(base.path())?;
+    let load = Load::start(clients, port);
 
     let load_started = Instant::now();
     std::thread::sleep(Duration::from_secs(before_secs));
-    let sent_before = sent.load(Ordering::Relaxed);
+    let sent_before = load.sent.load(Ordering::Relaxed);
     let store =
         MarkerStore::open(Layout::Slots(base.path().join("run"))).map_err(std::io::Error::other)?;
     let stop_at = Instant::now();
-    stop_requested.store(true, Ordering::Relaxed);
+    load.stop_requested.store(true, Ordering::Relaxed);
     stopper::request(&store, child.id(), &StopOptions::new()).map_err(std::io::Error::other)?;
     let mut handled = None;
     for line in lines.map_while(Result::ok) {
@@ -183,20 +229,25 @@ fn main() -> std::io::Result<std::process::ExitCode> {
     }
     let status = child.wait()?;
     let drain = stop_at.elapsed();
-    done.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+    let t = load.finish();
 
-    let mut t = tally.lock().expect("tally");
-    t.ok_before.sort();
-    t.ok_during.sort();
     let ok = (t.ok_before.len() + t.ok_during.len()) as u64;
     let handled = handled.unwrap_or(0);
     let rate = sent_before as f64 / stop_at.duration_since(load_started).as_secs_f64();
     println!("clients                         {clients}");
     println!("load before the stop            {rate:.0} requests/s for {before_secs} s");
     println!("server exit code                {:?}", status.code());
+    report(&t, drain, handled, ok);
+    let clean = status.code() == Some(0) && handled == ok && t.failed == 0;
+    Ok(if clean {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// The rest of the table: the drain, what was answered, the latencies.
+fn report(t: &Tally, drain: Duration, handled: u64, ok: u64) {
     println!(
         "stop to exit                    {:.2} s (grace 1 s)",
         drain.as_secs_f64()
@@ -221,10 +272,4 @@ fn main() -> std::io::Result<std::process::ExitCode> {
         percentile(&t.ok_during, 0.99),
         t.ok_during.len()
     );
-    let clean = status.code() == Some(0) && handled == ok && t.failed == 0;
-    Ok(if clean {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
-    })
 }

@@ -5,11 +5,11 @@
 //! `/proc`).
 //!
 //! ```sh
-//! cargo build --release && cargo bench --bench idle_cost -- 60
+//! cargo build --release && cargo run --release -p planned-stop-harness --bin idle_cost -- 60
 //! ```
 
 #[cfg(target_os = "linux")]
-mod common;
+use planned_stop_harness as common;
 
 #[cfg(target_os = "linux")]
 use std::path::PathBuf;

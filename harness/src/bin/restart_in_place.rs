@@ -3,7 +3,7 @@
 //! stop and start.
 //!
 //! ```sh
-//! cargo bench --bench restart_in_place --features actix-web -- [RESTARTS] [FRESH] [POOLED]
+//! cargo run --release -p planned-stop-harness --bin restart_in_place -- [RESTARTS] [FRESH] [POOLED]
 //! ```
 //!
 //! The load: FRESH clients (default 16) opening a new connection per request, and a POOLED
@@ -24,7 +24,7 @@
 //! restart is done exactly once is a test (`tests/task_service.rs`). docs/performance.md has the
 //! figures.
 
-mod common;
+use planned_stop_harness as common;
 
 use actix_web::{App, HttpServer, web};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,7 +1,7 @@
 //! End-to-end latency of planned stops of real `planned-stop serve` processes.
 //!
 //! ```sh
-//! cargo build --release && cargo bench --bench latency -- 200
+//! cargo build --release && cargo run --release -p planned-stop-harness --bin latency -- 200
 //! ```
 //!
 //! For each delivery mode (polling every 100 ms, every 500 ms, and event-driven) it stops N
@@ -10,7 +10,7 @@
 //! *delivered* — the service's `stop_accepted` event is read from its stdout; *exited* — the
 //! process has exited. Prints p50 / p99 / max in milliseconds as a Markdown table.
 
-mod common;
+use planned_stop_harness as common;
 
 use planned_stop::Layout;
 use planned_stop::marker::MarkerStore;

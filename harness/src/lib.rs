@@ -1,12 +1,11 @@
-//! What the measurement harnesses share.
+//! What the measurement harnesses share. Each harness is a program of `src/bin/`, measuring real
+//! processes for minutes and printing a table for `docs/performance.md`: programs, not
+//! benchmarks, so they live where programs live and run by name.
 
-// Each harness uses its part of this module.
-#![allow(dead_code)]
-
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The `planned-stop` binary of the same build profile as the running harness
-/// (`target/<profile>/planned-stop`, next to `target/<profile>/deps/`): the harnesses start it
+/// (`target/<profile>/planned-stop`, beside the harness itself): the harnesses start it
 /// as real processes. Build it first (`cargo build --release`). `PLANNED_STOP_BINARY` names another
 /// build instead (a baseline to measure side by side).
 pub fn planned_stop_binary() -> PathBuf {
@@ -15,10 +14,7 @@ pub fn planned_stop_binary() -> PathBuf {
         return PathBuf::from(binary);
     }
     let exe = std::env::current_exe().expect("the harness's own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/");
+    let dir = exe.parent().expect("target/<profile>/");
     let binary = dir.join(format!("planned-stop{}", std::env::consts::EXE_SUFFIX));
     assert!(
         binary.exists(),
@@ -28,8 +24,7 @@ pub fn planned_stop_binary() -> PathBuf {
     binary
 }
 
-/// The harness's arguments, its own path first, as `std::env::args` gives them — without the
-/// `--bench` that `cargo bench` adds.
+/// The harness's arguments, its own path first, as `std::env::args` gives them.
 pub fn args() -> impl Iterator<Item = String> {
-    std::env::args().filter(|a| a != "--bench")
+    std::env::args()
 }

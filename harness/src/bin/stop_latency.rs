@@ -15,7 +15,7 @@
 //!    stopper process, its refusal and its exit. Everything above includes this once.
 //!
 //! ```sh
-//! cargo build --release && cargo bench --bench stop_latency -- 200
+//! cargo build --release && cargo run --release -p planned-stop-harness --bin stop_latency -- 200
 //! ```
 //!
 //! Each round starts a fresh `planned-stop serve --jobs 0` (nothing to drain) per set-up, waits for
@@ -25,7 +25,7 @@
 //! `/run` is in production; `--disk` puts it under the target directory instead. Results go into
 //! docs/performance.md.
 
-mod common;
+use planned_stop_harness as common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

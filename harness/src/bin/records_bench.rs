@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! PLANNED_STOP_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:PORT/postgres \
-//!     cargo bench --bench records_bench --features postgres
+//!     cargo run --release -p planned-stop-harness --bin records_bench
 //! ```
 //!
 //! Measures, for each store: lease + acknowledge throughput (items/s) with 1 and 8 claimers
@@ -10,8 +10,6 @@
 //! each item), and the start-up latency a resume of 100 items adds (lease them all, acknowledge
 //! each), median and p95 of 20 runs. Without the variable only the file store is measured.
 //! Results go to `docs/performance.md` by hand.
-
-mod common;
 
 use planned_stop::record::{
     FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing, StopRecord,

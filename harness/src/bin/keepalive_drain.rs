@@ -2,7 +2,7 @@
 //! because the server closed it, with planned-stop and with plain actix-web, side by side.
 //!
 //! ```sh
-//! cargo bench --bench keepalive_drain --features actix-web -- [ROUNDS] [CONNECTIONS] [GRACE_MS]
+//! cargo run --release -p planned-stop-harness --bin keepalive_drain -- [ROUNDS] [CONNECTIONS] [GRACE_MS]
 //! ```
 //!
 //! A client that behaves like a load balancer's connection pool: CONNECTIONS (default 16)
@@ -31,7 +31,7 @@
 //! elsewhere, nothing was lost); latency p50/p99 before the stop and during it; stop to exit.
 //! docs/performance.md has the figures.
 
-mod common;
+use planned_stop_harness as common;
 
 use actix_web::{App, HttpServer, get};
 use planned_stop::marker::MarkerStore;

@@ -4,12 +4,12 @@
 //! `/proc/PID/task/*/schedstat`) the services spent, less what they spent idle over the same time.
 //!
 //! ```text
-//! cargo build --release && cargo bench --bench crowd_cost -- 200 200
+//! cargo build --release && cargo run --release -p planned-stop-harness --bin crowd_cost -- 200 200
 //! ```
 //!
 //! Linux only (it reads `/proc`). Results go to `docs/performance.md` by hand.
 
-mod common;
+use planned_stop_harness as common;
 
 use planned_stop::marker::{Marker, MarkerStore};
 use planned_stop::{Layout, ProcessIdentity};
