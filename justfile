@@ -70,3 +70,10 @@ mutants-iterate:
 stop-latency-static rounds="200":
     RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target x86_64-unknown-linux-gnu --bin planned-stop
     RUSTFLAGS="-C target-feature=+crt-static" cargo run --release -p planned-stop-harness --target x86_64-unknown-linux-gnu --bin stop_latency -- {{rounds}}
+
+# The library's public surface into docs/public-api.txt (CI compares it: ci/public_api.py).
+public-api:
+    RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet -p planned-stop --lib --features systemd,actix-web,postgres,metrics,testing -- -Z unstable-options --output-format json
+    sed -n '1,4p' docs/public-api.txt > target/public-api.txt
+    python3 ci/public_api.py target/doc/planned_stop.json >> target/public-api.txt
+    mv target/public-api.txt docs/public-api.txt
