@@ -1,0 +1,91 @@
+//! Connections that outlive requests: a WebSocket echo whose sessions are told to go away — a
+//! Close frame with 1001 (Going Away) — when a stop is accepted, and counted in the stop record.
+//!
+//! ```sh
+//! cargo run --example websocket --features actix-web
+//! # in another shell: connect (websocat ws://127.0.0.1:8081/ws), then, with the pid it prints:
+//! planned-stop stop --pid PID --dir /tmp/planned-stop-websocket/run --wait 30
+//! ```
+//!
+//! A WebSocket session is no request: actix-web's drain waits for it until the deadline and then
+//! cuts it. `planned_stop::web::LongLived` joins the drain's ingress phase instead: each session
+//! holds a connection from it, which says `going_away` when the stop is accepted, and
+//! `close_going_away` sends the Close frame and ends the session; the drain waits for the open
+//! ones, and the stop record says how they ended.
+
+use actix_web::{App, HttpServer, web};
+use planned_stop::web::LongLived;
+use planned_stop::{Layout, ServiceBuilder};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The echo: every text message comes back, until the client closes or the service stops.
+async fn echo(
+    req: actix_web::HttpRequest,
+    body: web::Payload,
+    sockets: web::Data<LongLived>,
+) -> actix_web::Result<actix_web::HttpResponse> {
+    let (response, mut session, mut messages) = actix_ws::handle(&req, body)?;
+    let mut connection = sockets.open();
+    actix_web::rt::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = connection.going_away() => {
+                    return planned_stop::web::close_going_away(session, connection).await;
+                }
+                message = messages.recv() => match message {
+                    Some(Ok(actix_ws::Message::Text(text))) => {
+                        if session.text(text).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(actix_ws::Message::Close(_))) | Some(Err(_)) | None => return,
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    Ok(response)
+}
+
+#[actix_web::main]
+async fn main() -> std::io::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    // The environment can move it (the tests run it this way; port 0 picks a free one).
+    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
+        || std::env::temp_dir().join("planned-stop-websocket"),
+        std::path::PathBuf::from,
+    );
+    let addr = std::env::var("EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:8081".into());
+    let stop = match ServiceBuilder::new(Layout::Slots(base.join("run")))
+        .drain_deadline(Duration::from_secs(25))
+        .start()
+    {
+        Ok(stop) => stop,
+        Err(e) => {
+            eprintln!("cannot start: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    // The sessions' group, in the drain: told to go away when a stop is accepted.
+    let sockets = LongLived::new("websocket");
+    sockets.join(&stop);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(sockets.clone()))
+            .route("/ws", web::get().to(echo))
+    })
+    .bind(addr)?;
+    stop.ready();
+    println!(
+        "echoing at ws://{}/ws as pid {}; markers in {}",
+        server.addrs()[0],
+        std::process::id(),
+        base.join("run").display()
+    );
+    planned_stop::web::serve(server, &stop).await
+}
