@@ -85,21 +85,7 @@ fn the_actix_web_example_answers_a_request_in_flight_and_exits_0() {
 #[test]
 fn the_websocket_example_tells_an_open_session_to_go_away() {
     let mut example = Example::start("websocket", "echoing at ws://");
-    let mut ws = BufReader::new(TcpStream::connect(&example.addr).unwrap());
-    ws.get_ref().set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
-    write!(
-        ws.get_mut(),
-        "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    .unwrap();
-    let mut line = String::new();
-    ws.read_line(&mut line).unwrap();
-    assert!(line.contains(" 101 "), "{line}");
-    while line != "\r\n" {
-        line.clear();
-        ws.read_line(&mut line).unwrap();
-    }
+    let mut ws = common::websocket_open(example.addr.as_str());
     assert_eq!(example.stop(), Some(0));
     let mut head = [0u8; 4];
     ws.read_exact(&mut head).unwrap();

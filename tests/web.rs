@@ -593,21 +593,7 @@ fn a_pooled_connection_is_told_to_close_during_the_grace() {
 fn websocket_sessions_are_told_to_go_away_with_1001() {
     for round in 0..5 {
         let mut app = App::start(AppLayout::ActixWebMain, &options());
-        let mut ws = BufReader::new(TcpStream::connect(("127.0.0.1", app.port)).unwrap());
-        ws.get_ref().set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
-        write!(
-            ws.get_mut(),
-            "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        .unwrap();
-        let mut line = String::new();
-        ws.read_line(&mut line).unwrap();
-        assert!(line.contains(" 101 "), "round {round}: {line}");
-        while line != "\r\n" {
-            line.clear();
-            ws.read_line(&mut line).unwrap();
-        }
+        let mut ws = common::websocket_open(("127.0.0.1", app.port));
         app.planned_stop();
         // A server frame: FIN + opcode 8 (close), unmasked, a short payload: code, then reason.
         let mut head = [0u8; 2];

@@ -129,6 +129,30 @@ pub fn wait_for<T>(what: impl std::fmt::Display, mut probe: impl FnMut() -> Opti
     }
 }
 
+/// A WebSocket session opened at `/ws` of `addr`: the upgrade answered with 101, its headers read;
+/// what follows on the stream is the server's frames.
+pub fn websocket_open(
+    addr: impl std::net::ToSocketAddrs,
+) -> std::io::BufReader<std::net::TcpStream> {
+    use std::io::{BufRead, Write};
+    let mut ws = std::io::BufReader::new(std::net::TcpStream::connect(addr).unwrap());
+    ws.get_ref().set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    write!(
+        ws.get_mut(),
+        "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .unwrap();
+    let mut line = String::new();
+    ws.read_line(&mut line).unwrap();
+    assert!(line.contains(" 101 "), "not upgraded: {line}");
+    while line != "\r\n" {
+        line.clear();
+        ws.read_line(&mut line).unwrap();
+    }
+    ws
+}
+
 /// `GET path` over a new HTTP/1.1 connection to 127.0.0.1:`port` (closed after the answer): the
 /// status and the body, or `None` when nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
