@@ -1,52 +1,71 @@
 //! The examples that no other test runs, as real processes: each does what its header says when
-//! stopped as its header says (`examples/README.md`). `prometheus.rs` is `metrics.rs`'s and
-//! `task_service.rs` is `task_service.rs`'s.
+//! stopped as its header says (`examples/README.md`). `prometheus.rs` is `metrics.rs`'s.
 
 mod common;
 
-use common::EVENT_TIMEOUT;
 use common::process::planned_stop;
+use common::{EVENT_TIMEOUT, http_get};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
-/// An example started with its base directory and a free port; its pid and address.
+/// An example started with its base directory and a free port; its output and address.
 struct Example {
     child: Child,
-    dir: tempfile::TempDir,
+    out: BufReader<ChildStdout>,
+    dir: PathBuf,
     addr: String,
 }
 
 impl Example {
-    /// Starts example `name` and reads its address from the line that starts with `prefix`.
-    fn start(name: &str, prefix: &str) -> Example {
-        let dir = tempfile::tempdir().unwrap();
+    /// Starts example `name` in `dir` and reads its address from the line that starts with
+    /// `prefix`.
+    fn start(name: &str, dir: &Path, prefix: &str) -> Example {
         let mut child = Command::new(common::example_binary(name, "actix-web"))
-            .env("EXAMPLE_DIR", dir.path())
+            .env("EXAMPLE_DIR", dir)
             .env("EXAMPLE_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        let addr = loop {
-            line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "{name} ended early");
-            if let Some(rest) = line.strip_prefix(prefix) {
-                break rest.split(['/', ' ']).next().unwrap().to_owned();
-            }
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut example = Example {
+            child,
+            out,
+            dir: dir.to_path_buf(),
+            addr: String::new(),
         };
-        Example { child, dir, addr }
+        let rest = example.line_after(prefix);
+        example.addr = rest.split(['/', ' ']).next().unwrap().to_owned();
+        example
     }
 
-    /// `planned-stop stop --wait` of this example: its exit code is the stopper's.
-    fn stop(&mut self) -> Option<i32> {
+    /// The rest of the next line of its output that starts with `prefix`.
+    fn line_after(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.out.read_line(&mut line).unwrap() > 0, "no {prefix:?}");
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.trim_end().to_owned();
+            }
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// `planned-stop stop --pid PID --dir DIR/run --wait 30 ARGS`, which must succeed; its JSON
+    /// answer when `--json` is among `args`.
+    fn stop_with(&self, pid: u32, args: &[&str]) -> String {
         let out = planned_stop()
-            .args(["stop", "--pid", &self.child.id().to_string(), "--dir"])
-            .arg(self.dir.path().join("run"))
+            .args(["stop", "--pid", &pid.to_string(), "--dir"])
+            .arg(self.dir.join("run"))
             .args(["--wait", "30"])
+            .args(args)
             .output()
             .unwrap();
         assert!(
@@ -54,6 +73,12 @@ impl Example {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A planned stop of this example: its exit code.
+    fn stop(&mut self) -> Option<i32> {
+        self.stop_with(self.child.id(), &[]);
         self.child.wait().unwrap().code()
     }
 }
@@ -62,7 +87,8 @@ impl Example {
 /// process ends with 0.
 #[test]
 fn the_actix_web_example_answers_a_request_in_flight_and_exits_0() {
-    let mut example = Example::start("actix_web", "serving http://");
+    let dir = tempfile::tempdir().unwrap();
+    let mut example = Example::start("actix_web", dir.path(), "serving http://");
     let mut slow = TcpStream::connect(&example.addr).unwrap();
     slow.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
     write!(
@@ -84,11 +110,64 @@ fn the_actix_web_example_answers_a_request_in_flight_and_exits_0() {
 /// process ends with 0.
 #[test]
 fn the_websocket_example_tells_an_open_session_to_go_away() {
-    let mut example = Example::start("websocket", "echoing at ws://");
+    let dir = tempfile::tempdir().unwrap();
+    let mut example = Example::start("websocket", dir.path(), "echoing at ws://");
     let mut ws = common::websocket_open(example.addr.as_str());
     assert_eq!(example.stop(), Some(0));
     let mut head = [0u8; 4];
     ws.read_exact(&mut head).unwrap();
     assert_eq!(head[0], 0x88, "a Close frame: {head:?}");
     assert_eq!(u16::from_be_bytes([head[2], head[3]]), 1001);
+}
+
+/// `task_service.rs`: a job spawned from a handler finishes; a long one is handed back at the
+/// stop (exit 0) and the next life resumes and finishes it.
+#[test]
+fn the_task_service_example_hands_a_job_to_its_next_life() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Example::start("task_service", dir.path(), "serving http://");
+    let post = |port: u16, path: &str| {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    assert!(post(first.port(), "/jobs/quick/50").starts_with("HTTP/1.1 202"));
+    assert_eq!(first.line_after("done "), "quick");
+    assert!(post(first.port(), "/jobs/long/2000").starts_with("HTTP/1.1 202"));
+    assert_eq!(first.stop(), Some(0));
+    let mut second = Example::start("task_service", dir.path(), "serving http://");
+    assert_eq!(second.line_after("done "), "long");
+    assert_eq!(second.stop(), Some(0));
+}
+
+/// `restart_in_place.rs`: `stop --restart` hands the socket to a successor, which serves the
+/// same port; the predecessor exits 0.
+#[test]
+fn the_restart_in_place_example_hands_its_socket_to_the_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Example::start("restart_in_place", dir.path(), "serving http://");
+    let served_by = |port: u16| http_get(port, "/").map(|(_, body)| body.trim().to_owned());
+    let pid = first.child.id();
+    assert_eq!(
+        served_by(first.port()),
+        Some(format!("served by pid {pid}"))
+    );
+    let answer = first.stop_with(pid, &["--restart", "--json"]);
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let successor = answer["successor"]
+        .as_u64()
+        .expect("the answer names the successor");
+    assert_eq!(first.child.wait().unwrap().code(), Some(0), "{answer}");
+    assert_eq!(
+        served_by(first.port()),
+        Some(format!("served by pid {successor}"))
+    );
+    first.stop_with(u32::try_from(successor).unwrap(), &[]);
 }

@@ -1,4 +1,4 @@
-//! A real application whose jobs are tasks (`examples/task_service.rs`, built by this
+//! A real application whose jobs are tasks (the helper program `tests/helpers/task_app.rs`, built by this
 //! test and run as real processes), stopped under load across lives with a journal of finished
 //! jobs: every job is done exactly once; a panicking job makes each stop not clean and is held
 //! aside after its attempts; a payload that cannot be recorded is refused at once; and, on
@@ -39,7 +39,7 @@ struct Life {
 
 impl Life {
     fn start(base: &Path, env: &[(&str, &str)]) -> Life {
-        let command = Command::new(common::example_binary("task_service", features()));
+        let command = Command::new(common::helper_program("task_app", features()));
         Life::spawn(command, base, env)
     }
 
@@ -50,7 +50,7 @@ impl Life {
         let mut command = Command::new("/bin/sh");
         command
             .args(["-c", "export LISTEN_PID=$$; exec \"$0\""])
-            .arg(common::example_binary("task_service", features()))
+            .arg(common::helper_program("task_app", features()))
             .env("LISTEN_FDS", "1")
             .env("LISTEN_FDNAMES", "http");
         let fd = socket.try_clone().unwrap().into();
@@ -1004,7 +1004,7 @@ fn a_socket_from_systemd_socket_activate_is_served() {
         .arg("--fdname=http")
         .arg(format!("--setenv=EXAMPLE_DIR={}", base.display()))
         .arg("--setenv=EXAMPLE_ADMIN_ADDR=127.0.0.1:0")
-        .arg(common::example_binary("task_service", features()));
+        .arg(common::helper_program("task_app", features()));
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::null())

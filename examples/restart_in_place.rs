@@ -1,0 +1,72 @@
+//! A planned restart that refuses no connection: the successor inherits the listening socket.
+//!
+//! ```sh
+//! cargo build --example restart_in_place --features actix-web
+//! target/debug/examples/restart_in_place &
+//! curl http://127.0.0.1:8080/            # "served by pid PID"
+//! planned-stop stop --restart --pid PID --dir /tmp/planned-stop-restart-in-place/run --wait 30
+//! curl http://127.0.0.1:8080/            # the same socket, served by the successor's pid
+//! ```
+//!
+//! With `restart_in_place`, a planned restart starts the successor — the executable on disk now,
+//! same arguments and environment — with the listening sockets inherited the way systemd hands a
+//! `.socket` unit's (`LISTEN_FDS`), waits until it says it is ready, and only then stops
+//! accepting, drains and exits 0. `web::listeners_or_bind` takes the sockets a successor (or
+//! systemd) was handed, and binds only when there are none; connections meanwhile wait in the
+//! socket's queue. If the successor fails or is not ready in time, the old process keeps serving
+//! and the stopper is told the restart did not happen.
+//!
+//! The environment can move it (the tests run it this way): `EXAMPLE_DIR` and `EXAMPLE_ADDR`
+//! (port 0 picks a free one; the successor serves the same socket, whatever port it got).
+
+use actix_web::{App, HttpServer, web};
+use planned_stop::{Layout, ServiceBuilder};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[actix_web::main]
+async fn main() -> std::io::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
+        || std::env::temp_dir().join("planned-stop-restart-in-place"),
+        std::path::PathBuf::from,
+    );
+    let addr = std::env::var("EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let stop = match ServiceBuilder::new(Layout::Slots(base.join("run")))
+        .drain_deadline(Duration::from_secs(20))
+        // A successor has this long to say it is ready, or the restart does not happen.
+        .restart_in_place(Duration::from_secs(10))
+        .start()
+    {
+        Ok(stop) => stop,
+        Err(e) => {
+            eprintln!("cannot start: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let server = HttpServer::new(|| {
+        App::new().route(
+            "/",
+            web::get().to(|| async { format!("served by pid {}\n", std::process::id()) }),
+        )
+    });
+    // The inherited sockets, or new ones when there are none (the first life).
+    let server = planned_stop::web::listeners_or_bind(&stop, addr)?
+        .into_iter()
+        .try_fold(server, HttpServer::listen)?;
+    stop.ready();
+    println!(
+        "serving http://{} as pid {}; markers in {}",
+        server.addrs()[0],
+        std::process::id(),
+        base.join("run").display()
+    );
+    planned_stop::web::serve(server, &stop)
+        .grace(Duration::from_secs(1))
+        .await
+}
