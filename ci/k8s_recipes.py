@@ -138,6 +138,13 @@ class Pod:
             return self.stop(pod, hook, wait_s)
         finally:
             if pod.poll() is None:
+                # The Pod's PID 1 first: killing it ends every process of the namespace, where
+                # killing `unshare` alone would leave the service running, orphaned.
+                try:
+                    for pid in open(f"/proc/{pod.pid}/task/{pod.pid}/children").read().split():
+                        os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
                 pod.kill()
                 pod.wait()
 
