@@ -6,7 +6,7 @@
 //! cargo run --example task_service --features actix-web
 //! curl -X POST http://127.0.0.1:8080/jobs/report-7/20000   # a job of 20 s, from a handler
 //! planned-stop stop --pid PID --dir /tmp/planned-stop-task-service/run --wait 30
-//! cargo run --example task_service --features actix-web    # resumes report-7, and finishes it
+//! cargo run --example task_service --features actix-web    # starts report-7 again, finishes it
 //! ```
 //!
 //! A task spawned through the group runs on the service's `System`, not on the HTTP worker, so it
@@ -34,6 +34,7 @@ struct Job {
 
 /// The work of one job: done after `ms`, unfinished when the stop cancels it first.
 async fn work(job: Job, stop: CancellationToken) -> JobEnd {
+    println!("start {}", job.name);
     tokio::select! {
         _ = actix_web::rt::time::sleep(Duration::from_millis(job.ms)) => {
             println!("done {}", job.name);

@@ -8,12 +8,15 @@ use common::{EVENT_TIMEOUT, http_get};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Instant;
 
 /// An example started with its base directory and a free port; its output and address.
 struct Example {
     child: Child,
-    out: BufReader<ChildStdout>,
+    /// Its stdout, line by line, read by a thread so that a wait for a line is bounded.
+    out: Receiver<String>,
     dir: PathBuf,
     addr: String,
 }
@@ -30,7 +33,15 @@ impl Example {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (lines, out) = channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    return;
+                }
+            }
+        });
         let mut example = Example {
             child,
             out,
@@ -42,14 +53,19 @@ impl Example {
         example
     }
 
-    /// The rest of the next line of its output that starts with `prefix`.
+    /// The rest of the next line of its output that starts with `prefix` (within
+    /// `EVENT_TIMEOUT`).
     fn line_after(&mut self, prefix: &str) -> String {
-        let mut line = String::new();
+        let deadline = Instant::now() + EVENT_TIMEOUT;
         loop {
-            line.clear();
-            assert!(self.out.read_line(&mut line).unwrap() > 0, "no {prefix:?}");
-            if let Some(rest) = line.strip_prefix(prefix) {
-                return rest.trim_end().to_owned();
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.out.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.trim_end().to_owned();
+                    }
+                }
+                Err(e) => panic!("no line {prefix:?} ({e})"),
             }
         }
     }
@@ -120,8 +136,9 @@ fn the_websocket_example_tells_an_open_session_to_go_away() {
     assert_eq!(u16::from_be_bytes([head[2], head[3]]), 1001);
 }
 
-/// `task_service.rs`: a job spawned from a handler finishes; a long one is handed back at the
-/// stop (exit 0) and the next life resumes and finishes it.
+/// `task_service.rs`: a job spawned from a handler finishes; a long one (a minute: it cannot
+/// finish in the first life) is handed back at the stop (exit 0) and the next life starts it
+/// again.
 #[test]
 fn the_task_service_example_hands_a_job_to_its_next_life() {
     let dir = tempfile::tempdir().unwrap();
@@ -140,10 +157,15 @@ fn the_task_service_example_hands_a_job_to_its_next_life() {
     };
     assert!(post(first.port(), "/jobs/quick/50").starts_with("HTTP/1.1 202"));
     assert_eq!(first.line_after("done "), "quick");
-    assert!(post(first.port(), "/jobs/long/2000").starts_with("HTTP/1.1 202"));
+    assert!(post(first.port(), "/jobs/long/60000").starts_with("HTTP/1.1 202"));
+    assert_eq!(first.line_after("start "), "long");
     assert_eq!(first.stop(), Some(0));
     let mut second = Example::start("task_service", dir.path(), "serving http://");
-    assert_eq!(second.line_after("done "), "long");
+    assert_eq!(
+        second.line_after("start "),
+        "long",
+        "resumed in the next life"
+    );
     assert_eq!(second.stop(), Some(0));
 }
 
