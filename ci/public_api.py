@@ -128,8 +128,6 @@ class Surface:
         if (i, full) in self.seen:
             return
         self.seen.add((i, full))
-        if "hidden" in str(it.get("attrs", [])) and "doc(hidden)" in str(it.get("attrs", [])):
-            return
         self.describe(kind, v, full, it)
 
     def describe(self, kind, v, full, it):

@@ -52,9 +52,9 @@
 //!
 //! ## Cargo features
 //!
-//! No feature is on by default, and none needs turning off: the `planned-stop` command-line tool
-//! is a crate of its own (`planned-stop-cli`), so an application compiles none of clap, indicatif
-//! or tracing-subscriber.
+//! None is on by default, and none needs turning off: the `planned-stop` command-line tool is a
+//! crate of its own (`planned-stop-cli`), so an application compiles none of clap, indicatif or
+//! tracing-subscriber. The features, each off until asked for:
 //!
 //! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
 //! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
