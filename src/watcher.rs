@@ -350,6 +350,11 @@ impl MarkerWatcherActor {
 
     /// Sends what a step of the watch says, and stops the actor once the watch is done.
     fn send(&mut self, send: WatchSend, ctx: &mut Context<Self>) {
+        if self.watch == Watch::Done {
+            // Nothing left to watch for: the notifications end before the stop goes out, so the
+            // kernel reaps the watch while the runner claims and drains, not during the exit.
+            self.events = None;
+        }
         match send {
             WatchSend::Stop(stop) => {
                 tracing::info!(

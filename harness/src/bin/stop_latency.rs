@@ -6,13 +6,17 @@
 //! 2. the stopper looking every 20 ms (`stop --no-events`, what `stop --wait` did before), the same
 //!    target;
 //! 3. the stopper told by the OS, the target polling every 2 ms without inotify (`serve
-//!    --no-events --poll-ms 2`): a process that holds an inotify watch takes one SRCU grace period
-//!    of the kernel (about 14 ms here) longer to die, and this shows the protocol without it;
+//!    --no-events --poll-ms 2`): the protocol without notifications, to compare with the first
+//!    (a process that exits holding an inotify watch waits for an SRCU grace period of the kernel,
+//!    about 14 ms here; the watcher removes its watch when it delivers, so that the exit does not);
 //! 4. the stopper told by the OS and sending SIGTERM after its marker (`stop --signal`), the target
 //!    without inotify (`serve --no-events`, polling every 250 ms): woken by the signal at once, the
 //!    fastest stop there is on Linux today;
 //! 5. a baseline, no stop at all: `planned-stop stop` for a pid nobody has, i.e. starting the
-//!    stopper process, its refusal and its exit. Everything above includes this once.
+//!    stopper process, its refusal and its exit. Everything above includes this once;
+//! 6. with `PLANNED_STOP_BASELINE=PATH`, the first set-up again with another build's binary (an
+//!    earlier commit), stopper and target both: a change measured against what it changed, in the
+//!    same run.
 //!
 //! ```sh
 //! cargo build --release && cargo run --release -p planned-stop-harness --bin stop_latency -- 200
@@ -59,32 +63,48 @@ fn main() {
             name: "stopper: exit event; target: inotify",
             stopper: &[],
             target: Some(&[]),
+            binary: None,
         },
         Setup {
             name: "stopper: polls 20 ms; target: inotify",
             stopper: &["--no-events"],
             target: Some(&[]),
+            binary: None,
         },
         Setup {
             name: "stopper: exit event; target: polls 2 ms",
             stopper: &[],
             target: Some(&["--no-events", "--poll-ms", "2"]),
+            binary: None,
         },
         Setup {
             name: "stopper: exit event + SIGTERM; target: no inotify",
             stopper: &["--signal"],
             target: Some(&["--no-events"]),
+            binary: None,
         },
         Setup {
             name: "baseline: stopper start-up, no target",
             stopper: &[],
             target: None,
+            binary: None,
         },
     ];
+    let baseline = std::env::var_os("PLANNED_STOP_BASELINE").map(PathBuf::from);
+    let setups: Vec<Setup> = setups
+        .into_iter()
+        .chain(baseline.map(|binary| Setup {
+            name: "baseline build: the defaults",
+            stopper: &[],
+            target: Some(&[]),
+            binary: Some(binary),
+        }))
+        .collect();
     let mut samples = vec![Vec::with_capacity(rounds); setups.len()];
     for _ in 0..rounds {
         for (i, setup) in setups.iter().enumerate() {
-            samples[i].push(one_stop(&binary, dir.path(), setup));
+            let binary = setup.binary.as_deref().unwrap_or(&binary);
+            samples[i].push(one_stop(binary, dir.path(), setup));
         }
     }
     for (setup, samples) in setups.iter().zip(&mut samples) {
@@ -92,11 +112,13 @@ fn main() {
     }
 }
 
-/// One way of stopping: the stopper's extra flags, and the target's (`None`: no target at all).
+/// One way of stopping: the stopper's extra flags, the target's (`None`: no target at all), and
+/// the binary of both (`None`: this build's).
 struct Setup {
     name: &'static str,
     stopper: &'static [&'static str],
     target: Option<&'static [&'static str]>,
+    binary: Option<PathBuf>,
 }
 
 fn one_stop(binary: &Path, dir: &Path, setup: &Setup) -> Duration {
