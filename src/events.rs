@@ -248,8 +248,8 @@ mod linux {
                     if read_events(&mut inotify, &wake, name.as_bytes(), &tx) == Ended::Failed {
                         wait_for(&wake);
                     }
-                    // The watch was removed when the thread was woken: the close waits for
-                    // nothing once the kernel has reaped it.
+                    // The watch is removed before the thread is woken: a second later the
+                    // kernel has reaped it, and the close waits for nothing.
                     std::thread::sleep(CLOSE_AFTER_REMOVAL);
                     drop(inotify);
                 })?;
