@@ -162,70 +162,6 @@ mod linux {
         mask.intersects(lost) || event_name == own
     }
 
-    #[cfg(test)]
-    #[test]
-    fn only_the_own_slot_or_a_lost_watch_wakes() {
-        let own = b"planned-stop-7.json";
-        assert!(wakes(EventMask::MOVED_TO, own, own));
-        assert!(wakes(EventMask::CLOSE_WRITE, own, own));
-        assert!(!wakes(EventMask::MOVED_TO, b"planned-stop-8.json", own));
-        assert!(!wakes(
-            EventMask::CLOSE_WRITE,
-            b".planned-stop-7.json.tmp-1",
-            own
-        ));
-        assert!(!wakes(EventMask::MOVED_TO, b"planned-stop-7.json.x", own));
-        for lost in [
-            EventMask::Q_OVERFLOW,
-            EventMask::IGNORED,
-            EventMask::DELETE_SELF,
-            EventMask::MOVE_SELF,
-        ] {
-            assert!(wakes(lost, b"", own));
-        }
-    }
-
-    /// The inotify watches that descriptor `fd` of this process holds on inode `ino`, or `None`
-    /// when `fd` is not (or no longer) an inotify instance.
-    #[cfg(test)]
-    fn watches_on(fd: &std::ffi::OsStr, ino: u64) -> Option<usize> {
-        let fd = Path::new("/proc/self/fd").join(fd);
-        let link = std::fs::read_link(&fd).ok()?;
-        if link.as_os_str() != "anon_inode:inotify" {
-            return None;
-        }
-        let info = std::fs::read_to_string(Path::new("/proc/self/fdinfo").join(fd.file_name()?));
-        let on_ino = format!(" ino:{ino:x} ");
-        let watches = info
-            .ok()?
-            .lines()
-            .filter(|l| l.starts_with("inotify wd:") && l.contains(&on_ino))
-            .count();
-        Some(watches)
-    }
-
-    #[cfg(test)]
-    #[test]
-    fn ending_removes_the_watch_first_and_keeps_the_instance_open() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let ino = std::fs::metadata(dir.path()).unwrap().ino();
-        let (events, _wakeups) =
-            super::SlotEvents::watch(&dir.path().join("planned-stop-1.json")).unwrap();
-        let fd = std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .filter_map(|e| Some(e.ok()?.file_name()))
-            .find(|fd| watches_on(fd, ino) == Some(1))
-            .expect("an inotify instance watches the directory");
-        drop(events);
-        // Closed at once, the instance would make an exit wait for the kernel's grace period.
-        assert_eq!(
-            watches_on(&fd, ino),
-            Some(0),
-            "the watch is removed and the instance is still open"
-        );
-    }
-
     impl InotifySlot {
         pub(super) fn watch(
             dir: &Path,
@@ -343,4 +279,7 @@ mod linux {
             }
         }
     }
+
+    #[cfg(test)]
+    mod tests;
 }
