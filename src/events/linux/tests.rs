@@ -46,18 +46,31 @@ fn watches_on(fd: &std::ffi::OsStr, ino: u64) -> Option<usize> {
     Some(watches)
 }
 
-#[test]
-fn ending_removes_the_watch_first_and_keeps_the_instance_open() {
+/// A watch of a fresh directory's slot, with the directory's inode and the descriptor of the
+/// inotify instance that watches it.
+fn watched() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    u64,
+    std::ffi::OsString,
+    (crate::events::SlotEvents, crate::events::Wakeups),
+) {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let ino = std::fs::metadata(dir.path()).unwrap().ino();
-    let (events, _wakeups) =
-        crate::events::SlotEvents::watch(&dir.path().join("planned-stop-1.json")).unwrap();
+    let slot = dir.path().join("planned-stop-1.json");
+    let watch = crate::events::SlotEvents::watch(&slot).unwrap();
     let fd = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| Some(e.ok()?.file_name()))
         .find(|fd| watches_on(fd, ino) == Some(1))
         .expect("an inotify instance watches the directory");
+    (dir, slot, ino, fd, watch)
+}
+
+#[test]
+fn ending_removes_the_watch_first_and_keeps_the_instance_open() {
+    let (_dir, _slot, ino, fd, (events, _wakeups)) = watched();
     drop(events);
     // Closed at once, the instance would make an exit wait for the kernel's grace period.
     assert_eq!(
@@ -88,16 +101,7 @@ fn every_write_of_the_slot_wakes_the_watcher_not_only_the_first() {
 
 #[test]
 fn after_its_reading_failed_the_thread_still_closes_the_instance_after_the_drop() {
-    use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
-    let ino = std::fs::metadata(dir.path()).unwrap().ino();
-    let slot = dir.path().join("planned-stop-1.json");
-    let (events, wakeups) = crate::events::SlotEvents::watch(&slot).unwrap();
-    let fd = std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| Some(e.ok()?.file_name()))
-        .find(|fd| watches_on(fd, ino) == Some(1))
-        .expect("an inotify instance watches the directory");
+    let (_dir, slot, ino, fd, (events, wakeups)) = watched();
     // Nobody listens: the event naming the slot ends the thread's reading.
     drop(wakeups);
     std::fs::write(&slot, b"{}").unwrap();
