@@ -181,9 +181,10 @@ mod linux {
                 .name("planned-stop-inotify".into())
                 .spawn(move || {
                     let mut inotify = inotify;
-                    if read_events(&mut inotify, &wake, name.as_bytes(), &tx) == Ended::Failed {
-                        wait_for(&wake);
-                    }
+                    read_events(&mut inotify, &wake, name.as_bytes(), &tx);
+                    // After a failure, the thread still holds the instance until it is told to
+                    // stop; when it was told, the eventfd stays readable and this returns at once.
+                    wait_for(&wake);
                     // The watch is removed before the thread is woken: a second later the
                     // kernel has reaped it, and the close waits for nothing.
                     std::thread::sleep(CLOSE_AFTER_REMOVAL);
@@ -197,24 +198,10 @@ mod linux {
         }
     }
 
-    /// How [`read_events`] ended.
-    #[derive(Debug, PartialEq, Eq)]
-    enum Ended {
-        /// The thread was told to stop.
-        Stopped,
-        /// The watch failed, or nobody listens any more; the thread has not been told to stop.
-        Failed,
-    }
-
     /// Reads events until `stop` is signalled or the receiver is gone; sends a wake-up for an
     /// event naming `name`, an overflow, or the loss of the watch. A failure of the watch itself
     /// sends one last wake-up and ends the reading: the watcher's polling carries on alone.
-    fn read_events(
-        inotify: &mut Inotify,
-        stop: &OwnedFd,
-        name: &[u8],
-        tx: &UnboundedSender<()>,
-    ) -> Ended {
+    fn read_events(inotify: &mut Inotify, stop: &OwnedFd, name: &[u8], tx: &UnboundedSender<()>) {
         // Room for 64 events with the longest names (an event is 16 bytes and its name).
         let mut buf = vec![0u8; 64 * (16 + 256)];
         loop {
@@ -232,12 +219,12 @@ mod linux {
                             "the marker directory's watch failed; polling only"
                         );
                         let _ = tx.send(());
-                        return Ended::Failed;
+                        return;
                     }
                 }
             };
             if stopped {
-                return Ended::Stopped;
+                return;
             }
             let mut relevant = false;
             loop {
@@ -256,18 +243,18 @@ mod linux {
                             "cannot read the marker directory's watch; polling only"
                         );
                         let _ = tx.send(());
-                        return Ended::Failed;
+                        return;
                     }
                 }
             }
             if relevant && tx.send(()).is_err() {
-                return Ended::Failed;
+                return;
             }
         }
     }
 
-    /// Parks until `stop` is signalled (the watch is dropped): the thread holds the instance's
-    /// last reference until then.
+    /// Parks until `stop` is signalled (the watch is dropped; nothing reads the eventfd, so once
+    /// signalled it stays readable): the thread holds the instance's last reference until then.
     fn wait_for(stop: &OwnedFd) {
         loop {
             let mut fds = [PollFd::new(stop, PollFlags::IN)];
