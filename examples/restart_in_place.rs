@@ -16,8 +16,11 @@
 //! socket's queue. If the successor fails or is not ready in time, the old process keeps serving
 //! and the stopper is told the restart did not happen.
 //!
-//! The environment can move it (the tests run it this way): `EXAMPLE_DIR` and `EXAMPLE_ADDR`
-//! (port 0 picks a free one; the successor serves the same socket, whatever port it got).
+//! `--dir DIR` is the marker directory (default `/tmp/planned-stop-restart-in-place/run`) and
+//! `--addr ADDR` the address to bind when no socket is handed over (default `127.0.0.1:8080`); the
+//! environment can set them too (the tests run it this way): `EXAMPLE_DIR` (markers in its `run`)
+//! and `EXAMPLE_ADDR` (port 0 picks a free one; the successor serves the same socket, whatever port
+//! it got). docs/operations.md runs it under systemd as `myweb`.
 
 use actix_web::{App, HttpServer, web};
 use planned_stop::{Layout, ServiceBuilder};
@@ -32,12 +35,11 @@ async fn main() -> std::io::Result<ExitCode> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
-        || std::env::temp_dir().join("planned-stop-restart-in-place"),
-        std::path::PathBuf::from,
-    );
-    let addr = std::env::var("EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
-    let stop = match ServiceBuilder::new(Layout::Slots(base.join("run")))
+    let Some((dir, addr)) = options() else {
+        eprintln!("usage: restart_in_place [--dir DIR] [--addr ADDR]");
+        return Ok(ExitCode::from(2));
+    };
+    let stop = match ServiceBuilder::new(Layout::Slots(dir.clone()))
         .drain_deadline(Duration::from_secs(20))
         // A successor has this long to say it is ready, or the restart does not happen.
         .restart_in_place(Duration::from_secs(10))
@@ -64,9 +66,29 @@ async fn main() -> std::io::Result<ExitCode> {
         "serving http://{} as pid {}; markers in {}",
         server.addrs()[0],
         std::process::id(),
-        base.join("run").display()
+        dir.display()
     );
     planned_stop::web::serve(server, &stop)
         .grace(Duration::from_secs(1))
         .await
+}
+
+/// The marker directory and the address, from `--dir` and `--addr` or the environment; `None`
+/// for anything else (`--help` among them).
+fn options() -> Option<(std::path::PathBuf, String)> {
+    let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
+        || std::env::temp_dir().join("planned-stop-restart-in-place"),
+        std::path::PathBuf::from,
+    );
+    let mut dir = base.join("run");
+    let mut addr = std::env::var("EXAMPLE_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        match (flag.as_str(), args.next()) {
+            ("--dir", Some(value)) => dir = value.into(),
+            ("--addr", Some(value)) => addr = value,
+            _ => return None,
+        }
+    }
+    Some((dir, addr))
 }

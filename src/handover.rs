@@ -15,7 +15,9 @@
 //! The descriptors are placed with `command-fds`. `LISTEN_PID` must be the successor's own pid,
 //! known only after the fork, and setting a variable between fork and exec is not safe in a
 //! threaded process; so the successor is started through `/bin/sh`, which exports its own pid
-//! (`$$`) and then execs the executable, keeping that pid. This is what Unix offers; elsewhere
+//! (`$$`) and then execs the executable, keeping that pid. It is started detached, in a process
+//! group of its own, so that the service manager adopts it and a failed one is ended whole
+//! (`DETACHED`). This is what Unix offers; elsewhere
 //! (and for PID 1 of a container, whose exit ends the container) a restart falls back to the
 //! supervisor's way: exit with the restart code.
 
@@ -139,15 +141,31 @@ impl Handover {
 #[cfg(unix)]
 #[derive(Debug)]
 pub(crate) struct Starting {
-    child: std::process::Child,
+    /// The process group the successor runs in (the pid of the shell that started it, which has
+    /// exited): a failed hand-over ends the whole group, wrapper scripts' children included.
+    group: u32,
     ready: OwnedFd,
 }
+
+/// The shell that starts the successor detached: it starts a second shell in the background,
+/// which exports its own pid (`$$`) for the sockets and the readiness pipe and then becomes the
+/// executable (`exec` keeps the pid); the first shell tells that pid over the readiness pipe and
+/// exits. Why twice: the successor must not be this process's child. A process that is the unit's
+/// main process (`MAINPID=`) but not systemd's own child is "alien" to systemd, which then does not
+/// wait for it at a stop and SIGKILLs it at once (it did so under a real systemd). Orphaned, the
+/// successor is adopted by the service manager (PID 1 or the nearest subreaper) before it is ready.
+/// `<&0` keeps standard input (a background job's would be /dev/null).
+#[cfg(unix)]
+const DETACHED: &str = "/bin/sh -c 'export LISTEN_PID=$$ PLANNED_STOP_READY_PID=$$; \
+                        exec \"$0\" \"$@\"' \"$0\" \"$@\" <&0 & \
+                        echo \"PID $!\" >&\"$PLANNED_STOP_READY_FD\"";
 
 #[cfg(unix)]
 impl Handover {
     /// Starts the successor with the sockets and the readiness pipe.
     pub(crate) fn start_successor(&self) -> Result<Starting, HandoverError> {
         use command_fds::{CommandFdExt, FdMapping};
+        use std::os::unix::process::CommandExt;
         let exe = executable_on_disk();
         let spawn = |source| HandoverError::Spawn {
             exe: exe.clone(),
@@ -158,15 +176,13 @@ impl Handover {
         let n = sockets.len();
         let mut command = std::process::Command::new("/bin/sh");
         command
-            .args([
-                "-c",
-                "export LISTEN_PID=$$ PLANNED_STOP_READY_PID=$$; exec \"$0\" \"$@\"",
-            ])
+            .args(["-c", DETACHED])
             .arg(&exe)
             .args(std::env::args_os().skip(1))
             .env("LISTEN_FDS", n.to_string())
             .env("LISTEN_FDNAMES", vec!["http"; n].join(":"))
-            .env(READY_FD_ENV, (3 + n).to_string());
+            .env(READY_FD_ENV, (3 + n).to_string())
+            .process_group(0);
         let mut mappings: Vec<FdMapping> = sockets
             .into_iter()
             .enumerate()
@@ -182,85 +198,124 @@ impl Handover {
         command
             .fd_mappings(mappings)
             .map_err(|e| spawn(io::Error::other(e)))?;
-        let child = command.spawn().map_err(spawn)?;
+        let mut shell = command.spawn().map_err(spawn)?;
         // The command (and with it this process's copy of the pipe's write end) is dropped here:
         // the pipe reads end-of-file once the successor has closed or lost its end.
         drop(command);
-        tracing::info!(successor = child.id(), exe = %exe.display(), sockets = n,
+        // The first shell exits as soon as the successor is started in the background.
+        let _ = shell.wait();
+        let group = shell.id();
+        tracing::info!(group, exe = %exe.display(), sockets = n,
             "restart in place: the successor is starting");
-        Ok(Starting { child, ready })
+        Ok(Starting { group, ready })
     }
 }
 
-/// In a hand-over's pid slot: the stop that cancelled the hand-over came before the successor
+/// In a hand-over's slot: the stop that cancelled the hand-over came before the successor
 /// was spawned.
 pub(crate) const CANCELLED: u32 = u32::MAX;
 
+/// Ends the process group `group` (a successor and whatever it started) with `signal`.
+#[cfg(unix)]
+pub(crate) fn end_group(group: u32, signal: rustix::process::Signal) {
+    if let Some(pgid) = rustix::process::Pid::from_raw(group as i32).filter(|_| group != CANCELLED)
+    {
+        let _ = rustix::process::kill_process_group(pgid, signal);
+    }
+}
+
+/// What a readiness pipe said so far: the successor's pid (from the shell that started it) and
+/// whether it said it is ready. Pure, so every reading goes through one parser.
+#[cfg(unix)]
+fn readiness(said: &[u8]) -> (Option<u32>, bool) {
+    let text = String::from_utf8_lossy(said);
+    let mut pid = None;
+    let mut ready = false;
+    // Only whole lines count: the last one may still be arriving.
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    for line in complete.lines() {
+        if let Some(n) = line.strip_prefix("PID ") {
+            pid = n.trim().parse().ok();
+        } else if line.as_bytes() == &READY_LINE[..READY_LINE.len() - 1] {
+            ready = true;
+        }
+    }
+    (pid, ready)
+}
+
 #[cfg(unix)]
 impl Starting {
-    /// Puts the successor's pid in `slot`, unless a stop cancelled the hand-over first: the
-    /// successor is stopped then (SIGTERM), and the hand-over ends as failed.
+    /// Puts the successor's process group in `slot`, unless a stop cancelled the hand-over
+    /// first: the successor is stopped then (SIGTERM), and the hand-over ends as failed.
     pub(crate) fn unless_cancelled(
-        mut self,
+        self,
         slot: &std::sync::atomic::AtomicU32,
     ) -> Result<Starting, HandoverError> {
-        let pid = self.child.id();
-        match slot.compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst) {
+        match slot.compare_exchange(0, self.group, Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => Ok(self),
             Err(_) => {
-                if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
-                }
-                let _ = self.child.wait();
+                end_group(self.group, rustix::process::Signal::TERM);
                 Err(HandoverError::EndedBeforeReady {
-                    pid,
+                    pid: self.group,
                     status: "stopped: a stop of this process began first".into(),
                 })
             }
         }
     }
 
-    /// Blocks until the successor says it is ready (its pid), ends first, or `within` passes (it
-    /// is killed then). Runs on a blocking thread.
-    pub(crate) fn wait_ready(mut self, within: Duration) -> Result<u32, HandoverError> {
+    /// Blocks until the successor says it is ready (its pid), or fails: it closed its end of the
+    /// pipe first (it ended, or closed it and runs on), or `within` passed. A failed successor's
+    /// whole process group is killed, so exactly this process is left serving. Runs on a
+    /// blocking thread.
+    pub(crate) fn wait_ready(self, within: Duration) -> Result<u32, HandoverError> {
         use rustix::event::{PollFd, PollFlags, Timespec};
-        let pid = self.child.id();
         let deadline = std::time::Instant::now() + within;
-        let mut got = Vec::new();
+        let mut said = Vec::new();
+        let failed = |said: &[u8], e: HandoverError| {
+            end_group(self.group, rustix::process::Signal::KILL);
+            tracing::warn!(
+                group = self.group,
+                pid = readiness(said).0,
+                "the successor's process group was killed"
+            );
+            Err(e)
+        };
         loop {
+            let (pid, ready) = readiness(&said);
+            if ready {
+                return Ok(pid.unwrap_or(self.group));
+            }
+            let pid = pid.unwrap_or(self.group);
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let timeout = Timespec::try_from(left).ok();
             let mut fds = [PollFd::new(&self.ready, PollFlags::IN)];
             let polled = rustix::event::poll(&mut fds, timeout.as_ref());
             if matches!(polled, Ok(0)) || left.is_zero() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return Err(HandoverError::NotReadyInTime { pid, within });
+                return failed(&said, HandoverError::NotReadyInTime { pid, within });
             }
-            let mut buf = [0u8; 16];
+            let mut buf = [0u8; 64];
             match rustix::io::read(&self.ready, &mut buf) {
                 Ok(0) => {
-                    // End of file: the successor closed its end without the line, or ended.
-                    let status = self
-                        .child
-                        .wait()
-                        .map_or_else(|e| e.to_string(), |s| s.to_string());
-                    return Err(HandoverError::EndedBeforeReady { pid, status });
+                    let status = "it closed its readiness pipe without saying it is ready (it \
+                                  ended, or runs on without it)";
+                    return failed(
+                        &said,
+                        HandoverError::EndedBeforeReady {
+                            pid,
+                            status: status.into(),
+                        },
+                    );
                 }
-                Ok(n) => {
-                    got.extend_from_slice(&buf[..n]);
-                    if got.starts_with(READY_LINE) {
-                        return Ok(pid);
-                    }
+                // A successor that says more than a few lines is not one of ours.
+                Ok(n) if said.len() + n <= 256 => said.extend_from_slice(&buf[..n]),
+                Ok(_) => {
+                    let status = "its readiness pipe carried something else than READY".into();
+                    return failed(&said, HandoverError::EndedBeforeReady { pid, status });
                 }
                 Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
                 Err(e) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    return Err(HandoverError::EndedBeforeReady {
-                        pid,
-                        status: format!("its readiness pipe failed: {e}"),
-                    });
+                    let status = format!("its readiness pipe failed: {e}");
+                    return failed(&said, HandoverError::EndedBeforeReady { pid, status });
                 }
             }
         }
@@ -365,4 +420,22 @@ pub(crate) fn signal_ready() -> bool {
     }
     #[cfg(not(unix))]
     false
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::readiness;
+
+    #[test]
+    fn the_readiness_pipe_is_read_in_whole_lines() {
+        assert_eq!(readiness(b""), (None, false));
+        assert_eq!(readiness(b"PID 42\n"), (Some(42), false));
+        assert_eq!(readiness(b"PID 42\nREADY\n"), (Some(42), true));
+        // A line still arriving counts for nothing yet.
+        assert_eq!(readiness(b"PID 4"), (None, false));
+        assert_eq!(readiness(b"PID 42\nREAD"), (Some(42), false));
+        // A successor of an earlier release says READY without the shell's pid line.
+        assert_eq!(readiness(b"READY\n"), (None, true));
+        assert_eq!(readiness(b"PID x\nREADYX\n"), (None, false));
+    }
 }

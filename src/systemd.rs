@@ -20,6 +20,11 @@
 //!   service (`Restart=on-watchdog` or `on-failure`) instead of leaving a process that ignores
 //!   stops.
 //!
+//! Once a restart in place has handed over (the successor sent `MAINPID=`), this process says
+//! nothing more, not even its heartbeat: with `NotifyAccess=all` systemd reads any message from the
+//! unit as the unit's, and a `STOPPING=1` from the predecessor would make it take the whole unit
+//! (successor included) as stopping.
+//!
 //! Without `$NOTIFY_SOCKET` (not started by systemd) every call is a no-op.
 
 use crate::lifecycle::{RunnerState, StopVerdict};
@@ -60,7 +65,7 @@ pub(crate) fn heartbeat_every(timeout: Duration) -> Duration {
 
 /// Sends `WATCHDOG=1` from the current actix system's event loop at [`heartbeat_every`] while
 /// the process runs, when systemd asked for a watchdog (see the module docs).
-pub(crate) fn heartbeat() {
+pub(crate) fn heartbeat(status: watch::Receiver<RunnerStatus>) {
     let Some(timeout) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -75,9 +80,21 @@ pub(crate) fn heartbeat() {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
+            if !speaks_for_unit(&status.borrow()) {
+                return;
+            }
             send(&[NotifyState::Watchdog]);
         }
     });
+}
+
+/// Whether this process still speaks for the unit: not once its stop hands over to a successor
+/// of a restart in place, which is the unit's main process from then on.
+fn speaks_for_unit(status: &RunnerStatus) -> bool {
+    status
+        .outcome
+        .as_ref()
+        .is_none_or(|o| o.successor.is_none())
 }
 
 /// Follows `status` on the current actix system and notifies systemd (see the module docs);
@@ -89,6 +106,10 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
         let mut drain = (Duration::ZERO, Instant::now());
         loop {
             let now = status.borrow_and_update().clone();
+            if !speaks_for_unit(&now) {
+                tracing::debug!("handed over: the successor speaks to systemd from now on");
+                return;
+            }
             if now.state >= RunnerState::Running && sent < RunnerState::Running {
                 send(&[NotifyState::Ready, NotifyState::Status("running")]);
                 sent = RunnerState::Running;

@@ -817,6 +817,57 @@ fn a_failed_successor_leaves_the_old_process_serving() {
     }
 }
 
+/// A successor that closes its readiness pipe and runs on, and one started through a wrapper that
+/// does not `exec` (its child serves, the wrapper never says ready): each restart fails within its
+/// bound, saying why, the successor's whole process tree is ended (the wrapper's child too), and
+/// the old process serves on and stops as planned. 20 rounds of each.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_misbehaving_successor_is_ended_whole_and_wedges_nothing() {
+    for (value, within, why) in [
+        ("close", "60000", "closed its readiness pipe"),
+        ("wrapper", "1500", "was not ready within"),
+    ] {
+        twenty_rounds(|round| {
+            let dir = tempfile::tempdir().unwrap();
+            let base = dir.path();
+            let env = [
+                ("EXAMPLE_RESTART_IN_PLACE_MS", within),
+                ("EXAMPLE_FAIL_AS_SUCCESSOR", value),
+            ];
+            let mut life = Life::start(base, &env);
+            let (code, answer) = stop_pid(base, life.pid, &["--restart"]);
+            let case = format!("{value}, round {round}: {answer}");
+            assert_eq!(answer["outcome"], "restart_failed", "{case}");
+            assert_eq!(code, Some(17), "{case}");
+            let message = answer["message"].as_str().unwrap();
+            assert!(message.contains(why), "{case}");
+            let successor: u32 = message
+                .split("(pid ")
+                .nth(1)
+                .and_then(|rest| rest.split(')').next())
+                .and_then(|pid| pid.parse().ok())
+                .unwrap_or_else(|| panic!("{case}: the message names the successor"));
+            wait_until("the successor to be ended", || !alive(successor));
+            if value == "wrapper" {
+                let wrapped: u32 = std::fs::read_to_string(base.join("wrapped.pid"))
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                wait_until("the wrapper's child to be ended", || !alive(wrapped));
+            }
+            assert_eq!(
+                http_get(life.port, "/").map(|(c, _)| c),
+                Some(200),
+                "{case}"
+            );
+            let (code, answer) = life.stop(base);
+            assert_eq!(code, Some(0), "{case}: {answer}");
+            assert_eq!(life.exit_code(), Some(0));
+        });
+    }
+}
+
 /// Starts a restart of `pid` on a thread of its own once the hand-over it begins is under way:
 /// the join handle of its stopper (code and answer).
 fn restart_under_way(base: &Path, pid: u32) -> std::thread::JoinHandle<(Option<i32>, Value)> {

@@ -84,7 +84,8 @@ pub struct RunnerActor {
     handing_over: bool,
     /// A request that came while a hand-over ran, for after it (see `restart`).
     deferred: Option<PlannedStop>,
-    /// The pid of the successor being started (0 until it is spawned), while a hand-over runs.
+    /// The process group of the successor being started (0 until it is spawned), while a
+    /// hand-over runs.
     starting: Option<Arc<std::sync::atomic::AtomicU32>>,
     /// The successor this stop handed over to (a restart in place), for the final outcome.
     handed_to: Option<u32>,

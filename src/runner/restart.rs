@@ -145,17 +145,17 @@ impl RunnerActor {
             return;
         };
         // Not spawned yet (0): the hand-over stops it as soon as it is (`unless_cancelled`).
-        let pid = starting.swap(
+        let group = starting.swap(
             crate::handover::CANCELLED,
             std::sync::atomic::Ordering::SeqCst,
         );
         tracing::warn!(
-            successor = pid,
+            successor_group = group,
             "a stop began while the successor started: it is stopped"
         );
         #[cfg(unix)]
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32).filter(|_| pid != 0) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if group != 0 {
+            crate::handover::end_group(group, rustix::process::Signal::TERM);
         }
     }
 

@@ -143,9 +143,10 @@ impl ServiceBuilder {
     /// listening sockets taken through [`crate::web::listeners_or_bind`], and waits up to
     /// `ready_within` for its [`ServiceHandle::ready`]. Only then does this process stop
     /// accepting, drain as in a planned stop, record what is left (for the successor's resume)
-    /// and exit with the planned code (0), so no connection is refused across the swap. A
-    /// successor that ends, or is not ready in time (it is killed), leaves this process serving,
-    /// and the restart is reported as failed. Unix only; for PID 1 (a container) and elsewhere a
+    /// and exit with the planned code (0), so no connection is refused across the swap. The
+    /// successor runs detached, in a process group of its own (the service manager adopts it). A
+    /// successor that ends, closes its readiness pipe, or is not ready in time leaves this process
+    /// serving: its whole process group is killed, and the restart is reported as failed. Unix only; for PID 1 (a container) and elsewhere a
     /// restart exits with the restart code for the supervisor, with a WARN at the start.
     ///
     /// ```
@@ -432,7 +433,7 @@ impl ServiceBuilder {
         #[cfg(all(unix, feature = "systemd"))]
         {
             crate::systemd::follow(status.clone(), after_drain);
-            crate::systemd::heartbeat();
+            crate::systemd::heartbeat(status.clone());
         }
         let since = self.clock.now();
         let watcher = MarkerWatcherActor::new(

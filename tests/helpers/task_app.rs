@@ -138,8 +138,11 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// For the tests of restart in place: a successor (started by its predecessor, which names it in
 /// `PLANNED_STOP_READY_PID`) that `EXAMPLE_FAIL_AS_SUCCESSOR` tells to `exit` at once, to `hang`
-/// before it is ready, or to be `slow` (ready a second late, so a test can ask again meanwhile).
-fn fail_as_successor() {
+/// before it is ready, to be `slow` (ready a second late, so a test can ask again meanwhile), to
+/// `close` its readiness pipe and run on, or to act as a `wrapper` script that does not `exec`:
+/// it starts the service as a child of its own (its pid in `wrapped.pid` under `EXAMPLE_DIR`) and
+/// waits for it.
+fn fail_as_successor(base: &std::path::Path) {
     let successor =
         std::env::var("PLANNED_STOP_READY_PID").ok() == Some(std::process::id().to_string());
     match std::env::var("EXAMPLE_FAIL_AS_SUCCESSOR").as_deref() {
@@ -148,6 +151,28 @@ fn fail_as_successor() {
             std::thread::park();
         },
         Ok("slow") if successor => std::thread::sleep(Duration::from_secs(1)),
+        Ok("close") if successor => {
+            let fd: i32 = env("PLANNED_STOP_READY_FD", "-1").parse().unwrap_or(-1);
+            // SAFETY: the predecessor placed the readiness pipe at `fd` for this very process,
+            // and nothing in it has taken the descriptor yet: this is the one owner, once.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            loop {
+                std::thread::park();
+            }
+        }
+        Ok("wrapper") if successor => {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .env_remove("EXAMPLE_FAIL_AS_SUCCESSOR")
+                .env_remove("PLANNED_STOP_READY_PID")
+                .env_remove("LISTEN_PID")
+                .env_remove("LISTEN_FDS")
+                .env("EXAMPLE_ADDR", "127.0.0.1:0")
+                .spawn()
+                .unwrap();
+            std::fs::write(base.join("wrapped.pid"), child.id().to_string()).unwrap();
+            let _ = child.wait();
+            std::process::exit(0);
+        }
         _ => {}
     }
 }
@@ -221,7 +246,7 @@ async fn main() -> std::io::Result<ExitCode> {
     {
         builder = builder.restart_in_place(Duration::from_millis(ms));
     }
-    fail_as_successor();
+    fail_as_successor(&base);
     let stop = match with_records(builder, &base)?.start() {
         Ok(stop) => stop,
         Err(e) => {
