@@ -379,6 +379,9 @@ impl Serve {
     /// writes to one without looking loses that request. With the grace that long, every pooled
     /// connection has either carried a request during it (and been retired by
     /// [`CloseWhenStopping`]) or been closed by the keep-alive timer, as at any other time.
+    ///
+    /// A stop that hands over to the successor of a restart in place has no grace: the successor
+    /// accepts from the same sockets, so this process stops accepting at once.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -402,6 +405,7 @@ impl IntoFuture for Serve {
             let ingress = Ingress {
                 server: server.handle(),
                 grace,
+                status: service.subscribe(),
             }
             .start();
             service.add_participant(DrainPhase::Ingress, INGRESS_NAME, ingress.recipient());
@@ -431,6 +435,8 @@ const DISPATCH_SETTLE: Duration = Duration::from_millis(50);
 struct Ingress {
     server: ServerHandle,
     grace: Duration,
+    /// Whether the stop hands over to a successor (then there is no grace: see `handle`).
+    status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
 }
 
 impl Actor for Ingress {
@@ -442,7 +448,21 @@ impl Handler<Drain> for Ingress {
 
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
         let server = self.server.clone();
-        let grace = self.grace.min(drain.within);
+        // Handed over to a successor of a restart in place, which accepts from the same sockets
+        // already: this process stops accepting at once, so every new connection reaches the
+        // successor (its readiness says ready; this one's would say draining). The grace is for
+        // load balancers that must stop routing to a process that goes away; here none does.
+        let handed_over = self
+            .status
+            .borrow()
+            .outcome
+            .as_ref()
+            .is_some_and(|o| o.successor.is_some());
+        let grace = if handed_over {
+            Duration::ZERO
+        } else {
+            self.grace.min(drain.within)
+        };
         Box::pin(async move {
             if !grace.is_zero() {
                 tracing::info!(

@@ -193,3 +193,71 @@ fn the_restart_in_place_example_hands_its_socket_to_the_successor() {
     );
     first.stop_with(u32::try_from(successor).unwrap(), &[]);
 }
+
+/// From the successor's ready on, every new connection reaches the successor: the predecessor
+/// stops accepting at the hand-over, not after its grace (the example's is 1 s). Four clients
+/// open a fresh connection per request across a restart; once the successor has answered 50
+/// of them, no request opened after that reaches the old process.
+#[test]
+fn a_restart_in_place_sends_every_new_connection_to_the_successor_at_once() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Example::start("restart_in_place", dir.path(), "serving http://");
+    let (port, old) = (first.port(), first.child.id());
+    let old_pid = format!("served by pid {old}");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Per request: the successor's answers counted when it was opened, and who answered.
+    let seen: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
+    let by_successor = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, seen, by_successor, old_pid) = (
+                stop.clone(),
+                seen.clone(),
+                by_successor.clone(),
+                old_pid.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let opened = by_successor.load(Ordering::SeqCst);
+                    let Some((200, body)) = http_get(port, "/") else {
+                        continue;
+                    };
+                    let body = body.trim().to_owned();
+                    if body != old_pid {
+                        by_successor.fetch_add(1, Ordering::SeqCst);
+                    }
+                    seen.lock().unwrap().push((opened, body));
+                }
+            })
+        })
+        .collect();
+    let answer = first.stop_with(old, &["--restart", "--json"]);
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let successor = answer["successor"].as_u64().expect("a successor");
+    common::wait_until("the successor to answer 50 requests and more", || {
+        by_successor.load(Ordering::SeqCst) >= 60
+    });
+    stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.join().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let late: Vec<_> = seen
+        .iter()
+        .filter(|(opened, body)| *opened >= 50 && *body == old_pid)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{} requests reached the old process after the successor had answered 50: {:?}",
+        late.len(),
+        late.first()
+    );
+    assert!(
+        seen.iter()
+            .any(|(_, body)| *body == format!("served by pid {successor}"))
+    );
+    assert_eq!(first.child.wait().unwrap().code(), Some(0));
+    first.stop_with(u32::try_from(successor).unwrap(), &[]);
+}

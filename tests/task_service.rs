@@ -961,6 +961,50 @@ fn a_second_restart_during_a_hand_over_is_answered_by_the_first() {
     });
 }
 
+/// A plain stop asked while a restart in place hands over is answered by the restart that won:
+/// `restarted_instead`, 19, naming the successor — never "stopped as planned", 0, while the
+/// service serves on. A repeated plain stop of the gone process says the same. 20 rounds.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stop_that_a_restart_wins_says_the_process_restarted() {
+    twenty_rounds(|round| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let env = [
+            ("EXAMPLE_RESTART_IN_PLACE_MS", "10000"),
+            ("EXAMPLE_FAIL_AS_SUCCESSOR", "slow"),
+        ];
+        let mut life = Life::start(base, &env);
+        let restart = restart_under_way(base, life.pid);
+        let (code, stop) = stop_pid(base, life.pid, &[]);
+        let (_, restart) = restart.join().unwrap();
+        let successor = restart["successor"].as_u64().expect("the successor's pid") as u32;
+        let _reap = Reap(vec![successor]);
+        assert_eq!(
+            (code, &stop["outcome"]),
+            (Some(19), &Value::from("restarted_instead")),
+            "round {round}: {stop}"
+        );
+        assert_eq!(stop["successor"], successor, "round {round}: {stop}");
+        assert!(
+            stop["message"]
+                .as_str()
+                .unwrap()
+                .contains("restarted instead"),
+            "round {round}: {stop}"
+        );
+        assert_eq!(life.exit_code(), Some(0));
+        let (code, again) = stop_pid(base, life.pid, &[]);
+        assert_eq!(
+            (code, &again["outcome"]),
+            (Some(19), &Value::from("restarted_instead")),
+            "round {round}: {again}"
+        );
+        let (code, answer) = stop_pid(base, successor, &[]);
+        assert_eq!(code, Some(0), "round {round}: {answer}");
+    });
+}
+
 /// A restart asked before the service said it was ready is held, and once it is
 /// ready it restarts in place (exit 0 and a successor, not exit 75); one whose successor fails
 /// leaves the service serving and still watching, so a later stop is acted on. 20 rounds each.

@@ -89,6 +89,9 @@ pub const EXIT_RESTART_FAILED: u8 = 17;
 /// `stop --wait --kill`: the target was still running at the deadline; its drain was forced (it
 /// recorded what was handed back) and it ended without a SIGKILL.
 pub const EXIT_FORCED_AT_DEADLINE: u8 = 18;
+/// A plain `stop` whose target restarted instead (a restart request it had accepted first): the
+/// process is gone, and its successor (or its supervisor's next start) serves.
+pub const EXIT_RESTARTED_INSTEAD: u8 = 19;
 
 /// The version and the features this binary was built with (`--version`).
 fn version_text() -> &'static str {

@@ -44,6 +44,11 @@ pub(super) fn answer(
         {
             report::not_restarted(args, *exit_code, outcome)
         }
+        WaitOutcome::StoppedPlanned { exit_code, outcome }
+            if !args.restart && outcome.action == StopAction::Restart =>
+        {
+            report::restarted_instead(args, *exit_code, outcome)
+        }
         WaitOutcome::StoppedPlanned { exit_code, outcome } => {
             stopped_planned(args, *exit_code, outcome, requested.request_id.as_deref())
         }

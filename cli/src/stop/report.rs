@@ -196,6 +196,13 @@ pub(super) fn already_stopped(
              restart: nothing restarted it; start the service again"
         );
         ("already_stopped_for_good", EXIT_GONE, text)
+    } else if !args.restart && outcome.action == StopAction::Restart {
+        let (_, exit, text, _) = restarted_instead(args, code, &outcome);
+        (
+            "restarted_instead",
+            exit,
+            format!("{text} (before this request)"),
+        )
     } else if args.require_clean && !clean {
         let drain = outcome.drain.as_ref().map(describe).unwrap_or_default();
         let text = format!(
@@ -238,6 +245,38 @@ pub(super) fn not_restarted(
         "drain": outcome.drain,
     });
     ("not_restarted", crate::EXIT_NOT_RESTARTED, text, extra)
+}
+
+/// A plain stop whose target restarted instead, on a restart request it had accepted first: the
+/// process is gone, but the service is not stopped. Never a success for a stop.
+pub(super) fn restarted_instead(
+    args: &StopArgs,
+    exit_code: i32,
+    outcome: &planned_stop::stopper::Outcome,
+) -> (&'static str, u8, String, serde_json::Value) {
+    let accepted = outcome.request_id.as_deref().unwrap_or("a restart request");
+    let how = match outcome.successor {
+        Some(successor) => format!("its successor, pid {successor}, serves from the same sockets"),
+        None => format!("it exited {exit_code} for its supervisor to start it again"),
+    };
+    let text = format!(
+        "process {} restarted instead of stopping, on {accepted}, which it had accepted first: \
+         {how}; stop that one if the service must stop",
+        args.pid()
+    );
+    let extra = json!({
+        "exit_code": exit_code,
+        "verdict": outcome.verdict,
+        "accepted_request_id": outcome.request_id,
+        "action": outcome.action,
+        "successor": outcome.successor,
+    });
+    (
+        "restarted_instead",
+        crate::EXIT_RESTARTED_INSTEAD,
+        text,
+        extra,
+    )
 }
 
 /// A restart in place of this request that did not happen: the target keeps serving.
