@@ -2,7 +2,7 @@
 """Plays every systemd unit of docs/operations.md under a real systemd, each for what it promises.
 
 systemd (Debian's package) boots as PID 1 of a PID and mount namespace of its own (`unshare`),
-with private /run, /tmp and /var/lib, and a target with no dependencies: nothing of the machine's
+with a private /run (and /tmp and /var/lib, unless the checkout is there), and a target with no dependencies: nothing of the machine's
 own boot runs (tmpfiles would empty the machine's /tmp). The units go in as written; the only
 drop-ins are not semantic: `DefaultDependencies=no` (no sysinit.target to pull in) and a log file.
 Binaries are this build's: `planned-stop` for /usr/local/bin/planned-stop and myapp (the reference
@@ -60,8 +60,8 @@ class Systemd:
 set -e
 mount --make-rprivate /
 mount -t proc proc /proc
-for d in /run /tmp /var/lib; do mount -t tmpfs tmpfs "$d"; done
-mkdir -p /run/systemd/system /tmp/logs
+for d in /run $PRIVATE; do mount -t tmpfs tmpfs "$d"; done
+mkdir -p /run/systemd/system /run/ci-logs
 printf '[Unit]\nDescription=planned-stop CI\nDefaultDependencies=no\n' > /run/systemd/system/ci.target
 for u in systemd-tmpfiles-setup.service systemd-tmpfiles-clean.timer systemd-remount-fs.service \
          systemd-sysctl.service systemd-sysusers.service systemd-modules-load.service; do
@@ -71,10 +71,13 @@ exec env -i container=docker PATH=/usr/sbin:/usr/bin:/sbin:/bin /lib/systemd/sys
   --unit=ci.target --log-target=null
 """
 
-    def __init__(self):
+    def __init__(self, keep):
+        # /tmp and /var/lib are private too, unless they hold what must stay visible (`keep`: the
+        # binaries, when the checkout itself is under /tmp).
+        private = [d for d in ("/tmp", "/var/lib") if not any(k.startswith(d + "/") for k in keep)]
         self.unshare = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "sh", "-c", self.BOOT],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, env={**os.environ, "PRIVATE": " ".join(private)},
         )
         self.pid = None
         deadline = time.monotonic() + 30
@@ -118,13 +121,13 @@ exec env -i container=docker PATH=/usr/sbin:/usr/bin:/sbin:/bin /lib/systemd/sys
         base = name.rsplit(".", 1)[0]
         dropin = "[Unit]\nDefaultDependencies=no\n"
         if name.endswith(".service"):
-            dropin += f"[Service]\nStandardOutput=append:/tmp/logs/{base}.log\nStandardError=append:/tmp/logs/{base}.log\n"
+            dropin += f"[Service]\nStandardOutput=append:/run/ci-logs/{base}.log\nStandardError=append:/run/ci-logs/{base}.log\n"
         self.run("sh", "-c", f"mkdir -p /run/systemd/system/{name}.d && cat > /run/systemd/system/{name}.d/ci.conf",
                  stdin=dropin)
         self.run("systemctl", "daemon-reload")
 
     def log(self, base):
-        return self.run("cat", f"/tmp/logs/{base}.log", check=False).stdout
+        return self.run("cat", f"/run/ci-logs/{base}.log", check=False).stdout
 
     def stop(self):
         os.kill(self.pid, signal.SIGKILL)
@@ -285,7 +288,7 @@ def main():
     names = [name for name, _ in found]
     if names.count("myapp.service") != 2 or not {"myweb.service", "mysock.socket", "mysock.service"} <= set(names):
         fail(f"expected two myapp.service units, myweb.service and mysock.socket/.service, found {names}")
-    sd = Systemd()
+    sd = Systemd([bin_, web])
     try:
         plain = [text for name, text in found if name == "myapp.service"]
         planned_stop_and_restarts(sd, plain[0], "myapp (Type=notify)", bin_)
