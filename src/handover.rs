@@ -403,13 +403,23 @@ pub(crate) fn signal_ready() -> bool {
             );
             return false;
         }
+        if let Err(what) = inherited_pipe(fd) {
+            tracing::warn!(
+                fd,
+                "{READY_FD_ENV} names descriptor {fd} for this process, but {what}: it is not a \
+                 readiness pipe a predecessor handed over, so it is left alone (remove the \
+                 variable from the environment if no restart in place started this process)"
+            );
+            return false;
+        }
         if SIGNALLED.swap(true, Ordering::SeqCst) {
             return false;
         }
         use std::os::fd::FromRawFd;
-        // SAFETY: the predecessor placed its readiness pipe at `fd` for this very pid (checked
-        // above), and nothing else in this process owns that descriptor; `SIGNALLED` makes this
-        // the one place that takes it, once.
+        // SAFETY: `fd` is the write end of a pipe inherited across this process's exec
+        // (`inherited_pipe`: nothing this process opened itself is without close-on-exec), meant
+        // for this very pid (checked above); nothing else in this process owns it, and
+        // `SIGNALLED` makes this the one place that takes it, once.
         let pipe = unsafe { OwnedFd::from_raw_fd(fd) };
         if let Err(e) = rustix::io::write(&pipe, READY_LINE) {
             tracing::warn!(error = %e, "cannot tell the predecessor this process is ready");
@@ -422,9 +432,57 @@ pub(crate) fn signal_ready() -> bool {
     false
 }
 
+/// Whether `fd` is provably the readiness pipe a predecessor handed over, or what it is instead:
+/// open, a pipe, its write end only, and inherited across the exec (without close-on-exec).
+/// Everything Rust's standard library, tokio and mio open is close-on-exec, so a descriptor the
+/// runtime owns fails the last test even when the environment names it for this pid.
+#[cfg(unix)]
+fn inherited_pipe(fd: i32) -> Result<(), &'static str> {
+    use rustix::fs::{FileType, OFlags};
+    // SAFETY: the borrow is used only for the three queries below, each a system call the
+    // kernel checks (a descriptor that is not open fails with EBADF); nothing is read, written
+    // or closed through it.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let stat = rustix::fs::fstat(fd).map_err(|_| "it is not open")?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Fifo {
+        return Err("it is not a pipe");
+    }
+    let mode = rustix::fs::fcntl_getfl(fd).map_err(|_| "its mode cannot be read")?;
+    if mode & OFlags::RWMODE != OFlags::WRONLY {
+        return Err("it is not a pipe's write end");
+    }
+    let flags = rustix::io::fcntl_getfd(fd).map_err(|_| "its flags cannot be read")?;
+    if flags.contains(rustix::io::FdFlags::CLOEXEC) {
+        return Err("this process opened it itself (close-on-exec)");
+    }
+    Ok(())
+}
+
 #[cfg(all(test, unix))]
 mod tests {
-    use super::readiness;
+    use super::{cloexec_pipe, inherited_pipe, readiness};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn only_an_inherited_pipe_write_end_counts_as_the_readiness_pipe() {
+        let (r, w) = cloexec_pipe().unwrap();
+        assert_eq!(
+            inherited_pipe(w.as_raw_fd()),
+            Err("this process opened it itself (close-on-exec)")
+        );
+        rustix::io::fcntl_setfd(&w, rustix::io::FdFlags::empty()).unwrap();
+        rustix::io::fcntl_setfd(&r, rustix::io::FdFlags::empty()).unwrap();
+        assert_eq!(inherited_pipe(w.as_raw_fd()), Ok(()));
+        assert_eq!(
+            inherited_pipe(r.as_raw_fd()),
+            Err("it is not a pipe's write end")
+        );
+        let file = tempfile::tempfile().unwrap();
+        rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty()).unwrap();
+        assert_eq!(inherited_pipe(file.as_raw_fd()), Err("it is not a pipe"));
+        // A number no process can have open (above any descriptor limit).
+        assert_eq!(inherited_pipe(i32::MAX), Err("it is not open"));
+    }
 
     #[test]
     fn the_readiness_pipe_is_read_in_whole_lines() {

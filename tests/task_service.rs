@@ -868,6 +868,43 @@ fn a_misbehaving_successor_is_ended_whole_and_wedges_nothing() {
     }
 }
 
+/// The readiness variables set in the environment for the process's own pid, naming each of
+/// the descriptors 3 to 22 in turn (the runtime's own among them): `ready()` touches none of
+/// them (a WARN says why), and the process serves and stops as planned, exit 0.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_environment_cannot_make_ready_close_a_descriptor_it_does_not_own() {
+    twenty_rounds(|round| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let fd = (3 + round).to_string();
+        let mut command = Command::new("/bin/sh");
+        command
+            .args(["-c", "export PLANNED_STOP_READY_PID=$$; exec \"$0\""])
+            .arg(common::helper_program("task_app", features()))
+            .env("PLANNED_STOP_READY_FD", &fd);
+        let mut life = Life::spawn(command, base, &[]);
+        assert_eq!(
+            http_get(life.port, "/").map(|(c, _)| c),
+            Some(200),
+            "descriptor {fd}"
+        );
+        let (code, answer) = life.stop(base);
+        assert_eq!(code, Some(0), "descriptor {fd}: {answer}");
+        assert_eq!(
+            life.exit_code(),
+            Some(0),
+            "descriptor {fd}: {}",
+            life.stderr()
+        );
+        assert!(
+            life.stderr().contains("is not a readiness pipe"),
+            "descriptor {fd}: {}",
+            life.stderr()
+        );
+    });
+}
+
 /// Starts a restart of `pid` on a thread of its own once the hand-over it begins is under way:
 /// the join handle of its stopper (code and answer).
 fn restart_under_way(base: &Path, pid: u32) -> std::thread::JoinHandle<(Option<i32>, Value)> {
