@@ -905,6 +905,52 @@ fn the_environment_cannot_make_ready_close_a_descriptor_it_does_not_own() {
     });
 }
 
+/// A successor that ends right after it said it is ready is never reported as serving: either
+/// the old process sees it gone before it stops accepting (`restart_failed`, 17, and it serves
+/// on), or it drains and ends with the restart code (75) for its supervisor, and the answer says
+/// why. Which one depends on how fast the successor dies; neither names it as the server. 20
+/// rounds.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_successor_that_ends_after_its_ready_is_never_reported_as_serving() {
+    twenty_rounds(|round| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        let env = [
+            ("EXAMPLE_RESTART_IN_PLACE_MS", "5000"),
+            ("EXAMPLE_FAIL_AS_SUCCESSOR", "exit_after_ready"),
+        ];
+        let mut life = Life::start(base, &env);
+        let (code, answer) = stop_pid(base, life.pid, &["--restart"]);
+        let case = format!("round {round}: {answer}");
+        assert!(answer["successor"].is_null(), "{case}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(!message.contains("serves from the same sockets"), "{case}");
+        if answer["outcome"] == "restart_failed" {
+            assert_eq!(code, Some(17), "{case}");
+            assert!(
+                message.contains("ended right after it said it was ready"),
+                "{case}"
+            );
+            assert_eq!(
+                http_get(life.port, "/").map(|(c, _)| c),
+                Some(200),
+                "{case}: the old process serves on"
+            );
+            let (code, answer) = life.stop(base);
+            assert_eq!(code, Some(0), "{case}: {answer}");
+            assert_eq!(life.exit_code(), Some(0));
+        } else {
+            assert_eq!(answer["exit_code"], 75, "{case}");
+            assert!(
+                message.contains("ended after it said it was ready"),
+                "{case}"
+            );
+            assert_eq!(life.exit_code(), Some(75), "{case}");
+        }
+    });
+}
+
 /// Starts a restart of `pid` on a thread of its own once the hand-over it begins is under way:
 /// the join handle of its stopper (code and answer).
 fn restart_under_way(base: &Path, pid: u32) -> std::thread::JoinHandle<(Option<i32>, Value)> {

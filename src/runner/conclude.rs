@@ -34,10 +34,11 @@ impl RunnerActor {
         }
         let finished_at = self.clock.now();
         let action = run.requester.action;
-        let successor = run.requester.successor;
-        self.handed_to = successor;
+        let successor = self.successor_serving(run.requester.successor);
         let code = match (verdict, action, successor) {
-            // Restarted in place: the successor serves, this process stops as planned.
+            // Restarted in place: the successor serves, this process stops as planned. A
+            // successor that ended since its ready serves nothing: the restart code then, for
+            // the supervisor to start the service again.
             (StopVerdict::Planned, crate::schema::StopAction::Restart, None) => {
                 i32::from(self.config.exit_codes.restart)
             }
@@ -159,6 +160,7 @@ impl RunnerActor {
             drained_in_time = record.drained_in_time,
             "stopped"
         );
+        let note = self.successor_lost.take();
         self.publish_outcome(Outcome {
             pid: self.own.pid,
             start: self.own.start,
@@ -173,8 +175,8 @@ impl RunnerActor {
             spilled,
             drain: Some(crate::outcome::DrainSummary::of(&record)),
             action: record.action,
-            successor: self.handed_to,
-            note: None,
+            successor: self.handed_to.map(|successor| successor.pid),
+            note,
         });
         if self.config.owns_process_exit {
             if let Some(system) = System::try_current() {
@@ -185,6 +187,27 @@ impl RunnerActor {
             process_end::concluded(code, Some(record.verdict), self.config.exit_grace);
         }
         ctx.stop();
+    }
+
+    /// The successor this stop handed over to, if it still runs (the same process that said it
+    /// was ready); otherwise `None`, with the reason kept for the final outcome's note.
+    fn successor_serving(&mut self, handed_over: Option<u32>) -> Option<u32> {
+        let pid = handed_over?;
+        let runs = self
+            .handed_to
+            .is_some_and(|at_ready| crate::ProcessIdentity::is_running(pid, at_ready.start));
+        if runs {
+            return Some(pid);
+        }
+        self.handed_to = None;
+        let why = format!(
+            "its successor, pid {pid}, ended after it said it was ready: nothing serves from \
+             the handed-over sockets, so this process ends with the restart code for its \
+             supervisor to start the service again; the successor's log says why it ended"
+        );
+        tracing::error!(successor = pid, "{why}");
+        self.successor_lost = Some(why);
+        None
     }
 
     /// How the stop ends, from what the store answered: `stopped` (and whether its items

@@ -87,8 +87,11 @@ pub struct RunnerActor {
     /// The process group of the successor being started (0 until it is spawned), while a
     /// hand-over runs.
     starting: Option<Arc<std::sync::atomic::AtomicU32>>,
-    /// The successor this stop handed over to (a restart in place), for the final outcome.
-    handed_to: Option<u32>,
+    /// The successor this stop handed over to (a restart in place), as it was when it said it
+    /// was ready: the final outcome names it only if it still runs then.
+    handed_to: Option<crate::ProcessIdentity>,
+    /// Why the final outcome names no successor although the stop handed over to one.
+    successor_lost: Option<String>,
 }
 
 impl std::fmt::Debug for RunnerActor {
@@ -130,6 +133,7 @@ impl RunnerActor {
             deferred: None,
             starting: None,
             handed_to: None,
+            successor_lost: None,
         }
     }
 

@@ -101,6 +101,18 @@ impl RunnerActor {
     ) {
         self.handing_over = false;
         self.starting = None;
+        // A successor that ended right after its ready serves nothing: this process still
+        // holds the sockets and has not stopped accepting, so it serves on.
+        let result = result.and_then(|pid| match crate::ProcessIdentity::of(pid) {
+            Some(successor) => {
+                self.handed_to = Some(successor);
+                Ok(pid)
+            }
+            None => Err(HandoverError::EndedBeforeReady {
+                pid,
+                status: "it ended right after it said it was ready".into(),
+            }),
+        });
         match result {
             Ok(pid) if self.lifecycle.state() == RunnerState::Running => {
                 tracing::info!(

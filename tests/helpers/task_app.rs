@@ -139,7 +139,8 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// For the tests of restart in place: a successor (started by its predecessor, which names it in
 /// `PLANNED_STOP_READY_PID`) that `EXAMPLE_FAIL_AS_SUCCESSOR` tells to `exit` at once, to `hang`
 /// before it is ready, to be `slow` (ready a second late, so a test can ask again meanwhile), to
-/// `close` its readiness pipe and run on, or to act as a `wrapper` script that does not `exec`:
+/// `close` its readiness pipe and run on, to `exit_after_ready` (in `main`, right after its
+/// `ready()`), or to act as a `wrapper` script that does not `exec`:
 /// it starts the service as a child of its own (its pid in `wrapped.pid` under `EXAMPLE_DIR`) and
 /// waits for it.
 fn fail_as_successor(base: &std::path::Path) {
@@ -283,6 +284,11 @@ async fn main() -> std::io::Result<ExitCode> {
     // For the test of a restart asked before the service is ready: it starts this much later.
     actix_web::rt::time::sleep(Duration::from_millis(env_u64("EXAMPLE_READY_AFTER_MS", 0))).await;
     stop.ready();
+    if std::env::var("EXAMPLE_FAIL_AS_SUCCESSOR").as_deref() == Ok("exit_after_ready")
+        && std::env::var("PLANNED_STOP_READY_PID").ok() == Some(std::process::id().to_string())
+    {
+        std::process::exit(3);
+    }
     // Not `println!`: a closed stdout must not end the service (it would panic).
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "admin http://{}", admin.addrs()[0]);

@@ -183,10 +183,14 @@ fn stopped_planned(
     let own = args.wait_only || planned_stop::stopper::is_own_request(outcome, request_id);
     // An outcome without a summary (an earlier version) is not known to be lossy.
     let clean = outcome.drain.as_ref().is_none_or(DrainSummary::is_clean);
-    let lossy = match outcome.drain.as_ref().filter(|_| !clean) {
+    let mut lossy = match outcome.drain.as_ref().filter(|_| !clean) {
         Some(drain) => format!("; the drain was not clean: {}", describe(drain)),
         None => String::new(),
     };
+    // Why a restart in place ended with the restart code after all (its successor ended).
+    if let Some(note) = outcome.note.as_deref().filter(|_| own) {
+        lossy = format!("; {note}{lossy}");
+    }
     (
         "stopped_planned",
         if clean || !args.require_clean {
@@ -235,6 +239,7 @@ fn stopped_planned(
             "clean": clean,
             "drain": outcome.drain,
             "successor": outcome.successor,
+            "note": outcome.note,
         }),
     )
 }
