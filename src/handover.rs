@@ -59,6 +59,15 @@ pub(crate) enum HandoverError {
         /// How it ended.
         status: String,
     },
+    /// This process listens on sockets it did not give the crate: a successor could not bind
+    /// them while this process serves them, so no successor is started.
+    #[error(
+        "restart in place cannot work here: this process listens on {0} socket(s) that were not \
+         bound through planned_stop::web::listeners_or_bind (or web::Admin), so a successor \
+         could not bind them while this process serves; bind every listening socket through \
+         listeners_or_bind, or drop ServiceBuilder::restart_in_place to restart by exit code"
+    )]
+    Unoffered(usize),
     /// The successor did not say it was ready in time, and was killed.
     #[error(
         "the successor (pid {pid}) was not ready within {within:?} and was killed; give it more \
@@ -105,35 +114,81 @@ pub fn restart_mode(asked: bool, pid: u32, unix: bool) -> RestartMode {
     }
 }
 
-/// The sockets this process serves, for a successor, and whether this process said it was ready
-/// to its own predecessor.
+/// The name a handed-over socket carries in `LISTEN_FDNAMES` for the admin server
+/// (`web::Admin`); every other socket is the application's (`http`).
+pub(crate) const ADMIN_SOCKET: &str = "admin";
+/// The name of the application's own sockets (`web::listeners_or_bind`).
+pub(crate) const APP_SOCKET: &str = "http";
+
+/// The sockets this process serves, each with its name, for a successor.
 #[derive(Debug, Default)]
 pub(crate) struct Handover {
-    listeners: Mutex<Vec<std::net::TcpListener>>,
+    listeners: Mutex<Vec<(&'static str, std::net::TcpListener)>>,
 }
 
 impl Handover {
-    /// Keeps a duplicate of `listener`, to hand to a successor.
+    /// Keeps a duplicate of `listener`, to hand to a successor under `name` (`APP_SOCKET`,
+    /// `ADMIN_SOCKET`).
     #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
-    pub(crate) fn offer(&self, listener: &std::net::TcpListener) -> io::Result<()> {
+    pub(crate) fn offer(
+        &self,
+        name: &'static str,
+        listener: &std::net::TcpListener,
+    ) -> io::Result<()> {
         let copy = listener.try_clone()?;
         if let Ok(mut listeners) = self.listeners.lock() {
-            listeners.push(copy);
+            listeners.push((name, copy));
         }
         Ok(())
     }
 
-    /// Duplicates of the sockets offered, for one successor.
+    /// Duplicates of the sockets offered, with their names, for one successor.
     #[cfg(unix)]
-    fn sockets(&self) -> io::Result<Vec<OwnedFd>> {
+    fn sockets(&self) -> io::Result<Vec<(&'static str, OwnedFd)>> {
         let listeners = self
             .listeners
             .lock()
             .map_err(|_| io::Error::other("poisoned"))?;
-        listeners
+        let mut sockets = listeners
             .iter()
-            .map(|l| l.try_clone().map(OwnedFd::from))
-            .collect()
+            .map(|(name, l)| l.try_clone().map(|l| (*name, OwnedFd::from(l))))
+            .collect::<io::Result<Vec<_>>>()?;
+        // The application's first, at descriptors 3, 4, …, whenever the admin server was bound.
+        sockets.sort_by_key(|(name, _)| *name != APP_SOCKET);
+        Ok(sockets)
+    }
+
+    /// How many listening sockets this process has open that were not offered: bound by the
+    /// application itself, so a successor could not bind them while this process serves (it
+    /// would fail with "address in use"). Reads the process's descriptor table (`/proc/self/fd`,
+    /// or `/dev/fd`): blocking, for a blocking thread.
+    #[cfg(unix)]
+    pub(crate) fn unoffered_listeners(&self) -> usize {
+        use rustix::fs::FileType;
+        let offered: Vec<_> = match self.listeners.lock() {
+            Ok(listeners) => listeners
+                .iter()
+                .filter_map(|(_, l)| rustix::fs::fstat(l).ok())
+                .map(|st| (st.st_dev, st.st_ino))
+                .collect(),
+            Err(_) => return 0,
+        };
+        let dir = std::fs::read_dir("/proc/self/fd").or_else(|_| std::fs::read_dir("/dev/fd"));
+        let Ok(dir) = dir else { return 0 };
+        dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&fd| {
+                // SAFETY: only borrowed for the queries below, each a system call the kernel
+                // checks (a descriptor closed meanwhile fails with EBADF); nothing is read,
+                // written or closed through it.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                let Ok(st) = rustix::fs::fstat(fd) else {
+                    return false;
+                };
+                FileType::from_raw_mode(st.st_mode) == FileType::Socket
+                    && rustix::net::sockopt::socket_acceptconn(fd).unwrap_or(false)
+                    && !offered.contains(&(st.st_dev, st.st_ino))
+            })
+            .count()
     }
 }
 
@@ -174,19 +229,20 @@ impl Handover {
         let sockets = self.sockets().map_err(spawn)?;
         let (ready, ready_w) = cloexec_pipe().map_err(|e| spawn(e.into()))?;
         let n = sockets.len();
+        let names: Vec<&str> = sockets.iter().map(|(name, _)| *name).collect();
         let mut command = std::process::Command::new("/bin/sh");
         command
             .args(["-c", DETACHED])
             .arg(&exe)
             .args(std::env::args_os().skip(1))
             .env("LISTEN_FDS", n.to_string())
-            .env("LISTEN_FDNAMES", vec!["http"; n].join(":"))
+            .env("LISTEN_FDNAMES", names.join(":"))
             .env(READY_FD_ENV, (3 + n).to_string())
             .process_group(0);
         let mut mappings: Vec<FdMapping> = sockets
             .into_iter()
             .enumerate()
-            .map(|(i, fd)| FdMapping {
+            .map(|(i, (_, fd))| FdMapping {
                 parent_fd: fd,
                 child_fd: 3 + i as i32,
             })
@@ -351,24 +407,81 @@ fn executable_on_disk() -> PathBuf {
     }
 }
 
-/// The sockets handed to this process were taken by the application (`web::listeners_or_bind`).
-static TAKEN: AtomicBool = AtomicBool::new(false);
+/// The listening sockets handed to this process (`LISTEN_FDS`, `LISTEN_FDNAMES` for its own
+/// pid), each with its name and whether it was taken: read once, the first time anything asks.
+/// One place for the fact "handed and taken", shared by the web server, the admin server and
+/// the readiness check.
+static HANDED: Mutex<Option<Vec<(i32, String, bool)>>> = Mutex::new(None);
 
-/// Notes that the application took the sockets handed to it.
-#[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
-pub(crate) fn sockets_taken() {
-    TAKEN.store(true, Ordering::SeqCst);
+/// Runs `f` on the handed-over sockets, reading them first if nothing has.
+fn with_handed<T>(f: impl FnOnce(&mut Vec<(i32, String, bool)>) -> T) -> io::Result<T> {
+    let mut handed = HANDED
+        .lock()
+        .map_err(|_| io::Error::other("the handed-over sockets' registry is poisoned"))?;
+    if handed.is_none() {
+        #[cfg(unix)]
+        let read: Vec<(i32, String, bool)> = {
+            #[cfg(any(feature = "actix-web", feature = "systemd"))]
+            let fds: Vec<i32> = sd_notify::listen_fds()?.collect();
+            // Without the web server nothing here can serve them; they are only counted.
+            #[cfg(not(any(feature = "actix-web", feature = "systemd")))]
+            let fds: Vec<i32> = {
+                let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
+                let mine = var("LISTEN_PID") == i32::try_from(std::process::id()).ok();
+                let n = var("LISTEN_FDS")
+                    .filter(|_| mine)
+                    .unwrap_or(0)
+                    .clamp(0, 1024);
+                (3..3 + n).collect()
+            };
+            // Names that do not match the count (or none) name nothing: "unknown", as
+            // sd_listen_fds_with_names(3) says, so every socket is the application's.
+            let names: Vec<String> = std::env::var("LISTEN_FDNAMES")
+                .ok()
+                .map(|names| names.split(':').map(str::to_owned).collect())
+                .filter(|names: &Vec<String>| names.len() == fds.len())
+                .unwrap_or_else(|| vec!["unknown".into(); fds.len()]);
+            fds.into_iter()
+                .zip(names)
+                .map(|(fd, name)| (fd, name, false))
+                .collect()
+        };
+        #[cfg(not(unix))]
+        let read = Vec::new();
+        *handed = Some(read);
+    }
+    Ok(f(handed.get_or_insert_with(Vec::new)))
 }
 
-/// How many listening sockets were handed to this process (`LISTEN_FDS`, when `LISTEN_PID` is
-/// this process) and not taken by the application. Read from the two variables alone: no
-/// descriptor is touched.
+/// Takes the handed-over sockets for the admin server (`admin`: those named `ADMIN_SOCKET`)
+/// or for the application (every other one): their descriptors, each taken once. Empty when
+/// none was handed for that role; an error when they were, and were taken already.
+#[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
+pub(crate) fn take_handed(admin: bool) -> io::Result<Vec<i32>> {
+    with_handed(|handed| {
+        let mine = |name: &str| (name == ADMIN_SOCKET) == admin;
+        let all = handed.iter().filter(|(_, name, _)| mine(name)).count();
+        let taken: Vec<i32> = handed
+            .iter_mut()
+            .filter(|(_, name, taken)| mine(name) && !*taken)
+            .map(|(fd, _, taken)| {
+                *taken = true;
+                *fd
+            })
+            .collect();
+        if all > 0 && taken.is_empty() {
+            return Err(io::Error::other(
+                "the listening sockets handed to this process were taken already: take them once",
+            ));
+        }
+        Ok(taken)
+    })?
+}
+
+/// How many listening sockets were handed to this process and not taken (by the application or
+/// the admin server).
 pub(crate) fn untaken_sockets() -> usize {
-    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
-    if var("LISTEN_PID") != Some(std::process::id()) || TAKEN.load(Ordering::SeqCst) {
-        return 0;
-    }
-    var("LISTEN_FDS").unwrap_or(0) as usize
+    with_handed(|handed| handed.iter().filter(|(_, _, taken)| !taken).count()).unwrap_or(0)
 }
 
 /// Whether this process already told its predecessor it is ready.
@@ -391,16 +504,6 @@ pub(crate) fn signal_ready() -> bool {
             return false;
         };
         if fd < 3 || SIGNALLED.load(Ordering::SeqCst) {
-            return false;
-        }
-        let untaken = untaken_sockets();
-        if untaken > 0 {
-            tracing::error!(
-                untaken,
-                "this process was handed listening sockets and does not serve them: it does not \
-                 tell its predecessor it is ready, which keeps serving; bind the server through \
-                 planned_stop::web::listeners_or_bind"
-            );
             return false;
         }
         if let Err(what) = inherited_pipe(fd) {

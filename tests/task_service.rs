@@ -464,12 +464,17 @@ enum Fresh {
 }
 
 fn fresh_request(port: u16) -> Fresh {
+    fresh_request_at(port, "/")
+}
+
+fn fresh_request_at(port: u16, path: &str) -> Fresh {
     let mut stream = match TcpStream::connect(("127.0.0.1", port)) {
         Ok(stream) => stream,
         Err(_) => return Fresh::Refused,
     };
     stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
-    let sent = stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let sent = stream.write_all(request.as_bytes());
     let mut answer = String::new();
     if sent.is_err() || stream.read_to_string(&mut answer).is_err() {
         return Fresh::Reset;
@@ -513,7 +518,7 @@ fn restarts_with_the_socket_held_by_the_supervisor_refuse_no_connection() {
     let env = [("EXAMPLE_GRACE_MS", "0"), ("EXAMPLE_RESUME_MS", "60000")];
     let mut life = Life::handed(&socket, base, &env);
     let stop = Arc::new(AtomicBool::new(false));
-    let (clients, tally) = fresh_connection_clients(port, &stop);
+    let (clients, tally) = fresh_connection_clients(port, "/", &stop);
     for _ in 0..20 {
         assert_eq!(life.port, port, "it serves the handed socket's port");
         assert_eq!(socket_inode(life.pid, 3), inode, "the very socket");
@@ -631,7 +636,7 @@ fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
     assert_eq!(inode.len(), 1, "one listening socket: {inode:?}");
     assert_eq!(first.post("/jobs/swap-1/1500").0, 202);
     let stop = Arc::new(AtomicBool::new(false));
-    let (clients, tally) = fresh_connection_clients(port, &stop);
+    let (clients, tally) = fresh_connection_clients(port, "/", &stop);
     let mut reap = Reap(Vec::new());
     let mut target = first.pid;
     for round in 0..20 {
@@ -662,11 +667,12 @@ fn restarts_in_place_refuse_nothing_and_hand_the_work_over() {
 #[cfg(target_os = "linux")]
 type Tally = Arc<std::sync::Mutex<BTreeMap<String, u64>>>;
 
-/// 8 clients opening a fresh connection per request to `port` until `stop`, and the tally of
+/// 8 clients opening a fresh connection per request for `path` on `port` until `stop`, and the tally of
 /// what they saw (`Ok` for a 200, the failure otherwise).
 #[cfg(target_os = "linux")]
 fn fresh_connection_clients(
     port: u16,
+    path: &'static str,
     stop: &Arc<AtomicBool>,
 ) -> (Vec<std::thread::JoinHandle<()>>, Tally) {
     let tally: Tally = Arc::default();
@@ -675,7 +681,7 @@ fn fresh_connection_clients(
             let (stop, tally) = (stop.clone(), tally.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let seen = format!("{:?}", fresh_request(port));
+                    let seen = format!("{:?}", fresh_request_at(port, path));
                     *tally.lock().unwrap().entry(seen).or_default() += 1;
                 }
             })
@@ -805,7 +811,7 @@ fn a_failed_successor_leaves_the_old_process_serving() {
             );
             if value == "1" {
                 assert!(
-                    life.stderr().contains("does not serve them"),
+                    life.stderr().contains("that it does not serve"),
                     "{}",
                     life.stderr()
                 );
@@ -949,6 +955,99 @@ fn a_successor_that_ends_after_its_ready_is_never_reported_as_serving() {
             assert_eq!(life.exit_code(), Some(75), "{case}");
         }
     });
+}
+
+/// Restart in place with a server the application bound itself (not through the crate): a
+/// WARN at its start names what to change, and a restart request is refused with an answer that
+/// says why (`restart_failed`, 17) — no successor is started to die on "address in use" or to
+/// serve elsewhere; the process serves on and stops as planned.
+#[cfg(target_os = "linux")]
+#[test]
+fn restart_in_place_with_a_socket_the_crate_does_not_know_is_refused_and_said_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "5000"),
+        ("EXAMPLE_BIND_OWN", "1"),
+    ];
+    let mut life = Life::start(base, &env);
+    let warned = "restart in place cannot work here";
+    wait_until("the WARN at start", || life.stderr().contains(warned));
+    let (code, answer) = stop_pid(base, life.pid, &["--restart"]);
+    assert_eq!(answer["outcome"], "restart_failed", "{answer}");
+    assert_eq!(code, Some(17), "{answer}");
+    let message = answer["message"].as_str().unwrap();
+    assert!(message.contains(warned), "{answer}");
+    assert!(message.contains("listeners_or_bind"), "{answer}");
+    assert_eq!(http_get(life.port, "/").map(|(c, _)| c), Some(200));
+    let (code, answer) = life.stop(base);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(life.exit_code(), Some(0));
+}
+
+/// A port no process holds now.
+#[cfg(target_os = "linux")]
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The admin server on a fixed port takes part in restarts in place: 5 restarts in a row under
+/// fresh connections to both ports refuse nothing on either, each successor serves the admin
+/// port from the very same socket (named `admin`), and from its ready on the admin port's
+/// status is the successor's.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_admin_server_on_a_fixed_port_is_handed_over_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let admin_addr = format!("127.0.0.1:{}", free_port());
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "10000"),
+        ("EXAMPLE_ADMIN_ADDR", admin_addr.as_str()),
+    ];
+    let first = Life::start(base, &env);
+    let (port, admin) = (first.port, first.admin);
+    let inode = listening_inodes(admin);
+    assert_eq!(inode.len(), 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mut clients, app_tally) = fresh_connection_clients(port, "/", &stop);
+    let (admin_clients, admin_tally) = fresh_connection_clients(admin, "/status", &stop);
+    clients.extend(admin_clients);
+    let mut target = first.pid;
+    for round in 0..5 {
+        let (code, answer) = stop_pid(base, target, &["--restart"]);
+        assert_eq!(code, Some(0), "round {round}: {answer}");
+        let successor = answer["successor"].as_u64().expect("a successor") as u32;
+        assert_eq!(
+            listening_inodes(admin),
+            inode,
+            "round {round}: never re-bound"
+        );
+        let (code, body) = http_get(admin, "/status").expect("the admin port answers");
+        assert_eq!(code, 200);
+        let status: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["pid"], successor, "round {round}: {status}");
+        target = successor;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().unwrap();
+    }
+    for (name, tally) in [("app", app_tally), ("admin", admin_tally)] {
+        let tally = tally.lock().unwrap();
+        assert!(
+            tally.get("Ok").copied().unwrap_or(0) > 0,
+            "{name}: {tally:?}"
+        );
+        assert_eq!(tally.len(), 1, "{name}: only 200s: {tally:?}");
+    }
+    let (code, answer) = stop_pid(base, target, &[]);
+    assert_eq!(code, Some(0), "{answer}");
+    wait_until("the last successor to end", || !alive(target));
 }
 
 /// Starts a restart of `pid` on a thread of its own once the hand-over it begins is under way:

@@ -206,8 +206,24 @@ pub fn run(args: ServeArgs) -> u8 {
     u8::try_from(code).unwrap_or(EXIT_USAGE)
 }
 
+/// `serve` runs jobs and serves no socket: sockets handed to it (a `.socket` unit,
+/// systemd-socket-activate) would queue connections nobody answers, while it said ready.
+fn refuse_handed_sockets(pid: u32) -> Result<(), String> {
+    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    match var("LISTEN_FDS") {
+        Some(n) if n > 0 && var("LISTEN_PID") == Some(pid) => Err(format!(
+            "serve serves no sockets, and it was handed {n} (LISTEN_FDS: a .socket unit or \
+             systemd-socket-activate): connections to them would wait unanswered; run serve \
+             without a socket, or serve them from your own application through \
+             planned_stop::web::listeners_or_bind"
+        )),
+        _ => Ok(()),
+    }
+}
+
 async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<ServiceHandle, String> {
     let pid = std::process::id();
+    refuse_handed_sockets(pid)?;
     // Named by this process's pid, so resumed jobs and new ones never share a name.
     let names: Vec<String> = (0..args.jobs).map(|i| format!("job-{pid}-{i}")).collect();
     let mut builder = ServiceBuilder::new(layout)

@@ -1550,6 +1550,32 @@ fn a_restart_asked_while_a_stop_drains_is_never_reported_as_done() {
     }
 }
 
+/// `serve` serves no sockets: handed some (as a `.socket` unit hands them), it refuses to start,
+/// saying so, rather than saying ready while connections to them wait unanswered.
+#[cfg(unix)]
+#[test]
+fn serve_handed_listening_sockets_refuses_to_start() {
+    use std::process::Stdio;
+    let d = dirs();
+    let mut child = std::process::Command::new("/bin/sh")
+        .args(["-c", "export LISTEN_PID=$$; exec \"$0\" serve --dir \"$1\""])
+        .arg(common::command_line_binary())
+        .arg(&d.run)
+        .env("LISTEN_FDS", "1")
+        .env("LISTEN_FDNAMES", "http")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ended = common::wait_for("serve to refuse to start", || child.try_wait().unwrap());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(ended.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("serve serves no sockets"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("\"ready\""));
+}
+
 /// `serve --restart-in-place-ms`: a planned restart starts the successor (the same
 /// command), waits for its `ready`, and only then drains and exits 0 — not 75; the stopper names
 /// the successor, which resumes the job the old process handed back. 20 rounds, each restarting

@@ -51,6 +51,7 @@ impl Handler<Ready> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, _: Ready, ctx: &mut Context<Self>) {
+        self.check_restart_in_place(ctx);
         let step = self.lifecycle.ready();
         let requester = self.held.take().map(Requester::from).unwrap_or_default();
         if matches!(step, Step::Drain(..)) {

@@ -26,6 +26,27 @@ impl RunnerActor {
         self.in_place = in_place;
     }
 
+    /// At `ready()`: a restart in place that cannot work as configured — the process listens on
+    /// sockets it did not give the crate, which a successor could not bind — is a WARN now, not
+    /// a successor that dies at the first deploy. Looked at on a blocking thread.
+    pub(super) fn check_restart_in_place(&mut self, ctx: &mut Context<Self>) {
+        #[cfg(unix)]
+        if let Some((handover, _)) = self.in_place.clone() {
+            let count = async move {
+                tokio::task::spawn_blocking(move || handover.unoffered_listeners())
+                    .await
+                    .unwrap_or(0)
+            };
+            ctx.spawn(count.into_actor(self).map(|n, _, _| {
+                if n > 0 {
+                    tracing::warn!(listeners = n, "{}", HandoverError::Unoffered(n));
+                }
+            }));
+        }
+        #[cfg(not(unix))]
+        let _ = ctx;
+    }
+
     /// Takes `stop` for a restart in place (begun now, or kept while one runs): `None` when it
     /// was taken, the request back otherwise.
     pub(super) fn take_for_restart(
@@ -66,6 +87,10 @@ impl RunnerActor {
             #[cfg(unix)]
             {
                 let run = move || {
+                    match handover.unoffered_listeners() {
+                        0 => {}
+                        n => return Err(HandoverError::Unoffered(n)),
+                    }
                     let successor = handover.start_successor()?;
                     successor.unless_cancelled(&starting)?.wait_ready(within)
                 };

@@ -102,8 +102,18 @@ impl ServiceHandle {
     /// on now.
     pub fn ready(&self) {
         self.integration.readied();
-        // A successor of a restart in place: its predecessor stops accepting from now on.
-        if crate::handover::signal_ready() {
+        let untaken = crate::handover::untaken_sockets();
+        if untaken > 0 {
+            tracing::error!(
+                untaken,
+                "this process was handed {untaken} listening socket(s) (LISTEN_FDS) that it does \
+                 not serve: connections to them wait unanswered; serve them through \
+                 planned_stop::web::listeners_or_bind (or web::Admin for one named admin), or do \
+                 not hand them to it. A predecessor restarting in place is not told it is ready, \
+                 and keeps serving"
+            );
+        } else if crate::handover::signal_ready() {
+            // A successor of a restart in place: its predecessor stops accepting from now on.
             #[cfg(all(unix, feature = "systemd"))]
             crate::systemd::main_process_now();
         }

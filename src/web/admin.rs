@@ -84,15 +84,35 @@ impl Admin {
     }
 
     /// Binds `addr` (port 0 picks a free one) and starts serving on a thread and `System` of its
-    /// own; an address that cannot be bound is the error, before anything runs.
+    /// own; an address that cannot be bound is the error, before anything runs. A process handed
+    /// sockets named `admin` (`LISTEN_FDNAMES`: by its predecessor's restart in place, or a
+    /// `.socket` unit's `FileDescriptorName=admin`) serves those instead of binding. Its sockets
+    /// are handed to the successor of a restart in place, which serves them from its ready on:
+    /// this server then stops accepting, and the successor's answers on the same port.
     pub fn bind(self, addr: impl ToSocketAddrs) -> io::Result<AdminServer> {
-        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        let mut listeners = super::listen::taken(true)?;
+        if listeners.is_empty() {
+            for addr in addr.to_socket_addrs()? {
+                listeners.push(std::net::TcpListener::bind(addr)?);
+            }
+        }
+        if listeners.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no address to bind: give Admin::bind at least one",
+            ));
+        }
+        for listener in &listeners {
+            self.service
+                .handover
+                .offer(crate::handover::ADMIN_SOCKET, listener)?;
+        }
         let (scraped_tx, scraped) = watch::channel(0_u64);
         let (bound_tx, bound) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("planned-stop-admin".into())
             .spawn(move || {
-                actix_web::rt::System::new().block_on(self.run(addrs, scraped_tx, bound_tx));
+                actix_web::rt::System::new().block_on(self.run(listeners, scraped_tx, bound_tx));
             })?;
         let (addrs, handle) = bound
             .recv()
@@ -107,7 +127,7 @@ impl Admin {
     /// The server, on its own `System`: runs until the process ends.
     async fn run(
         self,
-        addrs: Vec<SocketAddr>,
+        listeners: Vec<std::net::TcpListener>,
         scraped: watch::Sender<u64>,
         bound: std::sync::mpsc::Sender<io::Result<(Vec<SocketAddr>, ServerHandle)>>,
     ) {
@@ -118,6 +138,7 @@ impl Admin {
             status,
             metrics,
         } = self;
+        let mut handed_over = service.subscribe();
         let server = HttpServer::new(move || {
             let mut app = App::new();
             if let Some(path) = &readiness {
@@ -140,15 +161,31 @@ impl Admin {
             app
         })
         .workers(1)
-        .disable_signals()
-        .bind(&addrs[..]);
+        .disable_signals();
+        let server = listeners.into_iter().try_fold(server, HttpServer::listen);
         let server = match server {
             Ok(server) => server,
             Err(e) => return bound.send(Err(e)).unwrap_or(()),
         };
         let addrs = server.addrs();
         let server = server.run();
-        let _ = bound.send(Ok((addrs, server.handle())));
+        let handle = server.handle();
+        let _ = bound.send(Ok((addrs, handle.clone())));
+        // Handed over to the successor of a restart in place, which serves the same sockets from
+        // its ready on: this server stops accepting, so every new connection (a readiness probe
+        // among them) reaches the successor; connections it has finish as usual.
+        actix_web::rt::spawn(async move {
+            let successor = handed_over.wait_for(|status| {
+                status
+                    .outcome
+                    .as_ref()
+                    .is_some_and(|o| o.successor.is_some())
+            });
+            if successor.await.is_ok() {
+                handle.pause().await;
+                tracing::info!("admin server: handed over to the successor; no longer accepting");
+            }
+        });
         if let Err(e) = server.await {
             tracing::error!(error = %crate::error_chain::ErrorChain(&e), "the admin server failed");
         }

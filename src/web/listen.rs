@@ -13,12 +13,6 @@
 use crate::service::ServiceHandle;
 use std::io;
 use std::net::{TcpListener, ToSocketAddrs};
-#[cfg(unix)]
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The handed-over sockets were taken (they can be taken once: each becomes one `TcpListener`).
-#[cfg(unix)]
-static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// The listening sockets handed to this process, or, when it has none, new ones bound to `addr`.
 /// Pass each to `HttpServer::listen`:
@@ -60,41 +54,40 @@ pub fn listeners_or_bind(
     };
     // Kept for a restart in place: the successor is handed these very sockets.
     for listener in &listeners {
-        service.handover.offer(listener)?;
+        service
+            .handover
+            .offer(crate::handover::APP_SOCKET, listener)?;
     }
     Ok(listeners)
 }
 
-/// The listening TCP sockets handed to this process (`LISTEN_FDS` for its own pid), taken once;
-/// empty when there are none.
+/// The listening TCP sockets handed to this process (`LISTEN_FDS` for its own pid) for the
+/// application — every one but those named `admin` (`LISTEN_FDNAMES`), which are [`super::Admin`]'s
+/// — taken once; empty when there are none.
 pub fn inherited_listeners() -> io::Result<Vec<TcpListener>> {
+    taken(false)
+}
+
+/// The handed-over sockets for the admin server (`admin`) or the application, as listeners.
+pub(crate) fn taken(admin: bool) -> io::Result<Vec<TcpListener>> {
     #[cfg(unix)]
     {
-        let fds: Vec<_> = sd_notify::listen_fds()?.collect();
-        if fds.is_empty() {
-            return Ok(Vec::new());
-        }
-        crate::handover::sockets_taken();
-        if TAKEN.swap(true, Ordering::SeqCst) {
-            return Err(io::Error::other(
-                "the listening sockets handed to this process were taken already: take them once",
-            ));
-        }
-        fds.into_iter().map(listener_of).collect()
+        crate::handover::take_handed(admin)?
+            .into_iter()
+            .map(listener_of)
+            .collect()
     }
     #[cfg(not(unix))]
-    Ok(Vec::new())
+    {
+        let _ = admin;
+        Ok(Vec::new())
+    }
 }
 
 /// How many sockets were handed to this process and not taken, if any.
 pub(crate) fn unused_inherited() -> Option<usize> {
-    #[cfg(unix)]
-    {
-        let handed = sd_notify::listen_fds().map_or(0, |fds| fds.len());
-        (handed > 0 && !TAKEN.load(Ordering::SeqCst)).then_some(handed)
-    }
-    #[cfg(not(unix))]
-    None
+    let untaken = crate::handover::untaken_sockets();
+    (untaken > 0).then_some(untaken)
 }
 
 #[cfg(unix)]
@@ -115,7 +108,7 @@ fn listener_of(fd: std::os::fd::RawFd) -> io::Result<TcpListener> {
             ),
         ));
     }
-    // SAFETY: as above; `TAKEN` makes this the one owner of `fd` (no second call takes it), and
-    // `inherited_listeners` takes every handed-over descriptor at once.
+    // SAFETY: as above; `handover::take_handed` hands each descriptor out once, so this is its
+    // one owner.
     Ok(unsafe { TcpListener::from_raw_fd(fd) })
 }

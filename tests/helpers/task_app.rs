@@ -23,7 +23,8 @@
 //! `EXAMPLE_JOURNAL` (a file each finished job appends `done NAME` to), `EXAMPLE_MAIN_JOBS`
 //! (jobs `main` spawns at start, default 0), `EXAMPLE_JOB_MS` (their length), `EXAMPLE_RESUME_MS`
 //! (default 1000), `EXAMPLE_MAX_FAILED` (default 3), `EXAMPLE_READY_AFTER_MS` (a late `ready()`,
-//! default 0), and with the `postgres` feature
+//! default 0), `EXAMPLE_BIND_OWN` (bind the server itself, not through the crate), and with the
+//! `postgres` feature
 //! `EXAMPLE_RECORDS` (a `postgres://` URL: replicas share their work through it) and
 //! `EXAMPLE_SERVICE` (the service name in it).
 
@@ -273,8 +274,11 @@ async fn main() -> std::io::Result<ExitCode> {
     // The sockets systemd (a `.socket` unit) or a supervisor handed over, else new ones: a
     // restart then refuses nothing, the connections wait in the socket's queue.
     let handed = std::env::var_os("LISTEN_FDS").is_some();
-    let server = if handed && std::env::var_os("EXAMPLE_IGNORE_INHERITED").is_some() {
-        server.bind(env("EXAMPLE_ADDR", "127.0.0.1:8080"))? // for the test: refused by `serve`
+    let own = std::env::var_os("EXAMPLE_BIND_OWN").is_some();
+    let server = if own || (handed && std::env::var_os("EXAMPLE_IGNORE_INHERITED").is_some()) {
+        // For the tests: a socket the crate does not know of (restart in place refuses), or
+        // handed-over sockets left unserved (refused by `serve`).
+        server.bind(env("EXAMPLE_ADDR", "127.0.0.1:8080"))?
     } else {
         planned_stop::web::listeners_or_bind(&stop, env("EXAMPLE_ADDR", "127.0.0.1:8080"))?
             .into_iter()
