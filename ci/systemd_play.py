@@ -175,6 +175,102 @@ class Load:
         return dict(self.counts)
 
 
+class Pool:
+    """A keep-alive pool of `conns` connections to 127.0.0.1:port that writes its next `GET /` the
+    moment an answer ends (no idle gap) and opens a new connection when an answer says
+    `Connection: close`: how many were answered 200, and how many were lost after being written
+    (an end of file or a reset instead of the answer)."""
+
+    def __init__(self, port, conns=8):
+        self.port = port
+        self.counts = {"ok": 0, "lost": 0, "refused": 0, "other": 0}
+        self.lock = threading.Lock()
+        self.running = True
+        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(conns)]
+        for t in self.threads:
+            t.start()
+
+    def answer(self, f):
+        status = f.readline()
+        if not status:
+            return None
+        close, length = False, 0
+        while (line := f.readline()) not in (b"\r\n", b""):
+            lower = line.lower()
+            close |= lower.startswith(b"connection: close")
+            if lower.startswith(b"content-length:"):
+                length = int(lower.split(b":")[1])
+        body = f.read(length)
+        return (status.startswith(b"HTTP/1.1 200") and len(body) == length), close
+
+    def connection(self):
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        except ConnectionRefusedError:
+            return "refused"
+        with s, s.makefile("rb") as f:
+            while self.running:
+                try:
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    got = self.answer(f)
+                except OSError:
+                    got = None
+                if got is None:
+                    return "lost"
+                with self.lock:
+                    self.counts["ok" if got[0] else "other"] += 1
+                if got[1]:
+                    return None
+        return None
+
+    def loop(self):
+        while self.running:
+            kind = self.connection()
+            if kind:
+                with self.lock:
+                    self.counts[kind] += 1
+
+    def end(self):
+        self.running = False
+        for t in self.threads:
+            t.join()
+        return dict(self.counts)
+
+
+def measure(sd, text, reloads):
+    """The restart-in-place unit through `reloads` reloads in a row under fresh connections and a
+    pool with no idle gap: one table row for docs/performance.md."""
+    port = free_port()
+    sd.install("myweb.service", text.replace("127.0.0.1:8080", f"127.0.0.1:{port}"))
+    sd.run("systemctl", "start", "myweb")
+    sd.wait(lambda: sd.show("myweb")["ActiveState"] == "active", 30, "myweb active")
+    load, pool = Load(port), Pool(port)
+    times = []
+    started = time.monotonic()
+    for _ in range(reloads):
+        time.sleep(0.05)
+        old = sd.show("myweb")["MainPID"]
+        began = time.monotonic()
+        reload = sd.run("systemctl", "reload", "myweb", check=False)
+        check_quiet = reload.returncode == 0
+        if not check_quiet:
+            fail(f"reload failed: {reload.stderr}")
+        sd.wait(lambda: not os.path.exists(f"/proc/{sd.pid}/root/proc/{old}"), 60, "the old process to exit")
+        times.append(time.monotonic() - began)
+    fresh, pooled = load.end(), pool.end()
+    secs = time.monotonic() - started
+    now = sd.show("myweb")
+    sd.run("systemctl", "stop", "myweb")
+    times.sort()
+    pct = lambda p: times[round((len(times) - 1) * p)] * 1000
+    print("| variant | reloads | answered 200 | 200/s | not 200 | refused | reset (new) | lost (pooled) | NRestarts | Result | restart p50 | restart p99 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ok = fresh["ok"] + pooled["ok"]
+    print(f"| systemctl reload (myweb.service) | {reloads} | {ok} | {ok / secs:.0f} | {fresh['other'] + pooled['other']} "
+          f"| {fresh['refused'] + pooled['refused']} | {fresh['reset']} | {pooled['lost']} | {now['NRestarts']} "
+          f"| {now['Result']} | {pct(0.5):.0f} ms | {pct(0.99):.0f} ms |")
+
+
 def check(what, condition, detail=""):
     if not condition:
         fail(f"{what}: {detail}")
@@ -277,8 +373,12 @@ def socket_activated(sd, socket_text, service_text):
 
 
 def main():
+    reloads = None
+    if len(sys.argv) == 6 and sys.argv[4] == "--measure":
+        reloads = int(sys.argv.pop())
+        sys.argv.pop()
     if len(sys.argv) != 4:
-        fail("usage: systemd_play.py docs/operations.md PLANNED_STOP_BIN RESTART_IN_PLACE_BIN")
+        fail("usage: systemd_play.py docs/operations.md PLANNED_STOP_BIN RESTART_IN_PLACE_BIN [--measure RELOADS]")
     doc, bin_, web = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
     found = []
     for name, text in units(open(doc).read()):
@@ -289,6 +389,12 @@ def main():
     if names.count("myapp.service") != 2 or not {"myweb.service", "mysock.socket", "mysock.service"} <= set(names):
         fail(f"expected two myapp.service units, myweb.service and mysock.socket/.service, found {names}")
     sd = Systemd([bin_, web])
+    if reloads is not None:
+        try:
+            measure(sd, dict(found)["myweb.service"], reloads)
+        finally:
+            sd.stop()
+        return
     try:
         plain = [text for name, text in found if name == "myapp.service"]
         planned_stop_and_restarts(sd, plain[0], "myapp (Type=notify)", bin_)

@@ -51,11 +51,17 @@ async fn main() -> std::io::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let server = HttpServer::new(|| {
-        App::new().route(
-            "/",
-            web::get().to(|| async { format!("served by pid {}\n", std::process::id()) }),
-        )
+    let closing = stop.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            // From the hand-over on, every answer says `Connection: close`: a keep-alive pool
+            // retires its connections to this process after their next answer and opens new
+            // ones, which reach the successor; none is cut with a request on it.
+            .wrap(planned_stop::web::CloseWhenStopping::new(&closing))
+            .route(
+                "/",
+                web::get().to(|| async { format!("served by pid {}\n", std::process::id()) }),
+            )
     });
     // The inherited sockets, or new ones when there are none (the first life).
     let server = planned_stop::web::listeners_or_bind(&stop, addr)?

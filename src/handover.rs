@@ -158,7 +158,7 @@ impl Handover {
         Ok(sockets)
     }
 
-    /// How many listening sockets this process has open that were not offered: bound by the
+    /// How many listening TCP sockets this process has open that were not offered: bound by the
     /// application itself, so a successor could not bind them while this process serves (it
     /// would fail with "address in use"). Reads the process's descriptor table (`/proc/self/fd`,
     /// or `/dev/fd`): blocking, for a blocking thread.
@@ -184,7 +184,13 @@ impl Handover {
                 let Ok(st) = rustix::fs::fstat(fd) else {
                     return false;
                 };
+                let inet = rustix::net::getsockname(fd).is_ok_and(|addr| {
+                    let family = addr.address_family();
+                    family == rustix::net::AddressFamily::INET
+                        || family == rustix::net::AddressFamily::INET6
+                });
                 FileType::from_raw_mode(st.st_mode) == FileType::Socket
+                    && inet
                     && rustix::net::sockopt::socket_acceptconn(fd).unwrap_or(false)
                     && !offered.contains(&(st.st_dev, st.st_ino))
             })

@@ -11,8 +11,11 @@
 //! reconnects when an answer says `Connection: close` or the server closed one. RESTARTS (default
 //! 100) restarts in a row, each variant on a server of its own (this harness re-run as a child):
 //!
-//! - `in place`: `ServiceBuilder::restart_in_place`, the listener from `web::listeners_or_bind`,
-//!   `planned-stop stop --restart --wait`: the successor takes over the same socket;
+//! - `in place`: the shipped example `restart_in_place` (`ServiceBuilder::restart_in_place`, the
+//!   listener from `web::listeners_or_bind`, `CloseWhenStopping`), `planned-stop stop --restart
+//!   --wait`: the successor takes over the same socket;
+//! - `in place, bare`: the same without `CloseWhenStopping` (what an application that mounts
+//!   nothing loses on its pooled connections);
 //! - `exit 75`: the same service without it: the restart exits 75 and this harness, as the
 //!   supervisor, starts it again at once (it binds the port anew);
 //! - `actix-web`: a plain `HttpServer` (its own signals), SIGTERM, started again at once.
@@ -34,7 +37,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The server: `in-place`, `exit-75` (planned-stop without restart in place) or `plain`.
+/// The server of this harness: `in-place-bare` (restart in place without `CloseWhenStopping`),
+/// `exit-75` (planned-stop without restart in place) or `plain`. (`in-place` is the shipped
+/// example.)
 fn serve(variant: &str, base: &str, port: u16) -> std::io::Result<std::process::ExitCode> {
     let base = std::path::PathBuf::from(base);
     actix_web::rt::System::new().block_on(async move {
@@ -49,13 +54,16 @@ fn serve(variant: &str, base: &str, port: u16) -> std::io::Result<std::process::
         let mut builder =
             planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots(base.join("run")))
                 .state_dir(base.join("state"));
-        if variant == "in-place" {
+        if variant == "in-place-bare" {
             builder = builder.restart_in_place(Duration::from_secs(30));
         }
         let stop = builder.start().map_err(std::io::Error::other)?;
         let ready = stop.clone();
-        let server =
-            HttpServer::new(move || app().wrap(planned_stop::web::CloseWhenStopping::new(&ready)));
+        let bare = variant == "in-place-bare";
+        let server = HttpServer::new(move || {
+            let close = planned_stop::web::CloseWhenStopping::new(&ready);
+            app().wrap(actix_web::middleware::Condition::new(!bare, close))
+        });
         let server = planned_stop::web::listeners_or_bind(&stop, ("127.0.0.1", port))?
             .into_iter()
             .try_fold(server, HttpServer::listen)?;
@@ -169,15 +177,34 @@ fn read_answer(reader: &mut BufReader<TcpStream>) -> Option<(u16, bool)> {
     Some((code, close))
 }
 
+/// The shipped example `restart_in_place`, built beside this harness
+/// (`cargo build --release --example restart_in_place --features actix-web`).
+fn shipped_example() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().unwrap();
+    profile.join("examples").join("restart_in_place")
+}
+
 /// A server of `variant` on `port` under `base`: the child and its pid.
 fn start(variant: &str, base: &std::path::Path, port: u16) -> Child {
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([
+    let mut command = if variant == "in-place" {
+        let mut command = Command::new(shipped_example());
+        command
+            .arg("--dir")
+            .arg(base.join("run"))
+            .args(["--addr", &format!("127.0.0.1:{port}")]);
+        command
+    } else {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.args([
             "--serve",
             variant,
             base.to_str().unwrap(),
             &port.to_string(),
-        ])
+        ]);
+        command
+    };
+    let child = command
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -213,7 +240,7 @@ fn restart(
     child: Option<Child>,
 ) -> (u32, Option<Child>) {
     match variant {
-        "in-place" => {
+        "in-place" | "in-place-bare" => {
             let answer = stopper(base, pid, &["--restart"]);
             let successor = answer["successor"].as_u64().expect("a successor") as u32;
             if let Some(mut child) = child {
@@ -319,7 +346,7 @@ fn main() {
         "| variant | restarts | 200/s | answered 200 | not 200 | refused | reset (new) | lost (pooled) | restart p50 | restart p99 |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for variant in ["in-place", "exit-75", "plain"] {
+    for variant in ["in-place", "in-place-bare", "exit-75", "plain"] {
         measure(variant, restarts, fresh_clients, pool);
     }
 }
