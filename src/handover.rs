@@ -26,6 +26,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
+#[cfg(unix)]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -491,6 +492,7 @@ pub(crate) fn untaken_sockets() -> usize {
 }
 
 /// Whether this process already told its predecessor it is ready.
+#[cfg(unix)]
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
 /// In a successor: tells the predecessor this process is ready (once); returns whether it did. A
