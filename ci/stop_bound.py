@@ -1,7 +1,7 @@
 """The stop's bound, shared by the recipe checks (ci/k8s_recipes.py, ci/systemd_recipes.py).
 
 A service is gone, at the latest, this long after it accepted a stop (RunnerConfig::stop_bound in
-src/runner/config.rs): the drain deadline, one answer grace per phase (three of 100 ms), the
+src/runner/config.rs): the drain deadline, two answer graces per phase (six of 100 ms: the grace, and one more while answers still arrive), the
 persist deadline (10 s), then the longer of the overrun grace (5 s: the watchdog ends a stop that
 has not concluded) and the exit grace (2 s: a stop that concluded ends the process by then). A
 supervisor's stop timeout (systemd's TimeoutStopSec, Kubernetes' terminationGracePeriodSeconds)
@@ -10,7 +10,7 @@ that does not cover it SIGKILLs a stop that is still within its deadlines.
 
 import re
 
-ANSWER_GRACES_S = 0.3
+ANSWER_GRACES_S = 0.6
 PERSIST_S = 10
 OVERRUN_S = 5
 EXIT_GRACE_S = 2

@@ -1414,3 +1414,51 @@ fn every_log_line_of_a_stop_is_inside_its_span() {
         assert!(line.ends_with(span), "{line}");
     }
 }
+
+/// Ten thousand participants, each handing back its item at the very deadline (a job that cannot
+/// finish), on the real clock: every answer that reached the runner counts, whatever the runner's
+/// own pace in taking them in, and the drain is clean. Before, the runner took in a few hundred
+/// within its answer grace and named the rest "unanswered", their items lost.
+#[test]
+fn answers_at_the_deadline_all_count_however_many_participants_there_are() {
+    const N: usize = 10_000;
+    let f = Fixture::new();
+    let sys = actix::System::new();
+    let code = sys.block_on(async {
+        let mut b = ServiceBuilder::new(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
+            .state_dir(f.state())
+            .drain_deadline(Duration::from_secs(1))
+            // What is measured here is the answers, not how long the record takes to write.
+            .persist_deadline(Duration::from_secs(120))
+            .handle_signals(false)
+            .events(false);
+        for i in 0..N {
+            b = b.participant(
+                format!("job-{i}"),
+                AtDeadline(format!("item-{i}")).start().recipient(),
+            );
+        }
+        let h = b.start().unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        code_of(h.stopped().await)
+    });
+    assert_eq!(code, 0);
+    let record = f.record();
+    assert_eq!(
+        record.unanswered.len(),
+        0,
+        "{:?}",
+        &record.unanswered[..5.min(record.unanswered.len())]
+    );
+    assert_eq!(
+        record.unfinished.len(),
+        N,
+        "every item handed back is recorded"
+    );
+    assert!(
+        record.drained_in_time,
+        "answers at the deadline are in time"
+    );
+}

@@ -109,8 +109,10 @@ impl ExitCodes {
 pub struct RunnerConfig {
     /// How long the participants have to drain. Default 10 s.
     pub drain_deadline: Duration,
-    /// How long after the deadline an answer is still waited for (answers sent exactly at the
-    /// deadline). Default 100 ms.
+    /// How long after a phase's deadline its answers are still waited for (answers sent exactly
+    /// at the deadline). While answers keep arriving then (thousands of participants answering
+    /// at once take the event loop a while to deliver), the phase waits on for at most one more
+    /// grace, and ends as soon as a moment passes without a new answer. Default 100 ms.
     pub answer_grace: Duration,
     /// Exit codes.
     pub exit_codes: ExitCodes,
@@ -149,7 +151,7 @@ impl RunnerConfig {
     pub(crate) fn overrun_limit(&self, within: Duration) -> Duration {
         let phases = DrainPhase::ALL.len() as u32;
         within
-            .saturating_add(self.answer_grace.saturating_mul(phases))
+            .saturating_add(self.phase_end(Duration::ZERO).saturating_mul(phases))
             .saturating_add(super::drain::clamp(self.persist_deadline))
             .saturating_add(super::drain::clamp(self.overrun_grace))
     }
@@ -165,6 +167,13 @@ impl RunnerConfig {
         self.overrun_limit(within)
             .saturating_sub(super::drain::clamp(self.overrun_grace))
             .saturating_add(tail)
+    }
+
+    /// The latest a phase due within `within` ends: its deadline, the answer grace, and at most
+    /// one more grace while answers are still arriving (see [`Self::answer_grace`]). An answer
+    /// taken in by then is in time.
+    pub(crate) fn phase_end(&self, within: Duration) -> Duration {
+        within.saturating_add(super::drain::clamp(self.answer_grace).saturating_mul(2))
     }
 
     /// How long `phase` may take when `left` remains of the overall deadline.
@@ -201,22 +210,22 @@ mod tests {
     use super::*;
     use crate::lifecycle::SignalKind;
 
-    /// The docs' arithmetic (operations.md, ci/stop_bound.py): drain 20 s + 0.3 + 10 + 5.
+    /// The docs' arithmetic (operations.md, ci/stop_bound.py): drain 20 s + 0.6 (two answer graces a phase) + 10 + 5.
     #[test]
     fn the_stop_bound_adds_the_graces_the_persist_and_the_longer_of_overrun_and_exit_grace() {
         let config = RunnerConfig::default();
         let drain = Duration::from_secs(20);
-        assert_eq!(config.overrun_limit(drain), Duration::from_millis(35_300));
-        assert_eq!(config.stop_bound(drain), Duration::from_millis(35_300));
+        assert_eq!(config.overrun_limit(drain), Duration::from_millis(35_600));
+        assert_eq!(config.stop_bound(drain), Duration::from_millis(35_600));
         let slow_main = RunnerConfig {
             exit_grace: Duration::from_secs(8),
             ..RunnerConfig::default()
         };
         assert_eq!(
             slow_main.overrun_limit(drain),
-            Duration::from_millis(35_300)
+            Duration::from_millis(35_600)
         );
-        assert_eq!(slow_main.stop_bound(drain), Duration::from_millis(38_300));
+        assert_eq!(slow_main.stop_bound(drain), Duration::from_millis(38_600));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::record::{Note, PhaseRecord, Unfinished};
 use actix::Recipient;
 use actix::clock::Instant;
 use chrono::{DateTime, Utc};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// The longest any deadline is taken to be: a larger one (a typo, `Duration::MAX`) is clamped so
@@ -83,9 +84,9 @@ pub(crate) enum Next {
 /// The phase running now.
 struct Current {
     phase: DrainPhase,
-    deadline: Instant,
     started_at: DateTime<Utc>,
-    waiting: Vec<usize>,
+    /// Who has not answered yet (ordered, so the warning names them in order).
+    waiting: BTreeSet<usize>,
     asked: usize,
 }
 
@@ -99,10 +100,14 @@ pub(crate) struct DrainRun {
     current: Option<Current>,
     next_phase: usize,
     generation: u64,
-    answered: Vec<usize>,
+    /// Who has answered, by participant index (one flag each: taking in an answer costs the
+    /// same with ten participants as with a hundred thousand).
+    answered: Vec<bool>,
+    /// How many flags of `answered` are set.
+    taken: usize,
     /// Participants whose mailbox was closed: counted as answered (they do not delay the drain)
     /// but their work is unknown, so the record lists them as unanswered.
-    gone: Vec<usize>,
+    gone: Vec<bool>,
     pub(crate) unfinished: Vec<Unfinished>,
     /// Items that could not be serialised, each with its participant: lost, and said so.
     pub(crate) unrecordable: Vec<Note>,
@@ -113,6 +118,19 @@ pub(crate) struct DrainRun {
     pub(crate) forced: bool,
     /// How long the drain may take ([`drain_within`]).
     pub(crate) within: Duration,
+}
+
+/// Whether flag `index` is set.
+fn flag(flags: &[bool], index: usize) -> bool {
+    flags.get(index).copied().unwrap_or(false)
+}
+
+/// Sets flag `index`, growing `flags` as needed.
+fn set_flag(flags: &mut Vec<bool>, index: usize) {
+    if flags.len() <= index {
+        flags.resize(index + 1, false);
+    }
+    flags[index] = true;
 }
 
 /// `deadline` clamped to [`LONGEST_DEADLINE`].
@@ -141,6 +159,7 @@ impl DrainRun {
             next_phase: 0,
             generation: 0,
             answered: Vec::new(),
+            taken: 0,
             gone: Vec::new(),
             unfinished: Vec::new(),
             unrecordable: Vec::new(),
@@ -175,9 +194,8 @@ impl DrainRun {
             self.generation += 1;
             self.current = Some(Current {
                 phase,
-                deadline: now + within,
                 started_at: wall,
-                waiting: members.clone(),
+                waiting: members.iter().copied().collect(),
                 asked: members.len(),
             });
             return Next::Ask {
@@ -192,25 +210,24 @@ impl DrainRun {
 
     /// Records participant `index`'s answer in `phase` (`None`: its mailbox is closed, which
     /// counts as answered with nothing handed back). Returns whether the current phase is now
-    /// complete.
+    /// complete. An answer taken while its phase runs is in time — the runner ends a phase at its
+    /// deadline and answer grace, later while answers are still arriving
+    /// ([`RunnerConfig::phase_end`]) — and one that comes after is late.
     pub(crate) fn answer(
         &mut self,
         index: usize,
         name: &str,
         phase: DrainPhase,
         report: Option<DrainReport>,
-        now: Instant,
     ) -> bool {
-        if self.answered.contains(&index) {
+        if flag(&self.answered, index) {
             return false;
         }
-        self.answered.push(index);
+        set_flag(&mut self.answered, index);
+        self.taken += 1;
         match report {
             Some(report) => {
-                self.late |= self
-                    .current
-                    .as_ref()
-                    .is_none_or(|c| c.phase != phase || now > c.deadline);
+                self.late |= self.current.as_ref().is_none_or(|c| c.phase != phase);
                 self.cut |= report.cut;
                 let new = report
                     .unfinished
@@ -240,7 +257,7 @@ impl DrainRun {
                 self.notes.extend(report.notes.into_iter().map(note));
             }
             None => {
-                self.gone.push(index);
+                set_flag(&mut self.gone, index);
                 self.notes.push(Note {
                     participant: name.to_owned(),
                     note: "gone before it could answer (mailbox closed); its work is unknown"
@@ -250,16 +267,24 @@ impl DrainRun {
         }
         match self.current.as_mut() {
             Some(c) if c.phase == phase => {
-                c.waiting.retain(|&i| i != index);
+                c.waiting.remove(&index);
                 c.waiting.is_empty()
             }
             _ => false,
         }
     }
 
-    /// The participants (by index) of the running phase that have not answered yet.
-    pub(crate) fn waiting(&self) -> &[usize] {
-        self.current.as_ref().map_or(&[], |c| &c.waiting)
+    /// The participants (by index, in order) of the running phase that have not answered yet.
+    pub(crate) fn waiting(&self) -> Vec<usize> {
+        self.current
+            .as_ref()
+            .map_or(Vec::new(), |c| c.waiting.iter().copied().collect())
+    }
+
+    /// How many answers have been taken in so far (the runner's measure of progress while a
+    /// phase's answers are still arriving).
+    pub(crate) fn answers_taken(&self) -> usize {
+        self.taken
     }
 
     /// Whether the phase timer armed under `generation` still belongs to the running phase.
@@ -278,7 +303,7 @@ impl DrainRun {
     /// started and those whose mailbox was closed included: their work is unknown.
     pub(crate) fn unanswered(&self, names: &[&str]) -> Vec<String> {
         (0..names.len())
-            .filter(|i| !self.answered.contains(i) || self.gone.contains(i))
+            .filter(|&i| !flag(&self.answered, i) || flag(&self.gone, i))
             .map(|i| names[i].to_owned())
             .collect()
     }

@@ -56,8 +56,8 @@ impl RunnerActor {
                     return;
                 }
                 let unanswered: Vec<String> = match awaiting.lock() {
-                    Ok(a) => a.clone(),
-                    Err(poisoned) => poisoned.into_inner().clone(),
+                    Ok(a) => a.values().cloned().collect(),
+                    Err(poisoned) => poisoned.into_inner().values().cloned().collect(),
                 };
                 tracing::error!(
                     limit_ms = limit.as_millis() as u64,

@@ -20,6 +20,7 @@
 //! "force now" escalation; then it records what it has. A participant that never answered is listed
 //! as such; its work is unknown.
 
+mod answers;
 mod conclude;
 mod config;
 mod drain;
@@ -73,8 +74,11 @@ pub struct RunnerActor {
     /// Items over [`MAX_ITEM_BYTES`](crate::record::MAX_ITEM_BYTES): never written, so the stop
     /// ends `record_lost` with them in its ERROR log line.
     unrecorded: Vec<Unfinished>,
-    /// The participants of a drain that have not answered yet, for the overrun watchdog's log.
-    awaiting: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The participants of a drain that have not answered yet (by index), for the overrun
+    /// watchdog's log.
+    awaiting: Arc<std::sync::Mutex<std::collections::BTreeMap<usize, String>>>,
+    /// The answers of the running phase on their way, by participant index.
+    answers: std::collections::HashMap<usize, answers::Slot>,
     /// The span of the stop under way, from its acceptance to its conclusion: every log line of
     /// one stop carries its request id, cause and verdict, so they can be found together.
     stop_span: Option<tracing::Span>,
@@ -127,6 +131,7 @@ impl RunnerActor {
             pending: Arc::default(),
             unrecorded: Vec::new(),
             awaiting: Arc::default(),
+            answers: Default::default(),
             stop_span: None,
             in_place: None,
             handing_over: false,
@@ -282,7 +287,9 @@ impl RunnerActor {
             within,
         ));
         if let Ok(mut awaiting) = self.awaiting.lock() {
-            *awaiting = self.participants.iter().map(|p| p.name.clone()).collect();
+            *awaiting = (self.participants.iter().map(|p| p.name.clone()))
+                .enumerate()
+                .collect();
         }
         self.arm_overrun_watchdog(within);
         self.next_phase(false, ctx);
@@ -316,43 +323,88 @@ impl RunnerActor {
         self.status
             .send_if_modified(|status| status.drain_phase.replace(phase) != Some(phase));
         let verdict = self.lifecycle.verdict().unwrap_or(StopVerdict::Unexpected);
+        self.answers.clear();
         for index in members {
             let participant = &self.participants[index];
             let name = participant.name.clone();
-            let answer = participant.recipient.send(Drain {
+            let slot = answers::Slot::new(participant.recipient.send(Drain {
                 within,
                 verdict,
                 phase,
-            });
+            }));
+            self.answers.insert(index, slot.clone());
             ctx.spawn(
-                answer
+                slot.arrival()
                     .into_actor(self)
-                    .map(move |answer, act, ctx| act.on_answer(index, &name, phase, answer, ctx)),
+                    .map(move |answer, act, ctx| {
+                        if let Some(answer) = answer {
+                            act.on_answer(index, &name, phase, answer, ctx);
+                        }
+                    }),
             );
         }
-        ctx.run_later(
-            within.saturating_add(self.config.answer_grace),
-            move |act, ctx| {
-                let _in_stop = act.in_stop();
-                if act.lifecycle.state() == RunnerState::Draining
-                    && act.drain.as_ref().is_some_and(|r| r.is_current(generation))
-                {
-                    let unanswered: Vec<&str> = act.drain.as_ref().map_or(Vec::new(), |run| {
-                        run.waiting()
-                            .iter()
-                            .filter_map(|&i| act.participants.get(i).map(|p| p.name.as_str()))
-                            .collect()
-                    });
-                    tracing::warn!(
-                        ?phase,
-                        ?unanswered,
-                        "drain phase deadline passed without an answer from these participants \
-                         (the work they hold in memory is unknown); moving on"
-                    );
-                    act.next_phase(true, ctx);
-                }
-            },
+        let ends = within.saturating_add(drain::clamp(self.config.answer_grace));
+        ctx.run_later(ends, move |act, ctx| {
+            act.phase_timer(phase, generation, None, ctx)
+        });
+    }
+
+    /// The running phase's deadline and answer grace have passed. Takes in every answer that has
+    /// reached the runner; while answers keep coming (this look found some waiting, or more came
+    /// since the previous look — `last`: how many had been taken then, and when looking ends),
+    /// looks again a moment later, for at most one more answer grace; then names who has not
+    /// answered and moves on.
+    fn phase_timer(
+        &mut self,
+        phase: DrainPhase,
+        generation: u64,
+        last: Option<(usize, Instant)>,
+        ctx: &mut Context<Self>,
+    ) {
+        let _in_stop = self.in_stop();
+        let current = |act: &Self| {
+            act.lifecycle.state() == RunnerState::Draining
+                && act.drain.as_ref().is_some_and(|r| r.is_current(generation))
+        };
+        if !current(self) {
+            return;
+        }
+        let before = self.drain.as_ref().map_or(0, DrainRun::answers_taken);
+        let waiting = self.drain.as_ref().map_or(Vec::new(), DrainRun::waiting);
+        for index in waiting {
+            let Some(answer) = self.answers.get(&index).and_then(answers::Slot::delivered) else {
+                continue;
+            };
+            let name = self.participants[index].name.clone();
+            self.on_answer(index, &name, phase, answer, ctx);
+            if !current(self) {
+                return; // that was the last answer: the next phase has begun
+            }
+        }
+        let taken = self.drain.as_ref().map_or(0, DrainRun::answers_taken);
+        let settle_ends = last.map_or(Instant::now() + self.config.answer_grace, |(_, at)| at);
+        // Progress: answers since the last look (at the first, those this look found waiting).
+        let progress = taken > last.map_or(before, |(at_last, _)| at_last);
+        if progress && Instant::now() < settle_ends {
+            // Answers are still arriving: a moment for the event loop to deliver the rest.
+            ctx.run_later(SETTLE_LOOK, move |act, ctx| {
+                act.phase_timer(phase, generation, Some((taken, settle_ends)), ctx);
+            });
+            return;
+        }
+        let unanswered: Vec<&str> = self.drain.as_ref().map_or(Vec::new(), |run| {
+            run.waiting()
+                .iter()
+                .filter_map(|&i| self.participants.get(i).map(|p| p.name.as_str()))
+                .collect()
+        });
+        tracing::warn!(
+            ?phase,
+            ?unanswered,
+            "drain phase deadline passed without an answer from these participants \
+             (the work they hold in memory is unknown); moving on"
         );
+        self.next_phase(true, ctx);
     }
 
     /// Enters the span of the stop under way, if there is one (see `stop_span`).
@@ -375,10 +427,8 @@ impl RunnerActor {
         let Some(run) = self.drain.as_mut() else {
             return;
         };
-        if let Ok(mut awaiting) = self.awaiting.lock()
-            && let Some(at) = awaiting.iter().position(|n| n == name)
-        {
-            awaiting.remove(at);
+        if let Ok(mut awaiting) = self.awaiting.lock() {
+            awaiting.remove(&index);
         }
         let report = match answer {
             Ok(report) => {
@@ -390,7 +440,7 @@ impl RunnerActor {
                 None
             }
         };
-        if run.answer(index, name, phase, report, Instant::now()) {
+        if run.answer(index, name, phase, report) {
             self.next_phase(false, ctx);
         }
     }
@@ -421,6 +471,11 @@ impl Actor for RunnerActor {
         }
     }
 }
+
+/// How long the runner waits between two looks at answers still arriving after a phase's
+/// deadline and grace ([`RunnerActor::phase_timer`]): a moment for the event loop to run the
+/// participants that are answering.
+const SETTLE_LOOK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// `at + within` on the wall clock, saturating at the latest time chrono can represent.
 pub(super) fn wall_deadline(at: DateTime<Utc>, within: std::time::Duration) -> DateTime<Utc> {

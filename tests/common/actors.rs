@@ -415,3 +415,22 @@ impl Handler<Drain> for Answering {
         self.0.take().unwrap_or_else(DrainReport::done)
     }
 }
+
+/// A participant that holds one item and hands it back at its deadline, as a job that cannot
+/// finish in time does: the many-participants scale tests.
+pub struct AtDeadline(pub String);
+
+impl Actor for AtDeadline {
+    type Context = Context<Self>;
+}
+
+impl Handler<Drain> for AtDeadline {
+    type Result = ResponseFuture<DrainReport>;
+    fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        let item = self.0.clone();
+        Box::pin(async move {
+            actix::clock::sleep(drain.within).await;
+            DrainReport::unfinished([item])
+        })
+    }
+}

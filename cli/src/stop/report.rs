@@ -126,7 +126,10 @@ pub(super) fn describe(drain: &DrainSummary) -> String {
         parts.push(drain.notes.join("; "));
     }
     if parts.is_empty() {
-        parts.push("a participant answered after its deadline".to_owned());
+        parts.push(
+            "a participant answered after its phase had ended (its deadline and answer grace)"
+                .to_owned(),
+        );
     }
     parts.join("; ")
 }
