@@ -512,26 +512,29 @@ mod with_processes {
 
     #[test]
     #[ignore = "needs root (files of another user): .ci/run runs it with --ignored"]
-    fn an_item_file_owned_by_another_user_is_never_resumed() {
+    fn items_in_a_file_owned_by_another_user_are_never_resumed() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             panic!("needs root to give a file to another user");
         }
         let d = dirs();
         let ids = leave_items(&d, 2);
-        let planted = d
-            .state
-            .join("planned-stop-items")
-            .join(format!("{}.item.json", ids[0]));
-        let c = std::ffi::CString::new(s(&planted)).unwrap();
+        assert_eq!(ids.len(), 2);
+        // The stop's batch, both items in it, given to another user.
+        let batches: Vec<_> = std::fs::read_dir(d.state.join("planned-stop-batches"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(batches.len(), 1, "{batches:?}");
+        let c = std::ffi::CString::new(s(&batches[0])).unwrap();
         // SAFETY: a valid C string; chown to nobody.
         assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
         let next = serve(&d, &["--jobs", "0", "--job-ms", "10"]);
         let resumed = next.seen("resumed").unwrap();
         assert_eq!(
             strings(&resumed["ids"]),
-            [ids[1].clone()],
-            "only this user's item"
+            Vec::<String>::new(),
+            "nothing another user's file holds"
         );
         next.wait_stderr("skipped");
     }

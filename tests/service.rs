@@ -1415,13 +1415,15 @@ fn every_log_line_of_a_stop_is_inside_its_span() {
     }
 }
 
-/// Ten thousand participants, each handing back its item at the very deadline (a job that cannot
-/// finish), on the real clock: every answer that reached the runner counts, whatever the runner's
-/// own pace in taking them in, and the drain is clean. Before, the runner took in a few hundred
-/// within its answer grace and named the rest "unanswered", their items lost.
+/// Ten thousand participants, each handing back ten items at the very deadline (a job that
+/// cannot finish), on the real clock: every answer that reached the runner counts, whatever the
+/// runner's own pace in taking them in, the drain is clean, and the next start resumes each of the
+/// 100,000 items exactly once. Before, the runner took in a few hundred answers within its grace
+/// and named the rest "unanswered", their items lost, while the stop said planned, 0.
 #[test]
 fn answers_at_the_deadline_all_count_however_many_participants_there_are() {
     const N: usize = 10_000;
+    const EACH: usize = 10;
     let f = Fixture::new();
     let sys = actix::System::new();
     let code = sys.block_on(async {
@@ -1429,15 +1431,11 @@ fn answers_at_the_deadline_all_count_however_many_participants_there_are() {
             .owns_process_exit(false)
             .state_dir(f.state())
             .drain_deadline(Duration::from_secs(1))
-            // What is measured here is the answers, not how long the record takes to write.
-            .persist_deadline(Duration::from_secs(120))
             .handle_signals(false)
             .events(false);
         for i in 0..N {
-            b = b.participant(
-                format!("job-{i}"),
-                AtDeadline(format!("item-{i}")).start().recipient(),
-            );
+            let items = (0..EACH).map(|k| format!("item-{i}-{k}")).collect();
+            b = b.participant(format!("job-{i}"), AtDeadline(items).start().recipient());
         }
         let h = b.start().unwrap();
         h.ready();
@@ -1446,19 +1444,38 @@ fn answers_at_the_deadline_all_count_however_many_participants_there_are() {
     });
     assert_eq!(code, 0);
     let record = f.record();
+    let unanswered = &record.unanswered;
     assert_eq!(
-        record.unanswered.len(),
+        unanswered.len(),
         0,
         "{:?}",
-        &record.unanswered[..5.min(record.unanswered.len())]
+        &unanswered[..5.min(unanswered.len())]
     );
     assert_eq!(
         record.unfinished.len(),
-        N,
+        N * EACH,
         "every item handed back is recorded"
     );
     assert!(
         record.drained_in_time,
         "answers at the deadline are in time"
     );
+    // The next start: every item, each exactly once.
+    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let next = planned_stop::record::Owner::new("another-host", 1, 1);
+    let leased = rt
+        .block_on(store.lease(&next, usize::MAX, Duration::from_secs(60)))
+        .unwrap();
+    let items: std::collections::BTreeSet<String> = leased
+        .iter()
+        .map(|l| l.item.item.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!((leased.len(), items.len()), (N * EACH, N * EACH));
+    let again = rt
+        .block_on(store.lease(&next, usize::MAX, Duration::from_secs(60)))
+        .unwrap();
+    assert!(again.is_empty(), "{} leased twice", again.len());
 }

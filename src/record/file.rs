@@ -4,13 +4,15 @@
 //!
 //! - `DIR/planned-stop-record.json` — the most recent stop's summary, for people (`status`); the
 //!   last writer wins, which loses nothing, because the work itself is in the item files;
-//! - `DIR/planned-stop-items/<id>.item.json` — one file per unfinished item: written by a stop,
-//!   again when a failed attempt is counted, and when it is held aside for a person (the reason is
-//!   in the file) or released;
+//! - `DIR/planned-stop-batches/<name>.batch.json` — the unfinished items of one stop, written and
+//!   synced once however many there are (see [`batch`] for which version of an item counts);
+//! - `DIR/planned-stop-items/<id>.item.json` — an item's own file, written when a failed attempt
+//!   is counted, and when it is held aside for a person (the reason is in the file) or released;
 //! - `DIR/planned-stop-items/<id>.lease.json` — its lease, while someone resumes it;
-//! - `DIR/planned-stop-acked/<id>.item.json` — an acknowledged item: the acknowledgement *is* the
-//!   rename of its file out of the item directory, so it is atomic; kept a day (for `records` and
-//!   the tests), then swept;
+//! - `DIR/planned-stop-acked/<id>.item.json` — an acknowledged item (the rename of its own file,
+//!   or a new file for an item only a batch holds: atomic either way), and `<id>.dropped` an
+//!   operator's drop; kept a day (for `records` and the tests) and while a batch holds the item,
+//!   then swept;
 //! - `DIR/.planned-stop.lock` — every operation holds an exclusive lock on it (`flock`,
 //!   `LockFileEx`), so several processes sharing the directory never interleave. The OS drops the
 //!   lock of a process that dies; a lock held longer than [`LOCK_WAIT`] is an error, never a wedge.
@@ -35,25 +37,30 @@
 //! threads, so the event loop never waits on a disk or a lock.
 
 mod aside;
+mod batch;
 mod contract;
 mod disk;
 mod summary;
+mod view;
 
-use disk::{in_state_dir_words, older_than, write_unique};
+use disk::{in_state_dir_words, older_than};
 
 use summary::read_record_file;
 pub(crate) use summary::record_path;
 
 use super::lease::{self, Lease, Liveness, Owner};
-use super::store::{ItemState, Leased, ResumeItem, lease_end, oldest_first};
+use super::store::{Leased, ResumeItem, lease_end};
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files as fsx;
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub(crate) use batch::BATCHES_DIR_NAME;
 
 /// The directory of the item files inside the state directory.
 pub(crate) const ITEMS_DIR_NAME: &str = "planned-stop-items";
@@ -109,7 +116,10 @@ type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 pub struct FileRecordStore {
     dir: PathBuf,
     items: PathBuf,
+    batches_dir: PathBuf,
     acked: PathBuf,
+    /// The batches read so far (immutable once written), shared by the store's clones.
+    batches: Arc<std::sync::Mutex<batch::Batches>>,
     clock: Arc<dyn Clock>,
     liveness: LivenessProbe,
     allow_shared: bool,
@@ -191,7 +201,9 @@ impl FileRecordStore {
         let allow_shared = sharing == Sharing::Allowed;
         FileRecordStore {
             items: dir.join(ITEMS_DIR_NAME),
+            batches_dir: dir.join(BATCHES_DIR_NAME),
             acked: dir.join(ACKED_DIR_NAME),
+            batches: Arc::default(),
             dir,
             clock: Arc::new(SystemClock),
             liveness: Arc::new(crate::record::host::liveness_here),
@@ -205,7 +217,7 @@ impl FileRecordStore {
     /// (they may have been removed, opened up or given away meanwhile).
     fn prepare(&self) -> Result<(), RecordError> {
         // Each directory's own entry is made durable too, not only what it holds.
-        for dir in [&self.dir, &self.items, &self.acked] {
+        for dir in [&self.dir, &self.items, &self.batches_dir, &self.acked] {
             fsx::prepare_own_dir(dir, self.allow_shared).map_err(in_state_dir_words)?;
             fsx::sync_dir_of(dir, &*self.observer)?;
         }
@@ -277,7 +289,7 @@ impl FileRecordStore {
         &self.dir
     }
 
-    fn path(&self, id: &str, kind: &str) -> PathBuf {
+    pub(super) fn path(&self, id: &str, kind: &str) -> PathBuf {
         self.items.join(format!("{id}{kind}"))
     }
 
@@ -328,60 +340,23 @@ impl FileRecordStore {
         result
     }
 
-    /// The ids of every item file; removes a lease whose item is gone (acknowledged or dropped
-    /// by a process that died before removing the lease) and temporary files older than
-    /// [`ACK_KEEP`] (left by a process that died while writing).
-    fn scan(&self) -> Result<Vec<String>, RecordError> {
-        let entries = match fs::read_dir(&self.items) {
-            // A store opened to look at a directory no service has written yet.
-            Err(e) if !self.writable && e.kind() == io::ErrorKind::NotFound => {
-                return Ok(Vec::new());
-            }
-            entries => entries.map_err(|source| RecordError::Io {
-                op: "list",
-                path: self.items.clone(),
-                source,
-            })?,
-        };
-        let mut ids = Vec::new();
-        let mut leases = Vec::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else {
-                misnamed(&entry.path(), "its name is not UTF-8");
-                continue;
-            };
-            if let Some(id) = name.strip_suffix(ITEM) {
-                if lease::is_valid_item_id(id) {
-                    ids.push(id.to_owned());
-                } else {
-                    misnamed(
-                        &entry.path(),
-                        "its name is not an item id (1 to 128 of A-Z a-z 0-9 - _)",
-                    );
-                }
-            } else if let Some(id) = name.strip_suffix(LEASE) {
-                leases.push(id.to_owned());
-            } else if self.writable && name.starts_with('.') && older_than(&entry, ACK_KEEP) {
-                self.remove_file(&entry.path())?;
-            }
-        }
-        if self.writable {
-            let items: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-            for orphan in leases.iter().filter(|id| !items.contains(id.as_str())) {
-                self.remove_file(&self.path(orphan, LEASE))?;
-            }
-        }
-        Ok(ids)
-    }
-
     /// Removes acknowledged items older than [`ACK_KEEP`] (at each stop: rare, and off the
     /// resume's path).
     fn sweep_acked(&self) -> Result<(), RecordError> {
         let Ok(entries) = fs::read_dir(&self.acked) else {
             return Ok(());
         };
+        let batches = self.batches()?;
         for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let id = name
+                .strip_suffix(ITEM)
+                .or_else(|| name.strip_suffix(batch::DROPPED));
+            // While a batch holds the item, its acknowledgement is what keeps it done.
+            if id.is_some_and(|id| batches.holds(id)) {
+                continue;
+            }
             if older_than(&entry, ACK_KEEP) {
                 self.remove_file(&entry.path())?;
             }
@@ -389,48 +364,26 @@ impl FileRecordStore {
         Ok(())
     }
 
-    fn state_of(&self, id: &str) -> Option<ItemState> {
-        let file: aside::ItemFile = self.read_json(&self.path(id, ITEM))?;
-        if file.item.id != id {
-            tracing::warn!(id, found = %file.item.id, "an item file names another id; skipped");
-            return None;
-        }
-        let lease = self.read_json(&self.path(id, LEASE));
-        Some(ItemState {
-            item: file.item,
-            lease,
-            quarantined: file.held_aside,
-        })
-    }
-
-    fn all(&self) -> Result<Vec<ItemState>, RecordError> {
-        let mut items: Vec<ItemState> = self
-            .scan()?
-            .iter()
-            .filter_map(|id| self.state_of(id))
-            .collect();
-        oldest_first(&mut items);
-        Ok(items)
-    }
-
     fn persist_now(&self, stopper: &Owner, record: &StopRecord) -> Result<(), RecordError> {
         self.refuse_read_only()?;
         // Again at the stop: the directories may have been removed, opened up or given away.
         self.prepare()?;
-        if let Err(e) = self.sweep_acked() {
-            tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
-                "cannot sweep old acknowledgements; the stop goes on");
-        }
+        let existing = if record.unfinished.is_empty() {
+            HashMap::new()
+        } else {
+            self.states()?
+        };
         let stopped_at = record.finished_at;
+        let mut files = Vec::new();
+        let mut handed_back = Vec::new();
         for unfinished in &record.unfinished {
             let id =
                 super::store::checked_item(unfinished).map_err(|reason| RecordError::Invalid {
                     path: self.items.clone(),
                     reason,
                 })?;
-            let existing = self.state_of(id);
             let Some(counts) =
-                super::store::counts_after_persist(stopper, unfinished, existing.as_ref())
+                super::store::counts_after_persist(stopper, unfinished, existing.get(id))
             else {
                 continue;
             };
@@ -443,33 +396,46 @@ impl FileRecordStore {
                 counts.attempts,
             )
             .with_failures(counts.failures, counts.last_failure);
-            let path = self.path(id, ITEM);
             let file = aside::ItemFile {
                 item,
                 held_aside: None,
             };
-            let bytes = serde_json::to_vec(&file).map_err(|e| RecordError::Invalid {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            if bytes.len() > MAX_FILE_BYTES {
+            let size = serde_json::to_vec(&file).map_or(0, |b| b.len());
+            if size > MAX_FILE_BYTES {
                 return Err(RecordError::Invalid {
-                    path,
+                    path: self.batches_dir.clone(),
                     reason: format!(
-                        "the item file would be {} bytes, over the {MAX_FILE_BYTES} this store \
-                         reads back",
-                        bytes.len()
+                        "item {id} would take {size} bytes, over the {MAX_FILE_BYTES} this store \
+                         reads back"
                     ),
                 });
             }
-            write_unique(&path, &bytes, true, &*self.observer)?;
+            if unfinished.resumed {
+                handed_back.push(id.to_owned());
+            }
+            files.push(file);
+        }
+        // Every item in one write and one sync (a few, for very many): durable before anything
+        // else changes. A handed-back item's batch version counts over its older ones (one
+        // attempt more), so its own file and lease can go, all made durable by one sync: a
+        // lease that came back after a power loss would count a failure that never happened.
+        self.write_batches(files)?;
+        for id in &handed_back {
+            self.remove_file(&self.path(id, ITEM))?;
             self.remove_file(&self.path(id, LEASE))?;
+        }
+        if let Some(id) = handed_back.first() {
+            fsx::sync_dir_of(&self.path(id, LEASE), &*self.observer)?;
         }
         // The summary is for people: the items above are durable whatever happens to it, so a
         // summary that cannot be written is a warning, never a lost stop.
         if let Err(e) = self.write_json(&record_path(&self.dir), record) {
             tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
                 "cannot write the stop's summary for people; the unfinished items are durable");
+        }
+        if let Err(e) = self.collect_garbage() {
+            tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
+                "cannot sweep old batches and acknowledgements; the stop goes on");
         }
         Ok(())
     }
@@ -556,7 +522,7 @@ impl FileRecordStore {
         for id in ids.iter().filter(|id| lease::is_valid_item_id(id)) {
             let path = self.path(id, LEASE);
             let lease: Option<Lease> = self.read_json(&path);
-            if lease::holds(lease.as_ref(), owner) && self.path(id, ITEM).exists() {
+            if lease::holds(lease.as_ref(), owner) && self.version(id)?.is_some() {
                 let lease = Lease::new(owner.clone(), now, lease_end(now, lease_for));
                 self.write_json_as(&path, &lease, false)?;
                 renewed.push(id.clone());
@@ -571,44 +537,53 @@ impl FileRecordStore {
         if self.valid(id).is_none() {
             return Err(unknown());
         }
+        let Some((file, own)) = self.version(id)? else {
+            return Err(unknown());
+        };
         let lease: Option<Lease> = self.read_json(&self.path(id, LEASE));
-        let item = self.path(id, ITEM);
         if !lease::holds(lease.as_ref(), owner) {
-            return Err(match fs::symlink_metadata(&item) {
-                Ok(_) => RecordError::NotHolder {
-                    id: id.to_owned(),
-                    holder: lease.map(|l| l.owner.to_string()),
-                },
-                Err(_) => unknown(),
+            return Err(RecordError::NotHolder {
+                id: id.to_owned(),
+                holder: lease.map(|l| l.owner.to_string()),
             });
         }
-        // The acknowledgement is one rename: the item leaves the item directory for good.
+        let item = self.path(id, ITEM);
         let done = self.acked.join(format!("{id}{ITEM}"));
-        match fsx::rename_file(&item, &done, &*self.observer) {
-            Ok(()) => {}
-            // Unknown only if the item itself is gone: a missing acknowledged directory is an
-            // error of the store, and the item stays held (its holder must not take it for done).
-            Err(e)
-                if e.kind() == io::ErrorKind::NotFound && fs::symlink_metadata(&item).is_err() =>
-            {
-                return Err(unknown());
+        if own {
+            // The acknowledgement is one rename: the item leaves the item directory for good.
+            match fsx::rename_file(&item, &done, &*self.observer) {
+                Ok(()) => {}
+                // Unknown only if the item itself is gone: a missing acknowledged directory is
+                // an error of the store, and the item stays held (its holder must not take it
+                // for done).
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound
+                        && fs::symlink_metadata(&item).is_err() =>
+                {
+                    return Err(unknown());
+                }
+                Err(source) => {
+                    return Err(RecordError::Io {
+                        op: "acknowledge (move to the acknowledged items)",
+                        path: item,
+                        source,
+                    });
+                }
             }
-            Err(source) => {
-                return Err(RecordError::Io {
-                    op: "acknowledge (move to the acknowledged items)",
-                    path: item,
-                    source,
-                });
+            // Its age in the acknowledged directory counts from now, not from the stop.
+            if let Ok(file) = fs::OpenOptions::new().write(true).open(&done) {
+                let _ = file.set_modified(std::time::SystemTime::now());
             }
+            // The new place first: a power loss between the two syncs leaves the item in both
+            // (done: the acknowledgement counts over any other version), never in neither.
+            fsx::sync_dir_of(&done, &*self.observer)?;
+            fsx::sync_dir_of(&item, &*self.observer)?;
+        } else {
+            // Only a batch holds it (batches are never rewritten): the acknowledgement is a new
+            // file, written durably, and counts over every other version from then on.
+            self.write_json(&done, &file)?;
+            self.remove_file(&item)?;
         }
-        // Its age in the acknowledged directory counts from now, not from the stop.
-        if let Ok(file) = fs::OpenOptions::new().write(true).open(&done) {
-            let _ = file.set_modified(std::time::SystemTime::now());
-        }
-        // The new place first: a power loss between the two syncs leaves the item in both (it may
-        // be resumed once more), never in neither.
-        fsx::sync_dir_of(&done, &*self.observer)?;
-        fsx::sync_dir_of(&item, &*self.observer)?;
         self.remove_file(&self.path(id, LEASE))
     }
 
@@ -641,14 +616,18 @@ impl FileRecordStore {
         if self.valid(id).is_none() {
             return Ok(false);
         }
-        let existed = fs::symlink_metadata(self.path(id, ITEM)).is_ok();
+        let existed = self.version(id)?.is_some();
+        // A batch is never rewritten: a drop of an item one holds is a file of its own.
+        if existed && self.batches()?.holds(id) {
+            self.tombstone(id)?;
+        }
         // The item first: once it is gone for good, a leftover lease is swept as an orphan.
         self.remove_durably(&self.path(id, ITEM))?;
         self.remove_file(&self.path(id, LEASE))?;
         Ok(existed)
     }
 
-    fn valid(&self, id: &str) -> Option<()> {
+    pub(super) fn valid(&self, id: &str) -> Option<()> {
         lease::is_valid_item_id(id).then_some(())
     }
 }

@@ -66,6 +66,18 @@ fn store(dir: &std::path::Path) -> (FileRecordStore, Arc<Mutex<Vec<u32>>>) {
     (store, dead)
 }
 
+/// The one batch file of `store` (the one stop it recorded).
+fn the_batch(store: &FileRecordStore) -> std::path::PathBuf {
+    let dir = store.dir().join(file::BATCHES_DIR_NAME);
+    let mut batches: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    batches.remove(0)
+}
+
 fn owner(pid: u32) -> Owner {
     Owner::new("here", pid, 1)
 }
@@ -227,15 +239,20 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
         )
         .unwrap();
     };
+    // Items 1 and 2 in a batch of their own, which is then a FIFO.
+    let batch = the_batch(&store);
+    let mut one = record();
+    one.unfinished[0].id = Some("item-3".into());
+    block_on(store.persist(&owner(42), &one)).unwrap();
     fifo(&file::record_path(store.dir()));
-    fifo(&store.dir().join("planned-stop-items/item-1.item.json"));
+    fifo(&batch);
     assert!(matches!(
         FileRecordStore::read_last_stop(store.dir()),
         Err(RecordError::Invalid { .. })
     ));
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     let ids: Vec<_> = leased.iter().map(|l| l.item.id.as_str()).collect();
-    assert_eq!(ids, ["item-2"], "the FIFO is skipped, the rest resumed");
+    assert_eq!(ids, ["item-3"], "the FIFO is skipped, the rest resumed");
 }
 
 #[test]
@@ -301,31 +318,6 @@ fn operators_release_and_drop_items() {
     assert!(block_on(store.list()).unwrap().is_empty());
 }
 
-#[test]
-fn an_item_file_past_the_size_limit_is_skipped() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _) = store(dir.path());
-    let mut two = record();
-    two.unfinished.push(Unfinished {
-        id: Some("item-2".into()),
-        participant: "jobs".into(),
-        item: "job-4".into(),
-        resumed: false,
-        failure: None,
-    });
-    block_on(store.persist(&owner(42), &two)).unwrap();
-    let path = store.dir().join("planned-stop-items/item-1.item.json");
-    let mut bytes = fs::read(&path).unwrap();
-    bytes.resize(file::MAX_FILE_BYTES + 1, b' ');
-    fs::write(&path, &bytes).unwrap();
-    let ids: Vec<_> = block_on(store.list())
-        .unwrap()
-        .into_iter()
-        .map(|s| s.item.id)
-        .collect();
-    assert_eq!(ids, ["item-2"]);
-}
-
 #[cfg(unix)]
 #[test]
 fn a_lock_held_too_long_is_an_error_never_a_wedge() {
@@ -354,79 +346,6 @@ fn a_refusal_names_the_holder() {
         err.to_string(),
         "resume item item-1 is not leased by this process (holder: pid 1 (start 1) on here)"
     );
-}
-
-/// One limit, the same where items are accepted and where they are read back.
-#[test]
-fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _) = store(dir.path());
-    let mut at_limit = record();
-    // A JSON string of exactly MAX_ITEM_BYTES: the quotes and the text.
-    at_limit.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 2));
-    // A long participant name too: the envelope has room for it (64 KiB past the item).
-    at_limit.unfinished[0].participant = "p".repeat(10_000);
-    assert_eq!(oversized(&at_limit.unfinished[0].item), None);
-    block_on(store.persist(&owner(42), &at_limit)).unwrap();
-    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
-    assert_eq!(leased.len(), 1, "written, so read back");
-    assert_eq!(leased[0].item.item, at_limit.unfinished[0].item);
-
-    let mut over = record();
-    over.unfinished[0].id = Some("item-big".into());
-    over.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 1));
-    assert_eq!(
-        oversized(&over.unfinished[0].item),
-        Some(MAX_ITEM_BYTES + 1)
-    );
-    let err = block_on(store.persist(&owner(42), &over)).unwrap_err();
-    assert!(
-        matches!(&err, RecordError::Invalid { reason, .. } if reason.contains("over the limit")),
-        "{err}"
-    );
-    assert!(
-        !store
-            .dir()
-            .join("planned-stop-items/item-big.item.json")
-            .exists()
-    );
-}
-
-/// The item file's own limit agrees with the reader's: a file of exactly `MAX_FILE_BYTES` is
-/// written and read back, and one byte more is refused before anything is written (a writer that
-/// allowed more would leave an item no start can read back; one that allowed less, a refusal of an
-/// item the reader takes).
-#[test]
-fn an_item_file_of_exactly_the_file_limit_is_written_and_read_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _) = store(dir.path());
-    let items = store.dir().join("planned-stop-items");
-    let with_name = |id: &str, len: usize| {
-        let mut r = record();
-        r.unfinished[0].id = Some(id.into());
-        r.unfinished[0].item = serde_json::Value::String("x".repeat(MAX_ITEM_BYTES - 2));
-        r.unfinished[0].participant = "p".repeat(len);
-        r
-    };
-    let size = |id: &str| {
-        fs::metadata(items.join(format!("{id}.item.json")))
-            .unwrap()
-            .len()
-    };
-    // Measure the envelope with a one-character name, then size the name to fill the file.
-    block_on(store.persist(&owner(42), &with_name("item-a", 1))).unwrap();
-    let len = 1 + file::MAX_FILE_BYTES - size("item-a") as usize;
-    block_on(store.persist(&owner(42), &with_name("item-b", len))).unwrap();
-    assert_eq!(size("item-b") as usize, file::MAX_FILE_BYTES);
-    let err = block_on(store.persist(&owner(42), &with_name("item-c", len + 1))).unwrap_err();
-    assert!(
-        matches!(&err, RecordError::Invalid { reason, .. } if reason.contains("reads back")),
-        "{err}"
-    );
-    assert!(!items.join("item-c.item.json").exists());
-    let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
-    let ids: Vec<&str> = leased.iter().map(|l| l.item.id.as_str()).collect();
-    assert_eq!(ids, ["item-a", "item-b"], "both read back");
 }
 
 /// An operator's drop or release wins over the holder's later hand-back.
@@ -493,6 +412,7 @@ mod crash;
 
 mod acknowledge;
 mod lease;
+mod limits;
 mod look;
 
 /// What a process that died while writing left (a temporary file) and acknowledgements are kept

@@ -416,9 +416,9 @@ impl Handler<Drain> for Answering {
     }
 }
 
-/// A participant that holds one item and hands it back at its deadline, as a job that cannot
+/// A participant that holds items and hands them back at its deadline, as a job that cannot
 /// finish in time does: the many-participants scale tests.
-pub struct AtDeadline(pub String);
+pub struct AtDeadline(pub Vec<String>);
 
 impl Actor for AtDeadline {
     type Context = Context<Self>;
@@ -427,10 +427,10 @@ impl Actor for AtDeadline {
 impl Handler<Drain> for AtDeadline {
     type Result = ResponseFuture<DrainReport>;
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
-        let item = self.0.clone();
+        let items = std::mem::take(&mut self.0);
         Box::pin(async move {
             actix::clock::sleep(drain.within).await;
-            DrainReport::unfinished([item])
+            DrainReport::unfinished(items)
         })
     }
 }

@@ -12,7 +12,7 @@ use crate::record::store::{ItemState, ResumeItem};
 use serde::{Deserialize, Serialize};
 
 /// An item file: the item, and why it is held aside when it is.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct ItemFile {
     #[serde(flatten)]
     pub(super) item: ResumeItem,

@@ -78,7 +78,7 @@ impl FileRecordStore {
     /// Runs `op` holding the directory's lock, on the tokio runtime's blocking threads when
     /// polled inside one (the actix `System`: its event loop never waits on the disk or on
     /// another process's lock), else right here.
-    fn off_thread<T: Send + 'static>(
+    pub(super) fn off_thread<T: Send + 'static>(
         &self,
         op: impl FnOnce(&FileRecordStore) -> Result<T, RecordError> + Send + 'static,
     ) -> RecordFuture<'static, T> {

@@ -94,44 +94,51 @@ impl PgRecordStore {
         self.run(move |client| {
             Box::pin(async move {
                 let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
-                for item in &items {
-                    // A new item is inserted unless it was acknowledged or dropped meanwhile; an
-                    // item the spilling process had leased from the database replaces the stale
-                    // row (newer content, attempts counted up, pending) while that process still
-                    // holds it there, and is left to whoever holds it otherwise.
-                    tx.execute(
-                        "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
-                         stopped_by_pid, stopped_by_start, stopped_at, attempts, failures, last_failure) \
-                         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12 WHERE NOT EXISTS \
-                         (SELECT 1 FROM planned_stop_acks WHERE service = $1 AND id = $2) \
-                         ON CONFLICT (service, id) DO UPDATE SET participant = EXCLUDED.participant, \
-                         item = EXCLUDED.item, stopped_by_host = EXCLUDED.stopped_by_host, \
-                         stopped_by_pid = EXCLUDED.stopped_by_pid, stopped_by_start = EXCLUDED.stopped_by_start, \
-                         stopped_at = EXCLUDED.stopped_at, \
-                         attempts = LEAST(GREATEST(planned_stop_items.attempts, 0), 2147483646) + 1, \
-                         failures = LEAST(GREATEST(planned_stop_items.failures, 0) + EXCLUDED.failures, 2147483647), \
-                         last_failure = COALESCE(EXCLUDED.last_failure, planned_stop_items.last_failure), \
-                         lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_start = NULL, \
-                         leased_at = NULL, lease_expires = NULL \
-                         WHERE planned_stop_items.lease_owner = $10 AND planned_stop_items.quarantined IS NULL",
-                        &[
-                            &service,
-                            &item.id,
-                            &item.participant,
-                            &item.item,
-                            &item.stopped_by.host,
-                            &as_i64(u64::from(item.stopped_by.pid)),
-                            &as_i64(item.stopped_by.start),
-                            &item.stopped_at,
-                            &i32::try_from(item.attempts).unwrap_or(i32::MAX),
-                            &owner_key(&item.stopped_by),
-                            &i32::try_from(item.failures).unwrap_or(i32::MAX),
-                            &item.last_failure,
-                        ],
-                    )
-                    .await
-                    .map_err(|e| backend("push a spilled item", e))?;
-                }
+                // All in one statement, however many: a new item is inserted unless it was
+                // acknowledged or dropped meanwhile; an item the spilling process had leased
+                // from the database replaces the stale row (newer content, attempts counted up,
+                // pending) while that process still holds it there, and is left to whoever
+                // holds it otherwise.
+                let column = |f: &dyn Fn(&ResumeItem) -> String| items.iter().map(f).collect::<Vec<String>>();
+                let ids = column(&|i| i.id.clone());
+                let participants = column(&|i| i.participant.clone());
+                let hosts = column(&|i| i.stopped_by.host.clone());
+                let holders = column(&|i| owner_key(&i.stopped_by));
+                let values: Vec<&serde_json::Value> = items.iter().map(|i| &i.item).collect();
+                let pids: Vec<i64> = items.iter().map(|i| as_i64(u64::from(i.stopped_by.pid))).collect();
+                let starts: Vec<i64> = items.iter().map(|i| as_i64(i.stopped_by.start)).collect();
+                let stopped: Vec<chrono::DateTime<chrono::Utc>> = items.iter().map(|i| i.stopped_at).collect();
+                let attempts: Vec<i32> = items.iter().map(|i| i32::try_from(i.attempts).unwrap_or(i32::MAX)).collect();
+                let failures: Vec<i32> = items.iter().map(|i| i32::try_from(i.failures).unwrap_or(i32::MAX)).collect();
+                let last: Vec<Option<&str>> = items.iter().map(|i| i.last_failure.as_deref()).collect();
+                tx.execute(
+                    "WITH n AS (SELECT * FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::text[], \
+                     $6::int8[], $7::int8[], $8::timestamptz[], $9::int4[], $10::text[], $11::int4[], \
+                     $12::text[]) AS n(id, participant, item, host, pid, start, stopped_at, attempts, \
+                     holder, failures, last_failure)), \
+                     back AS (UPDATE planned_stop_items AS i SET participant = n.participant, item = n.item, \
+                     stopped_by_host = n.host, stopped_by_pid = n.pid, stopped_by_start = n.start, \
+                     stopped_at = n.stopped_at, \
+                     attempts = LEAST(GREATEST(i.attempts, 0), 2147483646) + 1, \
+                     failures = LEAST(GREATEST(i.failures, 0)::int8 + n.failures, 2147483647)::int4, \
+                     last_failure = COALESCE(n.last_failure, i.last_failure), \
+                     lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_start = NULL, \
+                     leased_at = NULL, lease_expires = NULL \
+                     FROM n WHERE i.service = $1 AND i.id = n.id AND i.lease_owner = n.holder \
+                     AND i.quarantined IS NULL) \
+                     INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
+                     stopped_by_pid, stopped_by_start, stopped_at, attempts, failures, last_failure) \
+                     SELECT $1, n.id, n.participant, n.item, n.host, n.pid, n.start, n.stopped_at, \
+                     n.attempts, n.failures, n.last_failure FROM n WHERE NOT EXISTS \
+                     (SELECT 1 FROM planned_stop_acks a WHERE a.service = $1 AND a.id = n.id) \
+                     ON CONFLICT (service, id) DO NOTHING",
+                    &[
+                        &service, &ids, &participants, &values, &hosts, &pids, &starts, &stopped,
+                        &attempts, &holders, &failures, &last,
+                    ],
+                )
+                .await
+                .map_err(|e| backend("push the spilled items", e))?;
                 if let Some(summary) = &summary {
                     let record = serde_json::to_value(summary).map_err(|e| backend("encode", e))?;
                     tx.execute(
@@ -147,9 +154,9 @@ impl PgRecordStore {
             })
         })
         .await?;
-        for state in &spilled {
-            spill.remove(&state.item.id).await?;
-        }
+        spill
+            .remove_all(spilled.iter().map(|s| s.item.id.clone()).collect())
+            .await?;
         tracing::info!(
             items = spilled.len(),
             "pushed the items a stop had spilled on this host to PostgreSQL"
