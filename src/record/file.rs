@@ -40,6 +40,7 @@ mod aside;
 mod batch;
 mod contract;
 mod disk;
+mod leases;
 mod summary;
 mod view;
 
@@ -49,11 +50,11 @@ use summary::read_record_file;
 pub(crate) use summary::record_path;
 
 use super::lease::{self, Lease, Liveness, Owner};
-use super::store::{Leased, ResumeItem, lease_end};
+use super::store::{ItemState, Leased, ResumeItem, lease_end, oldest_first};
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files as fsx;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -400,16 +401,6 @@ impl FileRecordStore {
                 item,
                 held_aside: None,
             };
-            let size = serde_json::to_vec(&file).map_or(0, |b| b.len());
-            if size > MAX_FILE_BYTES {
-                return Err(RecordError::Invalid {
-                    path: self.batches_dir.clone(),
-                    reason: format!(
-                        "item {id} would take {size} bytes, over the {MAX_FILE_BYTES} this store \
-                         reads back"
-                    ),
-                });
-            }
             if unfinished.resumed {
                 handed_back.push(id.to_owned());
             }
@@ -420,6 +411,15 @@ impl FileRecordStore {
         // attempt more), so its own file and lease can go, all made durable by one sync: a
         // lease that came back after a power loss would count a failure that never happened.
         self.write_batches(files)?;
+        let leased_in_batches: Vec<String> = {
+            let batches = self.batches()?;
+            (handed_back.iter())
+                .filter(|id| batches.best_lease(id).is_some())
+                .cloned()
+                .collect()
+        };
+        let release = Lease::new(stopper.clone(), self.clock.now(), self.clock.now());
+        self.write_leases(release, leased_in_batches, true)?;
         for id in &handed_back {
             self.remove_file(&self.path(id, ITEM))?;
             self.remove_file(&self.path(id, LEASE))?;
@@ -479,9 +479,16 @@ impl FileRecordStore {
         self.import_legacy()?;
         let now = self.clock.now();
         // Any duration, however large, saturates at the end of time rather than overflowing.
-        let expires_at = lease_end(now, lease_for);
+        let lease = Lease::new(owner.clone(), now, lease_end(now, lease_for));
+        let (states, own, own_leases) = self.states_and_files()?;
+        let known: HashSet<String> = states.keys().cloned().collect();
+        let mut states: Vec<ItemState> = states.into_values().collect();
+        oldest_first(&mut states);
         let mut leased = Vec::new();
-        for mut state in self.all()? {
+        // Failures counted at the take-over: in a batch of their own (one sync), or, for an
+        // item with a file of its own (which a batch of equal attempts would not outrank), there.
+        let (mut failed, mut failed_own) = (Vec::new(), Vec::new());
+        for state in states {
             if leased.len() >= max {
                 break;
             }
@@ -494,19 +501,33 @@ impl FileRecordStore {
             {
                 continue;
             }
-            let failure = lease::failure_at_takeover(state.lease.as_ref(), liveness);
-            let lease = Lease::new(owner.clone(), now, expires_at);
-            self.write_json_as(&self.path(&state.item.id, LEASE), &lease, false)?;
-            // The lease first: a crash between the two leaves this life's own failure to count.
-            if let Some(why) = failure {
-                tracing::info!(id = %state.item.id, why, "offering again an item whose holder is gone or whose lease lapsed: a failed attempt");
-                self.count_failure(&mut state, why)?;
+            let mut item = state.item.clone();
+            if let Some(why) = lease::failure_at_takeover(state.lease.as_ref(), liveness) {
+                tracing::info!(id = %item.id, why, "offering again an item whose holder is gone or whose lease lapsed: a failed attempt");
+                item.failures = item.failures.saturating_add(1);
+                item.last_failure = Some(why.clone());
+                if own.contains(&item.id) {
+                    failed_own.push((state, why));
+                } else {
+                    failed.push(aside::ItemFile {
+                        item: item.clone(),
+                        held_aside: None,
+                    });
+                }
             }
             leased.push(Leased {
-                item: state.item,
-                lease,
+                item,
+                lease: lease.clone(),
             });
         }
+        let ids = leased.iter().map(|l| l.item.id.clone()).collect();
+        // The lease first: a crash between the two leaves this life's own failure to count.
+        self.write_leases(lease, ids, false)?;
+        self.write_batches(failed)?;
+        for (mut state, why) in failed_own {
+            self.count_failure(&mut state, why)?;
+        }
+        self.tidy_leases(&known, &own_leases)?;
         Ok(leased)
     }
 
@@ -518,16 +539,20 @@ impl FileRecordStore {
     ) -> Result<Vec<String>, RecordError> {
         self.refuse_read_only()?;
         let now = self.clock.now();
-        let mut renewed = Vec::new();
-        for id in ids.iter().filter(|id| lease::is_valid_item_id(id)) {
-            let path = self.path(id, LEASE);
-            let lease: Option<Lease> = self.read_json(&path);
-            if lease::holds(lease.as_ref(), owner) && self.version(id)?.is_some() {
-                let lease = Lease::new(owner.clone(), now, lease_end(now, lease_for));
-                self.write_json_as(&path, &lease, false)?;
-                renewed.push(id.clone());
-            }
-        }
+        let (states, _, own_leases) = self.states_and_files()?;
+        let renewed: Vec<String> = ids
+            .iter()
+            .filter(|id| {
+                states
+                    .get(id.as_str())
+                    .is_some_and(|s| lease::holds(s.lease.as_ref(), owner))
+            })
+            .cloned()
+            .collect();
+        let lease = Lease::new(owner.clone(), now, lease_end(now, lease_for));
+        self.write_leases(lease, renewed.clone(), false)?;
+        let known: HashSet<String> = states.into_keys().collect();
+        self.tidy_leases(&known, &own_leases)?;
         Ok(renewed)
     }
 
@@ -540,7 +565,7 @@ impl FileRecordStore {
         let Some((file, own)) = self.version(id)? else {
             return Err(unknown());
         };
-        let lease: Option<Lease> = self.read_json(&self.path(id, LEASE));
+        let lease = self.lease_of(id)?;
         if !lease::holds(lease.as_ref(), owner) {
             return Err(RecordError::NotHolder {
                 id: id.to_owned(),
@@ -585,30 +610,6 @@ impl FileRecordStore {
             self.remove_file(&item)?;
         }
         self.remove_file(&self.path(id, LEASE))
-    }
-
-    fn release_now(&self, owner: Option<&Owner>, id: &str) -> Result<bool, RecordError> {
-        self.refuse_read_only()?;
-        let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
-            return Err(RecordError::UnknownItem { id: id.to_owned() });
-        };
-        if owner.is_none() && state.quarantined.is_some() {
-            self.offer_again(state)?;
-            return Ok(true);
-        }
-        let Some(lease) = state.lease else {
-            return Ok(false);
-        };
-        if let Some(owner) = owner
-            && lease.owner != *owner
-        {
-            return Err(RecordError::NotHolder {
-                id: id.to_owned(),
-                holder: Some(lease.owner.to_string()),
-            });
-        }
-        self.remove_durably(&self.path(id, LEASE))?;
-        Ok(true)
     }
 
     fn remove_now(&self, id: &str) -> Result<bool, RecordError> {

@@ -72,7 +72,7 @@ fn the_batch(store: &FileRecordStore) -> std::path::PathBuf {
     let mut batches: Vec<_> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter(|p| p.to_string_lossy().ends_with(".batch.json"))
         .collect();
     assert_eq!(batches.len(), 1, "{batches:?}");
     batches.remove(0)

@@ -5,7 +5,7 @@
 //! Why in the item file itself: the item and the reason it is held aside change together, in one
 //! atomic rename, so no crash leaves an item held aside without its reason or offered with one.
 
-use super::{FileRecordStore, ITEM, LEASE};
+use super::{FileRecordStore, ITEM};
 use crate::record::RecordError;
 use crate::record::lease::{self, Owner};
 use crate::record::store::{ItemState, ResumeItem};
@@ -67,7 +67,7 @@ impl FileRecordStore {
             until an operator releases it"
         );
         self.rewrite_item(state.item, Some(reason.to_owned()))?;
-        self.remove_durably(&self.path(id, LEASE))
+        self.end_lease(id)
     }
 
     /// An operator's release of an item held aside: offered again, its failures counted from
@@ -76,6 +76,32 @@ impl FileRecordStore {
         state.item.failures = 0;
         let id = state.item.id.clone();
         self.rewrite_item(state.item, None)?;
-        self.remove_durably(&self.path(&id, LEASE))
+        self.end_lease(&id)
+    }
+
+    /// Ends `owner`'s lease of `id` (any lease with `None`, an operator's release, which also
+    /// offers an item held aside again).
+    pub(super) fn release_now(&self, owner: Option<&Owner>, id: &str) -> Result<bool, RecordError> {
+        self.refuse_read_only()?;
+        let Some(state) = self.valid(id).and_then(|()| self.state_of(id)) else {
+            return Err(RecordError::UnknownItem { id: id.to_owned() });
+        };
+        if owner.is_none() && state.quarantined.is_some() {
+            self.offer_again(state)?;
+            return Ok(true);
+        }
+        let Some(lease) = state.lease else {
+            return Ok(false);
+        };
+        if let Some(owner) = owner
+            && lease.owner != *owner
+        {
+            return Err(RecordError::NotHolder {
+                id: id.to_owned(),
+                holder: Some(lease.owner.to_string()),
+            });
+        }
+        self.end_lease(id)?;
+        Ok(true)
     }
 }

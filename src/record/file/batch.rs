@@ -21,6 +21,7 @@
 //! memory, keyed by its name.
 
 use super::aside::ItemFile;
+use super::leases::{LEASES, LeaseBatch};
 use super::{FileRecordStore, ITEM};
 use crate::record::RecordError;
 use crate::store::files::{self as fsx, Found};
@@ -30,7 +31,6 @@ use std::fs;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The directory of the batches inside the state directory.
 pub(crate) const BATCHES_DIR_NAME: &str = "planned-stop-batches";
@@ -51,11 +51,17 @@ struct BatchFile {
 #[derive(Default)]
 pub(super) struct Batches {
     files: HashMap<String, Arc<Vec<ItemFile>>>,
-    /// What each batch file was when it was read: one replaced under the same name (by hand)
-    /// is read again.
+    /// The batches of leases ([`super::leases`]), by file name.
+    leases: HashMap<String, Arc<LeaseBatch>>,
+    /// What each file was when it was read: one replaced under the same name (by hand) is read
+    /// again.
     stamps: HashMap<String, Stamp>,
     /// Item id → (batch name, position), every appearance.
     index: HashMap<String, Vec<(String, usize)>>,
+    /// Item id → the lease batches naming it.
+    lease_index: HashMap<String, Vec<String>>,
+    /// The highest sequence number among the names listed: the next file is numbered after it.
+    top: u64,
 }
 
 impl Batches {
@@ -67,6 +73,35 @@ impl Batches {
             .iter()
             .filter_map(|(name, at)| Some((name.as_str(), self.files.get(name)?.get(*at)?)))
             .max_by(|(a, x), (b, y)| (x.item.attempts, a).cmp(&(y.item.attempts, b)))
+    }
+
+    /// The latest lease (or release) of `id` among the lease batches, with the batch's number.
+    pub(super) fn best_lease(&self, id: &str) -> Option<(u64, &LeaseBatch)> {
+        self.lease_index
+            .get(id)?
+            .iter()
+            .filter_map(|name| Some((sequence(name)?, &**self.leases.get(name)?)))
+            .max_by_key(|(seq, _)| *seq)
+    }
+
+    /// The highest batch number listed.
+    pub(super) fn top(&self) -> u64 {
+        self.top
+    }
+
+    /// Every item id a lease batch names.
+    pub(super) fn leased_ids(&self) -> impl Iterator<Item = &str> {
+        self.lease_index.keys().map(String::as_str)
+    }
+
+    /// The lease batches, by name.
+    pub(super) fn lease_files(&self) -> impl Iterator<Item = (&String, &Arc<LeaseBatch>)> {
+        self.leases.iter()
+    }
+
+    /// How many batch files (of items and of leases) there are.
+    pub(super) fn len(&self) -> usize {
+        self.files.len() + self.leases.len()
     }
 
     /// Every item id the batches hold.
@@ -85,6 +120,15 @@ impl Batches {
     }
 
     fn reindex(&mut self) {
+        self.lease_index.clear();
+        for (name, batch) in &self.leases {
+            for id in &batch.ids {
+                self.lease_index
+                    .entry(id.clone())
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
         self.index.clear();
         for (name, items) in &self.files {
             for (at, file) in items.iter().enumerate() {
@@ -93,6 +137,11 @@ impl Batches {
             }
         }
     }
+}
+
+/// The sequence number a batch file's name starts with.
+pub(super) fn sequence(name: &str) -> Option<u64> {
+    name.split('.').next()?.parse().ok()
 }
 
 /// A file's identity and version, as far as its metadata tells.
@@ -131,21 +180,29 @@ impl FileRecordStore {
                 })?
                 .flatten()
                 .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-                .filter(|name| name.ends_with(BATCH))
+                .filter(|name| name.ends_with(BATCH) || name.ends_with(LEASES))
                 .collect(),
         };
         let listed: HashSet<&String> = names.iter().collect();
-        let before = cache.files.len();
+        let before = cache.files.len() + cache.leases.len();
         cache.files.retain(|name, _| listed.contains(name));
-        let mut changed = cache.files.len() != before;
+        cache.leases.retain(|name, _| listed.contains(name));
+        let mut changed = cache.files.len() + cache.leases.len() != before;
+        cache.top = names.iter().filter_map(|n| sequence(n)).max().unwrap_or(0);
         for name in names {
             let path = self.batches_dir.join(&name);
             let now = stamp(&path);
-            if cache.files.contains_key(&name) && cache.stamps.get(&name) == now.as_ref() {
+            let known = cache.files.contains_key(&name) || cache.leases.contains_key(&name);
+            if known && cache.stamps.get(&name) == now.as_ref() {
                 continue;
             }
-            changed |= cache.files.remove(&name).is_some();
-            if let Some(items) = self.read_batch(&path) {
+            changed |= cache.files.remove(&name).is_some() | cache.leases.remove(&name).is_some();
+            if name.ends_with(LEASES) {
+                if let Some(batch) = self.read_leases(&path) {
+                    cache.leases.insert(name.clone(), Arc::new(batch));
+                    changed = true;
+                }
+            } else if let Some(items) = self.read_batch(&path) {
                 cache.files.insert(name.clone(), Arc::new(items));
                 changed = true;
             }
@@ -154,13 +211,22 @@ impl FileRecordStore {
                 None => cache.stamps.remove(&name),
             };
         }
-        let files = &cache.files;
-        let kept: HashSet<String> = files.keys().cloned().collect();
+        let kept: HashSet<String> = (cache.files.keys().chain(cache.leases.keys()))
+            .cloned()
+            .collect();
         cache.stamps.retain(|name, _| kept.contains(name));
         if changed {
             cache.reindex();
         }
         Ok(cache)
+    }
+
+    /// The name of the next batch file of `kind` (its suffix): numbered after every one listed,
+    /// so a later file sorts after an earlier one (names are compared when versions tie).
+    pub(super) fn next_name(&self, kind: &str) -> Result<String, RecordError> {
+        let mut batches = self.batches()?;
+        batches.top += 1;
+        Ok(format!("{:020}{kind}", batches.top))
     }
 
     fn read_batch(&self, path: &Path) -> Option<Vec<ItemFile>> {
@@ -190,38 +256,58 @@ impl FileRecordStore {
     }
 
     /// Writes `items` as one batch (or several, [`BATCH_BYTES`] each at most), each durable
-    /// before this returns.
+    /// before this returns, or nothing when an item is too large to be read back; each item is
+    /// serialised once, and a batch written here is not read
+    /// back (the store keeps it as written).
     pub(super) fn write_batches(&self, items: Vec<ItemFile>) -> Result<(), RecordError> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mut chunk: Vec<ItemFile> = Vec::new();
-        let mut bytes = 0;
-        let mut chunks = Vec::new();
+        let mut chunks: Vec<(Vec<u8>, Vec<ItemFile>)> = Vec::new();
         for file in items {
-            let size = serde_json::to_vec(&file).map_or(0, |b| b.len()) + 1;
-            if !chunk.is_empty() && bytes + size > BATCH_BYTES - 64 {
-                chunks.push(std::mem::take(&mut chunk));
-                bytes = 0;
+            let bytes = serde_json::to_vec(&file).map_err(|e| RecordError::Invalid {
+                path: self.batches_dir.clone(),
+                reason: e.to_string(),
+            })?;
+            // What is written can be read back, in a batch or (later) in a file of its own.
+            if bytes.len() > super::MAX_FILE_BYTES {
+                return Err(RecordError::Invalid {
+                    path: self.batches_dir.clone(),
+                    reason: format!(
+                        "item {} would take {} bytes, over the {} this store reads back",
+                        file.item.id,
+                        bytes.len(),
+                        super::MAX_FILE_BYTES
+                    ),
+                });
             }
-            bytes += size;
-            chunk.push(file);
+            let fits = chunks
+                .last()
+                .is_some_and(|(b, _)| b.len() + bytes.len() + 3 <= BATCH_BYTES);
+            if !fits {
+                chunks.push((b"{\"items\":[".to_vec(), Vec::new()));
+            }
+            let (chunk, files) = chunks.last_mut().expect("a chunk was just pushed");
+            if !files.is_empty() {
+                chunk.push(b',');
+            }
+            chunk.extend_from_slice(&bytes);
+            files.push(file);
         }
-        if !chunk.is_empty() {
-            chunks.push(chunk);
-        }
-        let stamp = self.clock.now().timestamp_millis().max(0);
-        for items in chunks {
-            let name = format!(
-                "b-{stamp:013}-{}-{}{BATCH}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            );
-            let path = self.batches_dir.join(name);
-            let bytes =
-                serde_json::to_vec(&BatchFile { items }).map_err(|e| RecordError::Invalid {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
+        for (mut bytes, files) in chunks {
+            bytes.extend_from_slice(b"]}");
+            let name = self.next_name(BATCH)?;
+            let path = self.batches_dir.join(&name);
             super::disk::write_unique(&path, &bytes, true, &*self.observer)?;
+            let mut cache = self
+                .batches
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(now) = stamp(&path) {
+                cache.stamps.insert(name.clone(), now);
+                for (at, file) in files.iter().enumerate() {
+                    let places = cache.index.entry(file.item.id.clone()).or_default();
+                    places.push((name.clone(), at));
+                }
+                cache.files.insert(name, Arc::new(files));
+            }
         }
         Ok(())
     }
@@ -229,6 +315,10 @@ impl FileRecordStore {
     /// Removes the batches whose items all are done or written again since, then the
     /// acknowledgements older than [`ACK_KEEP`] no batch holds any more.
     pub(super) fn collect_garbage(&self) -> Result<(), RecordError> {
+        // One batch and no leases (a first stop): nothing can be spent.
+        if self.batches()?.len() <= 1 {
+            return self.sweep_acked();
+        }
         let (own, _) = self.scan()?;
         let retired = self.retired_ids();
         let own_counts: HashMap<String, u32> = own
@@ -248,6 +338,9 @@ impl FileRecordStore {
                 .collect()
         };
         self.remove_spent_batches(|id, name| winners.get(id).is_some_and(|w| w == name))?;
+        let (states, _, own_leases) = self.states_and_files()?;
+        let known: HashSet<String> = states.into_keys().collect();
+        self.tidy_leases(&known, &own_leases)?;
         self.sweep_acked()
     }
 
@@ -321,6 +414,12 @@ impl FileRecordStore {
                 .map(|(name, _)| name.clone())
                 .collect()
         };
+        // Never the file with the highest number: numbers only grow (see `leases`).
+        let top = self.batches()?.top();
+        let spent: Vec<String> = spent
+            .into_iter()
+            .filter(|n| sequence(n) != Some(top))
+            .collect();
         if spent.is_empty() {
             return Ok(());
         }

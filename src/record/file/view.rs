@@ -2,6 +2,7 @@
 //! its lease. Every operation starts here; the writes are in the parent module.
 
 use super::aside::{self, ItemFile};
+use super::leases::{self, LeaseFile};
 use super::{ACK_KEEP, FileRecordStore, ITEM, LEASE, batch, misnamed, older_than};
 use crate::record::RecordError;
 use crate::record::lease;
@@ -9,6 +10,10 @@ use crate::record::store::{ItemState, oldest_first};
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
+
+/// Every item that counts, by id; the ids with an item file of their own; the ids with a lease
+/// file of their own.
+pub(super) type Listing = (HashMap<String, ItemState>, HashSet<String>, HashSet<String>);
 
 impl FileRecordStore {
     /// The ids of every item's own file and of every lease file; removes temporary files older
@@ -97,7 +102,14 @@ impl FileRecordStore {
             })
             .ok()
             .flatten()?;
-        let lease = self.read_json(&self.path(id, LEASE));
+        let lease = self
+            .lease_of(id)
+            .inspect_err(|e| {
+                tracing::warn!(id, error = %crate::error_chain::ErrorChain(e),
+                    "cannot read the batches of leases; the item is taken as not leased");
+            })
+            .ok()
+            .flatten();
         Some(ItemState {
             item: file.item,
             lease,
@@ -108,6 +120,12 @@ impl FileRecordStore {
     /// Every item that counts, by id, with its lease; removes a lease whose item is gone
     /// (acknowledged or dropped by a process that died before removing the lease).
     pub(super) fn states(&self) -> Result<HashMap<String, ItemState>, RecordError> {
+        Ok(self.states_and_files()?.0)
+    }
+
+    /// [`Self::states`], and the ids with an item file of their own and with a lease file of
+    /// their own.
+    pub(super) fn states_and_files(&self) -> Result<Listing, RecordError> {
         let (own, leases) = self.scan()?;
         let retired = self.retired_ids();
         let batches = self.batches()?;
@@ -125,11 +143,12 @@ impl FileRecordStore {
             let Some((file, _)) = pick(own, batches.best(id).map(|(_, f)| f)) else {
                 continue;
             };
-            let lease = if leases.contains(id) {
-                self.read_json(&self.path(id, LEASE))
+            let own_lease = if leases.contains(id) {
+                self.read_json::<LeaseFile>(&self.path(id, LEASE))
             } else {
                 None
             };
+            let lease = leases::resolve(own_lease, batches.best_lease(id));
             let state = ItemState {
                 item: file.item,
                 lease,
@@ -143,7 +162,7 @@ impl FileRecordStore {
                 self.remove_file(&self.path(orphan, LEASE))?;
             }
         }
-        Ok(states)
+        Ok((states, own, leases))
     }
 
     pub(super) fn all(&self) -> Result<Vec<ItemState>, RecordError> {

@@ -1,0 +1,307 @@
+//! A planned stop at scale: how the stop, the record and the resume grow with the work held.
+//!
+//! ```sh
+//! cargo build --release
+//! [PLANNED_STOP_TEST_DATABASE_URL=postgres://…] \
+//!     cargo run --release -p planned-stop-harness --bin scale -- [N…]
+//! ```
+//!
+//! Two tables, for each N (default 10, 1,000, 10,000, 100,000):
+//!
+//! - **the record stores**: N unfinished items persisted in one stop (one `StopRecord`, what a
+//!   `WorkSet` or `TaskGroup` of N hands back), beside the floor measured in the same run — for the
+//!   file store the same bytes written to one file and synced once, for PostgreSQL the same rows
+//!   in one `COPY` — then the next start's resume (every item leased in one call, by a new handle);
+//! - **the reference service** (`planned-stop serve --jobs N --job-ms 6000000 --drain-ms 2000`, each
+//!   job a drain participant holding one item it hands back at the deadline; the file store): the
+//!   stop's time past the drain, whether it was clean and how many items were handed back, the
+//!   resident memory before the stop, and the next start's time to `ready` with every item resumed.
+//!
+//! docs/performance.md has the figures.
+
+use planned_stop::record::{
+    FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing, StopRecord,
+};
+use planned_stop_harness as common;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn record(n: usize, tag: &str) -> StopRecord {
+    let at = chrono::Utc::now();
+    let items: Vec<_> = (0..n)
+        .map(|i| serde_json::json!({"id": format!("{tag}-{i:07}"), "participant": format!("job-{i}"), "item": format!("job-{i}")}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "pid": 1, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
+        "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
+        "finished_at": at, "drained_in_time": true, "forced": false, "unfinished": items,
+        "unanswered": [], "exit_code": 0,
+    }))
+    .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// The bytes the file store wrote for the items (its batch files), written to one new file and
+/// synced once, with the directory.
+fn file_floor(dir: &std::path::Path, state: &std::path::Path) -> Duration {
+    let mut bytes = Vec::new();
+    for entry in std::fs::read_dir(state.join("planned-stop-batches")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(".batch.json") {
+            bytes.extend(std::fs::read(path).unwrap());
+        }
+    }
+    let started = Instant::now();
+    let path = dir.join("floor.json");
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(&bytes).unwrap();
+    file.sync_all().unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
+    started.elapsed()
+}
+
+fn file_store(n: usize) -> (Duration, Duration, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let record = record(n, "f");
+    let state = dir.path().join("state");
+    let store = FileRecordStore::open(&state, Sharing::Refused).unwrap();
+    let rt = runtime();
+    let started = Instant::now();
+    rt.block_on(store.persist(&Owner::new("stopper", 1, 1), &record))
+        .unwrap();
+    let persist = started.elapsed();
+    let floor = file_floor(dir.path(), &state);
+    let next = FileRecordStore::open(&state, Sharing::Refused).unwrap();
+    let started = Instant::now();
+    let leased = rt
+        .block_on(next.lease(
+            &Owner::new("next", 2, 1),
+            usize::MAX,
+            Duration::from_secs(600),
+        ))
+        .unwrap();
+    let resume = started.elapsed();
+    assert_eq!(leased.len(), n, "every item resumed");
+    (floor, persist, resume)
+}
+
+fn postgres(url: &str, n: usize, round: usize) -> (Duration, Duration, Duration) {
+    let rt = runtime();
+    let service = format!("scale-{}-{n}-{round}", std::process::id());
+    let record = record(n, "p");
+    let open = || {
+        PgRecordStore::from_url(url, service.clone())
+            .unwrap()
+            .operation_timeout(Duration::from_secs(120))
+    };
+    let store = open();
+    let started = Instant::now();
+    rt.block_on(store.persist(&Owner::new("stopper", 1, 1), &record))
+        .unwrap();
+    let persist = started.elapsed();
+    let floor = rt.block_on(copy_floor(url, &record));
+    let next = open();
+    let started = Instant::now();
+    let leased = rt
+        .block_on(next.lease(
+            &Owner::new("next", 2, 1),
+            usize::MAX,
+            Duration::from_secs(600),
+        ))
+        .unwrap();
+    let resume = started.elapsed();
+    assert_eq!(leased.len(), n, "every item resumed");
+    (floor, persist, resume)
+}
+
+/// The same rows in one `COPY` into a table like the store's own (its columns, keys and
+/// indexes), in one transaction.
+async fn copy_floor(url: &str, record: &StopRecord) -> Duration {
+    use futures_util::SinkExt;
+    let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS planned_stop_floor (LIKE planned_stop_items INCLUDING ALL); \
+             TRUNCATE planned_stop_floor",
+        )
+        .await
+        .unwrap();
+    let mut text = String::new();
+    for u in &record.unfinished {
+        let item = serde_json::to_string(&u.item)
+            .unwrap()
+            .replace('\\', "\\\\");
+        text.push_str(&format!(
+            "floor\t{}\t{}\t{item}\tstopper\t1\t1\t{}\t1\t0\n",
+            u.id.as_deref().unwrap_or_default(),
+            u.participant,
+            record.finished_at.to_rfc3339()
+        ));
+    }
+    let started = Instant::now();
+    let tx = client.transaction().await.unwrap();
+    let sink = tx
+        .copy_in(
+            "COPY planned_stop_floor (service, id, participant, item, stopped_by_host, \
+             stopped_by_pid, stopped_by_start, stopped_at, attempts, failures) FROM STDIN",
+        )
+        .await
+        .unwrap();
+    let mut sink = std::pin::pin!(sink);
+    sink.send(bytes::Bytes::from(text)).await.unwrap();
+    sink.finish().await.unwrap();
+    tx.commit().await.unwrap();
+    started.elapsed()
+}
+
+/// Resident memory of `pid`, in MB.
+fn resident_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+// A panic here ends the harness: the child is left to the operator's shell, as a failed
+// measurement's processes are in every harness of this crate.
+#[allow(clippy::zombie_processes)]
+/// Starts `serve` with `jobs` jobs in `base`; returns the child, its stdout lines and when the
+/// `ready` event came (with its `jobs` count).
+fn serve(
+    base: &std::path::Path,
+    jobs: usize,
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    Duration,
+    u64,
+) {
+    let started = Instant::now();
+    let mut child = Command::new(common::planned_stop_binary())
+        .args(["serve", "--dir"])
+        .arg(base.join("run"))
+        .arg("--state")
+        .arg(base.join("state"))
+        .args([
+            "--jobs",
+            &jobs.to_string(),
+            "--job-ms",
+            "6000000",
+            "--drain-ms",
+            "2000",
+        ])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "serve ended before ready"
+        );
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if event["event"] == "ready" {
+            return (
+                child,
+                out,
+                started.elapsed(),
+                event["jobs"].as_u64().unwrap_or(0),
+            );
+        }
+    }
+}
+
+fn service(n: usize) {
+    let base = tempfile::tempdir().unwrap();
+    let (mut child, _out, _, _) = serve(base.path(), n);
+    let rss = resident_mb(child.id());
+    let started = Instant::now();
+    let stop = Command::new(common::planned_stop_binary())
+        .args(["stop", "--pid", &child.id().to_string(), "--dir"])
+        .arg(base.path().join("run"))
+        .args(["--wait", "120", "--json"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let answer: serde_json::Value = serde_json::from_slice(
+        stop.stdout
+            .rsplit(|&b| b == b'\n')
+            .find(|l| !l.is_empty())
+            .unwrap_or(b"{}"),
+    )
+    .unwrap_or_default();
+    let code = child.wait().unwrap().code();
+    let handed = answer["drain"]["handed_back"].as_u64().unwrap_or(0);
+    let (mut next, _out, ready, resumed) = serve(base.path(), 0);
+    let _ = next.kill();
+    let _ = next.wait();
+    println!(
+        "| {n} | {} | {} | {} | {handed} | {resumed} | {} | {rss:.0} MB | {} |",
+        ms(took.saturating_sub(Duration::from_secs(2))),
+        answer["outcome"].as_str().unwrap_or("?"),
+        answer["clean"],
+        n - (resumed as usize).min(n),
+        ms(ready),
+    );
+    let _ = code;
+}
+
+fn main() {
+    let sizes: Vec<usize> = common::args().filter_map(|a| a.parse().ok()).collect();
+    let sizes = if sizes.is_empty() {
+        vec![10, 1_000, 10_000, 100_000]
+    } else {
+        sizes
+    };
+    let url = std::env::var("PLANNED_STOP_TEST_DATABASE_URL").ok();
+    println!("| store | N | floor | persist | persist / floor | resume (lease all) |");
+    println!("|---|---|---|---|---|---|");
+    for &n in &sizes {
+        let (floor, persist, resume) = file_store(n);
+        println!(
+            "| file store | {n} | {} | {} | {:.1}× | {} |",
+            ms(floor),
+            ms(persist),
+            persist.as_secs_f64() / floor.as_secs_f64().max(1e-6),
+            ms(resume)
+        );
+        if let Some(url) = &url {
+            let (floor, persist, resume) = postgres(url, n, 0);
+            println!(
+                "| PostgreSQL | {n} | {} | {} | {:.1}× | {} |",
+                ms(floor),
+                ms(persist),
+                persist.as_secs_f64() / floor.as_secs_f64().max(1e-6),
+                ms(resume)
+            );
+        }
+    }
+    println!();
+    println!(
+        "| jobs | stop past the 2 s drain | outcome | clean | handed back | resumed | lost | resident before the stop | next start to ready |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &n in &sizes {
+        service(n);
+    }
+}
