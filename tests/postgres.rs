@@ -91,7 +91,8 @@ fn record_with_items(n: usize) -> planned_stop::record::StopRecord {
 }
 
 /// A stop that leaves 100,000 items: persisted in one transaction, leased by the next start in
-/// one call, handed back by it, and leased again — every item exactly once each time.
+/// one call, handed back by it, leased again and acknowledged in one call — every item exactly
+/// once each time.
 #[test]
 #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
@@ -134,6 +135,17 @@ fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
         .unwrap();
     exactly_once(&again);
     assert!(again.iter().all(|l| l.item.attempts == 2));
+    // All acknowledged in one call; an id not held and one unknown are each refused.
+    let store = open();
+    let mut ids: Vec<String> = again.iter().map(|l| l.item.id.clone()).collect();
+    ids.push("no-such-item".into());
+    let answers = rt.block_on(store.acknowledge_many(&third, &ids)).unwrap();
+    assert_eq!(answers.iter().filter(|a| a.is_ok()).count(), N);
+    assert!(matches!(
+        answers.last(),
+        Some(Err(planned_stop::record::RecordError::UnknownItem { .. }))
+    ));
+    assert!(rt.block_on(store.list()).unwrap().is_empty());
 }
 
 /// 8 claimers, each with its own connection and identity, lease batches of 50 from 10,000 items

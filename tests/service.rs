@@ -1479,3 +1479,52 @@ fn answers_at_the_deadline_all_count_however_many_participants_there_are() {
         .unwrap();
     assert!(again.is_empty(), "{} leased twice", again.len());
 }
+
+/// A thousand resumed items finishing at the same moment are acknowledged in one record-store
+/// call (one set of syncs), each caller getting its own answer; before, each was its own call
+/// with its own syncs.
+#[test]
+fn work_finishing_together_is_acknowledged_together() {
+    const N: usize = 1_000;
+    let f = Fixture::new();
+    let store = Faulty::new(&f.state(), Fault::None);
+    let items: Vec<serde_json::Value> = (0..N)
+        .map(|i| serde_json::json!({"id": format!("item-{i}"), "participant": "jobs", "item": i}))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let stopper = planned_stop::record::Owner::new("another-host", 1, 1);
+    let record = planned_stop::testing::stop_record(1, Utc::now(), items);
+    rt.block_on(store.inner.persist(&stopper, &record)).unwrap();
+    let sys = actix::System::new();
+    let (acked, left) = sys.block_on(async {
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
+            .record_store(store.clone())
+            .handle_signals(false)
+            .events(false)
+            .start()
+            .unwrap();
+        let leased = h.resume().await.unwrap();
+        assert_eq!(leased.len(), N);
+        let running: Vec<_> = leased
+            .iter()
+            .map(|l| actix::spawn(h.acknowledge(l)))
+            .collect();
+        let mut acked = 0;
+        for task in running {
+            task.await.unwrap().unwrap();
+            acked += 1;
+        }
+        (acked, store.inner.list().await.unwrap().len())
+    });
+    assert_eq!((acked, left), (N, 0), "each acknowledged, none left");
+    let calls = store.acknowledged_in.lock().unwrap().clone();
+    assert_eq!(calls.iter().sum::<usize>(), N);
+    assert!(
+        calls.len() <= 2,
+        "one call (or two) for {N}: {:?}",
+        &calls[..calls.len().min(5)]
+    );
+}

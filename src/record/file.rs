@@ -36,6 +36,7 @@
 //! [`LOCK_WAIT`]: inside a tokio runtime (the actix `System`) it runs on the runtime's blocking
 //! threads, so the event loop never waits on a disk or a lock.
 
+mod ack;
 mod aside;
 mod batch;
 mod contract;
@@ -554,62 +555,6 @@ impl FileRecordStore {
         let known: HashSet<String> = states.into_keys().collect();
         self.tidy_leases(&known, &own_leases)?;
         Ok(renewed)
-    }
-
-    fn acknowledge_now(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
-        self.refuse_read_only()?;
-        let unknown = || RecordError::UnknownItem { id: id.to_owned() };
-        if self.valid(id).is_none() {
-            return Err(unknown());
-        }
-        let Some((file, own)) = self.version(id)? else {
-            return Err(unknown());
-        };
-        let lease = self.lease_of(id)?;
-        if !lease::holds(lease.as_ref(), owner) {
-            return Err(RecordError::NotHolder {
-                id: id.to_owned(),
-                holder: lease.map(|l| l.owner.to_string()),
-            });
-        }
-        let item = self.path(id, ITEM);
-        let done = self.acked.join(format!("{id}{ITEM}"));
-        if own {
-            // The acknowledgement is one rename: the item leaves the item directory for good.
-            match fsx::rename_file(&item, &done, &*self.observer) {
-                Ok(()) => {}
-                // Unknown only if the item itself is gone: a missing acknowledged directory is
-                // an error of the store, and the item stays held (its holder must not take it
-                // for done).
-                Err(e)
-                    if e.kind() == io::ErrorKind::NotFound
-                        && fs::symlink_metadata(&item).is_err() =>
-                {
-                    return Err(unknown());
-                }
-                Err(source) => {
-                    return Err(RecordError::Io {
-                        op: "acknowledge (move to the acknowledged items)",
-                        path: item,
-                        source,
-                    });
-                }
-            }
-            // Its age in the acknowledged directory counts from now, not from the stop.
-            if let Ok(file) = fs::OpenOptions::new().write(true).open(&done) {
-                let _ = file.set_modified(std::time::SystemTime::now());
-            }
-            // The new place first: a power loss between the two syncs leaves the item in both
-            // (done: the acknowledgement counts over any other version), never in neither.
-            fsx::sync_dir_of(&done, &*self.observer)?;
-            fsx::sync_dir_of(&item, &*self.observer)?;
-        } else {
-            // Only a batch holds it (batches are never rewritten): the acknowledgement is a new
-            // file, written durably, and counts over every other version from then on.
-            self.write_json(&done, &file)?;
-            self.remove_file(&item)?;
-        }
-        self.remove_file(&self.path(id, LEASE))
     }
 
     fn remove_now(&self, id: &str) -> Result<bool, RecordError> {

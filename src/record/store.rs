@@ -195,6 +195,23 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     /// lease still does, until someone else leases the item).
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()>;
 
+    /// [`RecordStore::acknowledge`] of each of `ids`, the answers in the same order. The stores
+    /// of this crate do it in one operation (a fixed number of syncs, one statement), so work
+    /// finishing together is acknowledged together; the default asks one by one.
+    fn acknowledge_many<'a>(
+        &'a self,
+        owner: &'a Owner,
+        ids: &'a [String],
+    ) -> RecordFuture<'a, Vec<Result<(), RecordError>>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(ids.len());
+            for id in ids {
+                answers.push(self.acknowledge(owner, id).await);
+            }
+            Ok(answers)
+        })
+    }
+
     /// Makes item `id` pending again. With `Some(owner)`, only if `owner` holds its lease; with
     /// `None` (an operator), whoever holds it, and an item held aside
     /// ([`RecordStore::hold_aside`], or a row the store could not accept) is offered again with

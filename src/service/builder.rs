@@ -476,6 +476,7 @@ impl ServiceBuilder {
             integration: Arc::default(),
             handover,
             held,
+            acks: Arc::default(),
             unexpected_code,
         })
     }

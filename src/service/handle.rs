@@ -42,6 +42,8 @@ pub struct ServiceHandle {
     pub(crate) handover: Arc<crate::handover::Handover>,
     /// The items this process leased and has not acknowledged or released: renewed while it runs.
     pub(super) held: Held,
+    /// The acknowledgements waiting to go to the record store together.
+    pub(super) acks: Arc<super::acks::Acks>,
     pub(super) unexpected_code: i32,
 }
 
@@ -263,9 +265,10 @@ impl ServiceHandle {
         let owner = self.owner.clone();
         let id = item.item.id.clone();
         let held = self.held.clone();
+        let acks = self.acks.clone();
         async move {
             let result = match store {
-                Some(store) => store.acknowledge(&owner, &id).await,
+                Some(store) => acks.acknowledge(store, owner, id.clone()).await,
                 None => Err(RecordError::UnknownItem { id: id.clone() }),
             };
             if result.is_ok() {

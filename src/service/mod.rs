@@ -27,6 +27,7 @@
 //! ([`ServiceBuilder::owns_process_exit`]): once the stop concluded, the process ends with the
 //! verdict's exit code whatever `main` does.
 
+mod acks;
 mod builder;
 mod handle;
 pub(crate) mod integration;

@@ -17,6 +17,8 @@ pub enum Fault {
     /// Its own place is unreachable at the persist: the items go to its fallback on this host
     /// (a database store's spill directory; here the inner file store).
     PersistSpills,
+    /// None: a plain file store that records how its acknowledgements came.
+    None,
 }
 
 /// A file store with one fault; it records when each renewal came (on the paused clock).
@@ -25,6 +27,8 @@ pub struct Faulty {
     pub inner: planned_stop::record::FileRecordStore,
     fault: Fault,
     pub renewals: std::sync::Mutex<Vec<tokio::time::Instant>>,
+    /// How many items each acknowledging call carried (1 for `acknowledge`).
+    pub acknowledged_in: std::sync::Mutex<Vec<usize>>,
 }
 
 impl Faulty {
@@ -33,6 +37,7 @@ impl Faulty {
             inner: FileRecordStore::open(state, Sharing::Refused).unwrap(),
             fault,
             renewals: std::sync::Mutex::default(),
+            acknowledged_in: std::sync::Mutex::default(),
         })
     }
 }
@@ -49,7 +54,7 @@ impl RecordStore for Faulty {
                 std::thread::sleep(super::HELPER_LIFETIME);
                 Ok(planned_stop::record::Persisted::Durable)
             }),
-            Fault::FirstRenewalFails => self.inner.persist(s, r),
+            Fault::FirstRenewalFails | Fault::None => self.inner.persist(s, r),
             Fault::PersistSpills => Box::pin(async {
                 self.inner.persist(s, r).await?;
                 Ok(planned_stop::record::Persisted::Spilled {
@@ -88,7 +93,17 @@ impl RecordStore for Faulty {
         o: &'a planned_stop::record::Owner,
         id: &'a str,
     ) -> planned_stop::record::RecordFuture<'a, ()> {
+        self.acknowledged_in.lock().unwrap().push(1);
         self.inner.acknowledge(o, id)
+    }
+    fn acknowledge_many<'a>(
+        &'a self,
+        o: &'a planned_stop::record::Owner,
+        ids: &'a [String],
+    ) -> planned_stop::record::RecordFuture<'a, Vec<Result<(), planned_stop::record::RecordError>>>
+    {
+        self.acknowledged_in.lock().unwrap().push(ids.len());
+        self.inner.acknowledge_many(o, ids)
     }
     fn release<'a>(
         &'a self,

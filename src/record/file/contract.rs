@@ -45,6 +45,15 @@ impl RecordStore for FileRecordStore {
         self.off_thread(move |s| s.acknowledge_now(&owner, &id))
     }
 
+    fn acknowledge_many<'a>(
+        &'a self,
+        owner: &'a Owner,
+        ids: &'a [String],
+    ) -> RecordFuture<'a, Vec<Result<(), RecordError>>> {
+        let (owner, ids) = (owner.clone(), ids.to_vec());
+        self.off_thread(move |s| s.acknowledge_many_now(&owner, &ids))
+    }
+
     fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
         let (owner, id) = (owner.cloned(), id.to_owned());
         self.off_thread(move |s| s.release_now(owner.as_ref(), &id))

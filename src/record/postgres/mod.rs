@@ -29,6 +29,7 @@
 //! is released only once that process is done. With a pool these rules would still be written
 //! here, around its checkout.
 
+mod acks;
 mod aside;
 mod config;
 mod operations;
@@ -386,6 +387,14 @@ impl RecordStore for PgRecordStore {
 
     fn acknowledge<'a>(&'a self, owner: &'a Owner, id: &'a str) -> RecordFuture<'a, ()> {
         Box::pin(self.acknowledge_db(owner, id))
+    }
+
+    fn acknowledge_many<'a>(
+        &'a self,
+        owner: &'a Owner,
+        ids: &'a [String],
+    ) -> RecordFuture<'a, Vec<Result<(), RecordError>>> {
+        Box::pin(self.acknowledge_many_db(owner, ids))
     }
 
     fn release<'a>(&'a self, owner: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {

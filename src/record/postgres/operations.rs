@@ -300,47 +300,6 @@ impl PgRecordStore {
         });
     }
 
-    pub(super) async fn acknowledge_db(&self, owner: &Owner, id: &str) -> Result<(), RecordError> {
-        let service = self.service.clone();
-        let owner = owner_key(owner);
-        let id = id.to_owned();
-        let clock = self.clock.clone();
-        self.run(move |client| {
-            Box::pin(async move {
-                let now = db_now(clock.as_ref(), client).await?;
-                // One statement: the item goes and its acknowledgement comes, only if it is ours.
-                let done = client
-                    .query_opt(
-                        "WITH gone AS (DELETE FROM planned_stop_items WHERE service = $1 AND id = $2 \
-                         AND lease_owner = $3 RETURNING id) \
-                         INSERT INTO planned_stop_acks (service, id, acked_by, acked_at) \
-                         SELECT $1, id, $3, $4 FROM gone RETURNING id",
-                        &[&service, &id, &owner, &now],
-                    )
-                    .await
-                    .map_err(|e| backend("acknowledge an item", e))?;
-                if done.is_some() {
-                    return Ok(());
-                }
-                let row = client
-                    .query_opt(
-                        "SELECT lease_owner FROM planned_stop_items WHERE service = $1 AND id = $2",
-                        &[&service, &id],
-                    )
-                    .await
-                    .map_err(|e| backend("read an item", e))?;
-                match row {
-                    None => Err(RecordError::UnknownItem { id }),
-                    Some(row) => Err(RecordError::NotHolder {
-                        id,
-                        holder: row.try_get::<_, Option<String>>(0).ok().flatten(),
-                    }),
-                }
-            })
-        })
-        .await
-    }
-
     pub(super) async fn release_db(
         &self,
         owner: Option<&Owner>,

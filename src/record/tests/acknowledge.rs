@@ -50,3 +50,35 @@ fn a_missing_or_blocked_acknowledged_directory_is_an_error_and_the_item_stays() 
         );
     }
 }
+
+/// Many acknowledgements in one call: each answered as alone (done, not the holder's, unknown),
+/// and only those done are gone.
+#[test]
+fn many_acknowledgements_are_each_answered_and_only_the_holders_are_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = store(dir.path());
+    let mut two = record();
+    two.unfinished.push(Unfinished::new("jobs", "job-2".into()));
+    two.unfinished.last_mut().unwrap().id = Some("item-2".into());
+    block_on(store.persist(&owner(42), &two)).unwrap();
+    block_on(store.lease(&owner(1), 1, Duration::from_secs(60))).unwrap();
+    block_on(store.lease(&owner(2), 1, Duration::from_secs(60))).unwrap();
+    let ids = ["item-1", "item-2", "item-9", "../x"].map(String::from);
+    let answers = block_on(store.acknowledge_many(&owner(1), &ids)).unwrap();
+    let kinds: Vec<&str> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(()) => "done",
+            Err(RecordError::NotHolder { .. }) => "not holder",
+            Err(RecordError::UnknownItem { .. }) => "unknown",
+            Err(_) => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["done", "not holder", "unknown", "unknown"]);
+    let left: Vec<String> = block_on(store.list())
+        .unwrap()
+        .into_iter()
+        .map(|s| s.item.id)
+        .collect();
+    assert_eq!(left, ["item-2"]);
+}

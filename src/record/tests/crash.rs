@@ -239,6 +239,36 @@ fn an_acknowledged_item_never_comes_back_and_none_is_lost_meanwhile() {
 }
 
 #[test]
+fn acknowledgements_made_together_never_come_back_and_none_is_lost_meanwhile() {
+    every_power_loss(
+        leased_to_1,
+        |s| {
+            let ids = ["item-1", "item-2"].map(String::from);
+            let answers = block_on(s.acknowledge_many(&owner(1), &ids)).unwrap();
+            assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        },
+        |k, n, listed, acked| {
+            let listed = ids(listed);
+            if !listed.contains(&"item-3") {
+                return Err("item-3 was lost".into());
+            }
+            for id in ["item-1", "item-2"] {
+                let here = listed.contains(&id);
+                let done = acked.iter().any(|a| a == id);
+                match (here, done) {
+                    (false, false) => {
+                        return Err(format!("{id} is neither pending nor acknowledged"));
+                    }
+                    (true, _) if k == n => return Err(format!("acknowledged {id} is back")),
+                    _ => {}
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
 fn a_release_is_not_undone_once_it_returned() {
     every_power_loss(
         leased_to_1,
