@@ -17,6 +17,11 @@
 //!   stop's time past the drain, whether it was clean and how many items were handed back, the
 //!   resident memory before the stop, and the next start's time to `ready` with every item resumed.
 //!
+//! - **one participant of N**: a `WorkSet` holding N items, and a `TaskGroup` of N tasks that
+//!   never finish, in this process: the stop (the file store; the participant answers at once)
+//!   from its request to the runner's stop, every item recorded (persist included), and the next
+//!   start's resume.
+//!
 //! docs/performance.md has the figures.
 
 use planned_stop::record::{
@@ -266,6 +271,78 @@ fn service(n: usize) {
     let _ = code;
 }
 
+/// A participant holding a `WorkSet` of strings.
+struct Held(planned_stop::WorkSet<String>);
+
+impl actix::Actor for Held {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<planned_stop::Drain> for Held {
+    type Result = planned_stop::DrainReport;
+    fn handle(
+        &mut self,
+        _: planned_stop::Drain,
+        _: &mut Self::Context,
+    ) -> planned_stop::DrainReport {
+        self.0.drain()
+    }
+}
+
+/// One participant of `n` items (`group`: a `TaskGroup`, else a `WorkSet`): the time from the
+/// stop's request to the runner's stop, and the next start's resume of every item.
+fn one_participant(n: usize, group: bool) -> (Duration, Duration) {
+    use actix::Actor;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let drain = Duration::from_secs(2);
+    let builder = || {
+        planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots(dir.path().join("run")))
+            .owns_process_exit(false)
+            .state_dir(&state)
+            .drain_deadline(drain)
+            .handle_signals(false)
+            .events(false)
+    };
+    let stopped = actix::System::new().block_on(async {
+        let h = builder().start().unwrap();
+        if group {
+            let tasks = planned_stop::TaskGroup::<String>::new(&h, "jobs");
+            for i in 0..n {
+                tasks
+                    .spawn(format!("job-{i}"), |_, cancelled| async move {
+                        cancelled.cancelled().await;
+                        planned_stop::JobEnd::Unfinished
+                    })
+                    .unwrap();
+            }
+        } else {
+            let mut set = planned_stop::WorkSet::new(&h);
+            for i in 0..n {
+                set.add(format!("job-{i}")).unwrap();
+            }
+            h.add_participant(
+                planned_stop::DrainPhase::Work,
+                "jobs",
+                Held(set).start().recipient(),
+            );
+        }
+        h.ready();
+        let asked = Instant::now();
+        h.request_stop(planned_stop::StopRequest::Planned);
+        let code = h.stopped().await;
+        assert_eq!(code, std::process::ExitCode::SUCCESS);
+        asked.elapsed()
+    });
+    let started = Instant::now();
+    let resumed = actix::System::new().block_on(async {
+        let h = builder().start().unwrap();
+        h.resume().await.unwrap().len()
+    });
+    assert_eq!(resumed, n, "every item resumed");
+    (stopped, started.elapsed())
+}
+
 fn main() {
     let sizes: Vec<usize> = common::args().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() {
@@ -294,6 +371,15 @@ fn main() {
                 persist.as_secs_f64() / floor.as_secs_f64().max(1e-6),
                 ms(resume)
             );
+        }
+    }
+    println!();
+    println!("| one participant of N | N | the stop, persist included | next start's resume |");
+    println!("|---|---|---|---|");
+    for &n in &sizes {
+        for (group, name) in [(false, "`WorkSet`"), (true, "`TaskGroup`")] {
+            let (stop, resume) = one_participant(n, group);
+            println!("| {name} | {n} | {} | {} |", ms(stop), ms(resume));
         }
     }
     println!();
