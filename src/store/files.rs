@@ -123,6 +123,13 @@ fn read_owned(path: &Path, limit: usize, own_only: bool) -> (Found, Option<u32>)
     (Found::Bytes(bytes), owner)
 }
 
+/// Whether this user may not open `path` for reading (permission denied), found out without ever
+/// blocking: opened non-blocking and never through a symlink, so a FIFO planted there answers at
+/// once instead of waiting for a writer.
+pub(crate) fn permission_denied(path: &Path) -> bool {
+    os::open_no_follow(path).is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied)
+}
+
 fn non_file_kind(meta: &fs::Metadata) -> Option<FileKind> {
     let t = meta.file_type();
     if t.is_symlink() {

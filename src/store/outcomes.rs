@@ -187,10 +187,7 @@ impl MarkerStore {
     pub fn unreadable_announcement(&self, pid: u32) -> Option<PathBuf> {
         [self.presence_path(pid), self.outcome_path(pid)]
             .into_iter()
-            .find(|path| {
-                std::fs::File::open(path)
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
-            })
+            .find(|path| crate::store::files::permission_denied(path))
     }
 
     /// Serialises `value` and writes it to `path` atomically.
