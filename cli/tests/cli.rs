@@ -1205,6 +1205,17 @@ fn status_pid_answers_running_or_not_with_the_last_outcome() {
         (Some(true), Some(true)),
         "{report}"
     );
+    // A process that runs but does not watch this directory is not the service asked about: a
+    // health check keyed on the exit code must not pass for it (before: 0).
+    let other = std::process::id().to_string();
+    let stranger = run(&["status", "--dir", s(&d.run), "--pid", &other, "--json"]);
+    let report = json_of(&stranger);
+    assert_eq!(stranger.status.code(), Some(20), "{report}");
+    assert_eq!(
+        (report["running"].as_bool(), report["watching"].as_bool()),
+        (Some(true), Some(false)),
+        "{report}"
+    );
     assert_eq!(
         json_of(&stop(&d, &pid, &["--wait", "20"]))["outcome"],
         "stopped_planned"
@@ -1920,4 +1931,62 @@ fn kill_kills_a_target_that_a_forced_drain_does_not_end() {
         "{report}"
     );
     assert_eq!(plain.wait().unwrap().signal(), Some(libc::SIGINT));
+}
+
+/// A FIFO at the outcome path (planted by the target's own user) never hangs `stop`, with or
+/// without `--wait`, whether the target watches the directory or not: reads are bounded and never
+/// block (protocol.md). Before, `stop` opened the FIFO to see whether it could read it, and waited
+/// for a writer for ever.
+#[cfg(unix)]
+#[test]
+fn a_fifo_at_the_outcome_path_never_hangs_stop() {
+    let d = dirs();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let mut service = serve(&d, &["--jobs", "0"]);
+    for (pid, waits) in [
+        (sleeper.id(), &[][..]),
+        (sleeper.id(), &["--wait", "1"][..]),
+        (service.pid(), &["--wait", "20"][..]),
+    ] {
+        let fifo = d.run.join(format!("planned-stop-{pid}.outcome.json"));
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(s(&fifo)).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut stop = planned_stop()
+            .args(["stop", "--pid", &pid.to_string(), "--dir"])
+            .arg(&d.run)
+            .args(waits)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // A hang is what is tested: a minute is far beyond any answer (they take milliseconds).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = stop.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = stop.kill();
+                let _ = stop.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            status.is_some(),
+            "stop --pid {pid} {waits:?} hung on the FIFO"
+        );
+    }
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_eq!(
+        service.exit_code(),
+        Some(0),
+        "the watching target stopped as planned"
+    );
 }
