@@ -140,14 +140,15 @@ impl ServiceBuilder {
 
     /// Restarts in place (off by default): a planned restart starts the successor — the
     /// executable on disk now, with this process's arguments and environment — hands it the
-    /// listening sockets taken through [`crate::web::listeners_or_bind`], and waits up to
-    /// `ready_within` for its [`ServiceHandle::ready`]. Only then does this process stop
-    /// accepting, drain as in a planned stop, record what is left (for the successor's resume)
-    /// and exit with the planned code (0), so no connection is refused across the swap. The
-    /// successor runs detached, in a process group of its own (the service manager adopts it). A
-    /// successor that ends, closes its readiness pipe, or is not ready in time leaves this process
-    /// serving: its whole process group is killed, and the restart is reported as failed. Unix only; for PID 1 (a container) and elsewhere a
-    /// restart exits with the restart code for the supervisor, with a WARN at the start.
+    /// listening sockets taken through `web::listeners_or_bind` (the `actix-web` feature), and
+    /// waits up to `ready_within` for its [`ServiceHandle::ready`]. Only then does this process
+    /// stop accepting, drain as in a planned stop, record what is left (for the successor's
+    /// resume) and exit with the planned code (0), so no connection is refused across the swap.
+    /// The successor runs detached, in a process group of its own (the service manager adopts
+    /// it). A successor that ends, closes its readiness pipe, or is not ready in time leaves this
+    /// process serving: its whole process group is killed, and the restart is reported as
+    /// failed. Unix only; for PID 1 (a container) and elsewhere a restart exits with the restart
+    /// code for the supervisor, with a WARN at the start.
     ///
     /// ```
     /// let _b = planned_stop::ServiceBuilder::new(planned_stop::Layout::Slots("/run/app".into()))
