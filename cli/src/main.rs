@@ -229,6 +229,10 @@ pub struct StatusArgs {
 /// Exit code of `status --pid`: the process is not running.
 pub const EXIT_NOT_RUNNING: u8 = 3;
 
+/// Exit code of `status --pid`: the process runs but has not announced watching this directory
+/// (not the service asked about, or one watching another directory).
+pub const EXIT_NOT_WATCHING: u8 = 20;
+
 /// Arguments of `clear`.
 #[derive(Debug, Args)]
 pub struct ClearArgs {

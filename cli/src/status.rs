@@ -2,15 +2,16 @@
 //! for a person or (`--json`) a script.
 
 use super::{
-    EXIT_NOT_RUNNING, EXIT_OK, StatusArgs, cause_words, chain, describe, emit, existing_store,
-    fail, file_name, path_json, records, verdict_json, when, word,
+    EXIT_NOT_RUNNING, EXIT_NOT_WATCHING, EXIT_OK, StatusArgs, cause_words, chain, describe, emit,
+    existing_store, fail, file_name, path_json, records, verdict_json, when, word,
 };
 use chrono::Utc;
 use planned_stop::marker::MarkerStore;
 use planned_stop::stopper::{Outcome, Phase};
 use serde_json::json;
 
-/// `status --pid N`: one process, with running / not running as the exit code.
+/// `status --pid N`: one process, with running and watching / running elsewhere / not running
+/// as the exit code.
 fn status_of_process(store: &MarkerStore, pid: u32, as_json: bool) -> u8 {
     let identity = planned_stop::ProcessIdentity::of(pid);
     let watching = identity.is_some_and(|id| store.is_watched_by(&id));
@@ -18,10 +19,10 @@ fn status_of_process(store: &MarkerStore, pid: u32, as_json: bool) -> u8 {
     let outcome = store
         .read_outcome(pid)
         .filter(|o| identity.is_none_or(|id| o.is_from(&id)));
-    let code = if identity.is_some() {
-        EXIT_OK
-    } else {
-        EXIT_NOT_RUNNING
+    let code = match (identity.is_some(), watching) {
+        (true, true) => EXIT_OK,
+        (true, false) => EXIT_NOT_WATCHING,
+        (false, _) => EXIT_NOT_RUNNING,
     };
     if as_json {
         emit(json!({
