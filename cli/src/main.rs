@@ -217,8 +217,9 @@ pub struct StatusArgs {
     /// The service name that scopes the items in the database.
     #[arg(long, default_value = "planned-stop")]
     pub service: String,
-    /// Only this process: whether it runs (exit 0) or not (exit 3), whether it watches the
-    /// directory, and its last outcome there — as `pg_ctl status` and `systemctl is-active`.
+    /// Only this process: whether it runs and watches the directory (exit 0), runs without
+    /// having announced that (exit 20) or not (exit 3), and its last outcome there — as `pg_ctl
+    /// status` and `systemctl is-active`.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
     /// Print one JSON object instead of text.

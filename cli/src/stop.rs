@@ -13,15 +13,17 @@ use report::{already_stopped, kill_at_deadline, not_watching, report, report_err
 use serde_json::json;
 use std::io::IsTerminal;
 use std::time::Duration;
-use target::the_watcher;
+use target::the_target;
 
 /// Arguments of `stop`.
 #[derive(Debug, Args)]
 pub struct StopArgs {
     /// The process to stop. Without it, the one process that has announced watching the
-    /// directory (its start fingerprint is checked as with --start); none or several is an error.
-    /// 0 (what systemd prints as the MainPID of a stopped unit) names no process: already gone.
-    #[arg(long)]
+    /// directory (its start fingerprint is checked as with --start); several is an error, and
+    /// with none running the one whose final outcome is the latest here is answered for (a
+    /// repeated stop: `already_stopped`). 0, or empty (what systemd prints as the MainPID of a
+    /// stopped unit, and expands an unset $MAINPID to), names no process: already gone.
+    #[arg(long, value_parser = pid_or_empty)]
     pub pid: Option<u32>,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -93,6 +95,17 @@ pub struct StopArgs {
     pub json: bool,
 }
 
+/// A pid, or 0 for an empty value (systemd's unset `$MAINPID`).
+fn pid_or_empty(value: &str) -> Result<u32, String> {
+    if value.trim().is_empty() {
+        return Ok(0);
+    }
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not a process id"))
+}
+
 impl StopArgs {
     /// The target's pid (resolved from the directory's watcher when --pid was not given).
     fn pid(&self) -> u32 {
@@ -148,7 +161,7 @@ pub fn run(args: StopArgs) -> u8 {
         Err(e) => return fail_stop(&args, e),
     };
     if args.pid.is_none() {
-        match the_watcher(&store, args.layout.flag()) {
+        match the_target(&store, args.layout.flag()) {
             Ok((pid, start)) => {
                 args.pid = Some(pid);
                 args.start = args.start.or(Some(start));

@@ -1061,6 +1061,12 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
     assert_eq!(report["outcome"], "already_stopped", "{report}");
     assert_eq!(again.status.code(), Some(0), "{report}");
     assert_eq!(report["exit_code"], 0);
+    // Without --pid (the docs' Kubernetes hooks, `kubectl exec`): the same answer, for the
+    // process whose outcome is the latest here (before: 2, "give --pid").
+    let no_pid = run(&["stop", "--dir", s(&d.run), "--json", "--wait", "30"]);
+    let report = json_of(&no_pid);
+    assert_eq!(no_pid.status.code(), Some(0), "{report}");
+    assert_eq!(report["outcome"], "already_stopped", "{report}");
     // Another fingerprint than the stopped process's: not that process, so just gone.
     let other = (service.identity.start + 1).to_string();
     let out = stop(&d, &pid, &["--start", &other]);
@@ -1076,6 +1082,12 @@ fn a_repeated_stop_of_a_process_that_stopped_as_planned_is_answered_0() {
         report["message"].as_str().unwrap().contains("pid 0"),
         "{report}"
     );
+    // An empty --pid is systemd's unset $MAINPID (a Type=exec unit's ExecStop after the service
+    // ended by itself): answered as --pid 0, not a usage error.
+    let empty = stop(&d, "", &[]);
+    let report = json_of(&empty);
+    assert_eq!(empty.status.code(), Some(5), "{report}");
+    assert_eq!(report["outcome"], "already_gone", "{report}");
     // With --json even a malformed command line is one JSON object.
     let bad = stop(&d, "-3", &[]);
     assert_eq!(bad.status.code(), Some(2));

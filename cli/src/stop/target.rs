@@ -1,10 +1,40 @@
-//! Which process a stop without `--pid` is for: the one that announced watching the directory.
+//! Which process a stop without `--pid` is for: the one that announced watching the directory,
+//! or, when none runs any more, the one whose final outcome is the latest here (so a repeated
+//! stop is answered as with `--pid`: `already_stopped`).
 
 use crate::chain;
 use planned_stop::marker::MarkerStore;
 
-/// The one live process that announced watching `store`'s directory, for a stop without --pid.
-pub(super) fn the_watcher(store: &MarkerStore, flag: &str) -> Result<(u32, u64), String> {
+/// The process a stop without --pid is for (pid and start fingerprint): the one live process
+/// that announced watching `store`'s directory; with none, the process gone most recently whose
+/// final outcome is here (a repeated stop: it is answered from that outcome).
+pub(super) fn the_target(store: &MarkerStore, flag: &str) -> Result<(u32, u64), String> {
+    match the_watcher(store, flag) {
+        Err(none)
+            if store.presences().is_ok_and(|p| {
+                p.iter()
+                    .all(|p| !planned_stop::ProcessIdentity::is_running(p.pid, p.start))
+            }) =>
+        {
+            last_gone(store).ok_or(none)
+        }
+        found => found,
+    }
+}
+
+/// The process whose final outcome here is the latest, among those no longer running.
+fn last_gone(store: &MarkerStore) -> Option<(u32, u64)> {
+    let outcomes = store.outcomes().ok()?;
+    outcomes
+        .into_iter()
+        .filter(|o| o.phase.is_final())
+        .filter(|o| !planned_stop::ProcessIdentity::is_running(o.pid, o.start))
+        .max_by_key(|o| o.finished_at)
+        .map(|o| (o.pid, o.start))
+}
+
+/// The one live process that announced watching `store`'s directory.
+fn the_watcher(store: &MarkerStore, flag: &str) -> Result<(u32, u64), String> {
     let live: Vec<_> = store
         .presences()
         .map_err(|e| chain(&e))?
