@@ -2002,3 +2002,26 @@ fn a_fifo_at_the_outcome_path_never_hangs_stop() {
         "the watching target stopped as planned"
     );
 }
+
+/// A zero-deadline drain whose jobs hand their items back at once is clean: both items recorded,
+/// nothing forced, nobody unanswered (issue 48, 6: it said `clean:false`, 13, "a participant
+/// answered after its deadline", the answers having arrived a moment after a deadline of 0).
+/// 20 rounds: it used to depend on when the runner took the answers in.
+#[cfg(unix)]
+#[test]
+fn a_zero_deadline_drain_that_hands_everything_back_is_clean_20_of_20() {
+    for round in 0..20 {
+        let d = dirs();
+        let mut service = serve(&d, &["--jobs", "2", "--job-ms", "600000"]);
+        let out = stop(
+            &d,
+            &service.pid_arg(),
+            &["--wait", "30", "--drain-ms", "0", "--require-clean"],
+        );
+        let report = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "round {round}: {report}");
+        assert_eq!(report["clean"], true, "round {round}: {report}");
+        assert_eq!(report["drain"]["handed_back"], 2, "round {round}: {report}");
+        assert_eq!(service.exit_code(), Some(0));
+    }
+}
