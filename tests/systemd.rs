@@ -79,16 +79,16 @@ fn the_lifecycle_is_reported_to_systemd_in_order() {
         4,
         "one at the start and one per second: {messages:#?}"
     );
-    // The whole stop's bound, not only the drain's — the drain (5 s), three answer
-    // graces (0.3 s), the persist deadline (2 s) and the longer of the overrun grace (1 s) and
+    // The whole stop's bound, not only the drain's — the drain (5 s), two answer graces a
+    // phase (0.6 s), the persist deadline (2 s) and the longer of the overrun grace (1 s) and
     // the exit grace (2 s) — plus a second for the next renewal: the record's write after the
     // drain is covered, and the service's own overrun watchdog fires before systemd's SIGKILL.
-    assert_eq!(extensions[0], 10_300_000, "the stop's bound plus a second");
+    assert_eq!(extensions[0], 10_600_000, "the stop's bound plus a second");
     assert!(
         extensions.windows(2).all(|w| w[1] < w[0]),
         "counting down: {extensions:?}"
     );
-    assert_eq!(extensions[3], 7_300_000);
+    assert_eq!(extensions[3], 7_600_000);
     assert_eq!(
         messages.last().unwrap(),
         "STATUS=stopped, exit code 0",
