@@ -6,15 +6,17 @@ use crate::chain;
 use planned_stop::marker::MarkerStore;
 
 /// The process a stop without --pid is for (pid and start fingerprint): the one live process
-/// that announced watching `store`'s directory; with none, the process gone most recently whose
-/// final outcome is here (a repeated stop: it is answered from that outcome).
+/// that announced watching `store`'s directory; with none (`--dir`), the process gone most
+/// recently whose final outcome is here (a repeated stop: it is answered from that outcome).
 pub(super) fn the_target(store: &MarkerStore, flag: &str) -> Result<(u32, u64), String> {
     match the_watcher(store, flag) {
+        // The slot layout only: a shared marker file (`--marker`) names no one process.
         Err(none)
-            if store.presences().is_ok_and(|p| {
-                p.iter()
-                    .all(|p| !planned_stop::ProcessIdentity::is_running(p.pid, p.start))
-            }) =>
+            if flag == "--dir"
+                && store.presences().is_ok_and(|p| {
+                    p.iter()
+                        .all(|p| !planned_stop::ProcessIdentity::is_running(p.pid, p.start))
+                }) =>
         {
             last_gone(store).ok_or(none)
         }
