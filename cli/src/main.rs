@@ -33,7 +33,7 @@
 //! | 17 | a restart in place did not happen; the target keeps serving (`stop --restart --wait`) |
 //! | 18 | the target was still running at the deadline; its drain was forced and it ended (`stop --wait --kill`) |
 
-#![warn(clippy::undocumented_unsafe_blocks)]
+#![forbid(unsafe_code)]
 
 mod demo;
 mod records;
@@ -369,24 +369,19 @@ fn act_as_owner_of(dir: &Path) -> Result<(), String> {
     if uid == 0 {
         return Ok(());
     }
-    // libc, not rustix: rustix deliberately offers only per-thread credential calls, and the
-    // whole process must change (glibc's setgid/setuid apply to every thread).
-    // SAFETY: setgroups with a count of 0 reads no memory; setgid and setuid take plain integers.
-    // Order matters: the supplementary groups and the group first, while still root.
-    let changed = unsafe {
-        libc::setgroups(0, std::ptr::null()) == 0
-            && libc::setgid(gid) == 0
-            && libc::setuid(uid) == 0
-    };
-    if changed {
-        Ok(())
-    } else {
-        Err(format!(
-            "cannot act as uid {uid} (the owner of {}): {}; run this as that user",
-            dir.display(),
-            std::io::Error::last_os_error()
-        ))
-    }
+    // nix, not rustix: rustix deliberately offers only per-thread credential calls, and the
+    // whole process must change (the C library's setgid/setuid apply to every thread). Order
+    // matters: the supplementary groups and the group first, while still root.
+    use nix::unistd::{Gid, Uid, setgid, setgroups, setuid};
+    setgroups(&[])
+        .and_then(|()| setgid(Gid::from_raw(gid)))
+        .and_then(|()| setuid(Uid::from_raw(uid)))
+        .map_err(|e| {
+            format!(
+                "cannot act as uid {uid} (the owner of {}): {e}; run this as that user",
+                dir.display()
+            )
+        })
 }
 
 #[cfg(not(unix))]
