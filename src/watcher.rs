@@ -27,8 +27,8 @@ use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
 use crate::events::{SlotEvents, Wakeups};
 use crate::identity::ProcessIdentity;
-use crate::lifecycle::RunnerState;
-use crate::runner::{HeldStop, PlannedStop, RunnerStatus};
+use crate::lifecycle::{RunnerState, StopRequest};
+use crate::runner::{HeldStop, PlannedStop, RequestStop, RunnerStatus};
 use crate::store::{MarkerStore, StoreError};
 use crate::verdict::Verdict;
 use actix::clock::Instant;
@@ -207,8 +207,8 @@ pub struct MarkerWatcherActor {
     errors: ProbeErrors,
     wakeups: Option<Wakeups>,
     events: Option<SlotEvents>,
-    /// Whether a panic ends the process (the service's `owns_process_exit`).
-    ends_process: bool,
+    /// Told to stop unexpectedly when the watcher panics.
+    on_panic: Option<Recipient<RequestStop>>,
     /// Whether a delivered restart leaves the watch on (the service restarts in place).
     keeps_after_restart: bool,
 }
@@ -240,7 +240,7 @@ impl MarkerWatcherActor {
             errors: ProbeErrors::default(),
             wakeups: None,
             events: None,
-            ends_process: true,
+            on_panic: None,
             keeps_after_restart: false,
         }
     }
@@ -253,11 +253,10 @@ impl MarkerWatcherActor {
         self
     }
 
-    /// Whether a panic of the watcher ends the process (default `true`); `false` when the
-    /// application owns the process's end (`ServiceBuilder::owns_process_exit(false)`): the
-    /// panic is then logged and marker stops are ignored from then on.
-    pub fn ends_process_on_panic(mut self, ends: bool) -> Self {
-        self.ends_process = ends;
+    /// Asks `runner` for an unexpected stop if the watcher panics (marker stops would be
+    /// ignored from then on); without it the panic is only logged.
+    pub fn stops_runner_on_panic(mut self, runner: Recipient<RequestStop>) -> Self {
+        self.on_panic = Some(runner);
         self
     }
 
@@ -426,30 +425,27 @@ impl Actor for MarkerWatcherActor {
 }
 
 /// A watcher that panicked has stopped watching: marker stops (the only ones on Windows) would be
-/// ignored for the rest of the process's life. So it ends the process, non-zero, and says why; a
-/// supervisor restarts it.
+/// ignored for the rest of the process's life. So it asks the runner for an unexpected stop,
+/// which `main` sees as the unexpected code; a supervisor restarts the process.
 impl Drop for MarkerWatcherActor {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             return;
         }
-        if !self.ends_process {
-            tracing::error!(
-                "the planned-stop marker watcher panicked; marker stops are ignored from now on \
-                 (the application owns the process's end: end it, or stop through signals)"
-            );
-            return;
+        match &self.on_panic {
+            Some(runner) => {
+                tracing::error!(
+                    "the planned-stop marker watcher panicked; stopping as unexpected so that \
+                     stops are not ignored"
+                );
+                runner.do_send(RequestStop(StopRequest::Unexpected));
+            }
+            None => tracing::error!(
+                "the planned-stop marker watcher panicked; marker stops are ignored from now on"
+            ),
         }
-        tracing::error!(
-            code = WATCHER_PANIC_EXIT_CODE,
-            "the planned-stop marker watcher panicked; exiting so that stops are not ignored"
-        );
-        crate::runner::process_end::end_forced(WATCHER_PANIC_EXIT_CODE, None)
     }
 }
-
-/// The exit code after a watcher panic: a failure, so supervisors restart the process.
-pub(crate) const WATCHER_PANIC_EXIT_CODE: i32 = 1;
 
 #[cfg(test)]
 mod tests;

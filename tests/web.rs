@@ -422,6 +422,37 @@ fn main_returning_or_panicking_before_the_runner_stopped_is_not_a_clean_exit() {
     }
 }
 
+/// `main` owns its end: its own error (`main -> io::Result<()>` returning `Err` after the service
+/// started) and its own panic are printed as std prints them — the library used to end the
+/// process first, from the runner's drop, with an ERROR that blamed signal handlers — and the
+/// process still does not end with 0 or 101.
+#[test]
+fn mains_own_error_or_panic_is_printed_as_std_prints_it() {
+    for round in 0..ROUNDS {
+        for (layout, printed) in [
+            (AppLayout::ErrAfterStart, "Error: Custom { kind: AddrInUse"),
+            (AppLayout::PanicsAtOnce, "main panics before any stop"),
+        ] {
+            let mut app = App::start(layout, &options());
+            assert_eq!(app.exit_code(), Some(1), "{layout:?} round {round}");
+            let stderr = app.stderr();
+            assert!(
+                stderr.contains(printed),
+                "{layout:?} round {round}:\n{stderr}"
+            );
+            assert!(
+                !stderr.contains("signal handl"),
+                "{layout:?} round {round}: a guess, not what the runner knows:\n{stderr}"
+            );
+            assert_eq!(
+                app.outcome_phase(),
+                Some(Phase::Aborted),
+                "{layout:?} round {round}"
+            );
+        }
+    }
+}
+
 /// `System::current().stop()` from a request handler while `main` runs the System with
 /// `block_on` (which goes on running): the runner notices, writes `aborted` and exits with the
 /// unexpected code. It used to stay alive, serving nothing, with no outcome and no log line.

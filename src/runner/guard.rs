@@ -1,19 +1,13 @@
-//! What ends the process when the runner cannot: the guards behind "a planned stop exits 0 and
-//! nothing else does, and no stop hangs".
+//! The guards behind "a planned stop exits 0 and nothing else does, and no stop hangs", armed
+//! when the runner owns the process's exit (`owns_process_exit`, the default). Only the
+//! overrun watchdog ends the process before `main` returns; the others record and resolve:
 //!
-//! The runner decides the exit code, but the process ends wherever `main` ends, and a blocked
-//! event loop starves the runner's own timers. The guards are armed only when the runner owns
-//! the process's exit (`RunnerConfig::owns_process_exit`, the default), and end the process
-//! through [`super::process_end::end_forced`]:
-//!
-//! - the **drop guard**: a runner dropped before it stopped (`System::run` ended by someone
-//!   else, `main` returned early, a panic) writes an `aborted` outcome and exits with the
-//!   unexpected code instead of letting the process exit 0;
+//! - the **drop guard**: a runner dropped before its stop concluded writes `aborted`; the exit
+//!   handler keeps the unexpected code once `main` has returned (never 0);
 //! - the **System check**: a `System` stopped by someone else while `main` runs it with
-//!   `block_on` (which goes on running): the same, found within [`SYSTEM_CHECK`];
-//! - the **overrun watchdog**: a plain OS thread that ends the process with the unexpected code
-//!   when a drain overruns its deadline, answer graces and overrun grace. It writes an
-//!   `overrun` outcome, withdraws the presence file and logs who had not answered.
+//!   `block_on` concludes the stop as `aborted` (the exit grace ends a `main` that never returns);
+//! - the **overrun watchdog**: a plain OS thread that ends a drain past all its deadlines with
+//!   the unexpected code, after writing an `overrun` outcome and naming who had not answered.
 
 use super::{RunnerActor, process_end};
 use crate::error_chain::ErrorChain;
@@ -93,18 +87,17 @@ impl RunnerActor {
     }
 }
 
-/// The guard against a silent exit 0: a runner dropped before it stopped means the actix
-/// `System` was stopped by someone else (an `HttpServer` with its own signal handling, a
-/// `System::stop` elsewhere) or `main` returned, before the stop was decided and recorded. The
-/// process would otherwise exit with whatever code that path chose, usually 0, which a
-/// supervisor reads as a clean stop. So the runner writes an `aborted` outcome, logs what to
-/// change, and ends the process with the unexpected exit code. Armed only when the runner owns
-/// the `System`'s exit (`owns_process_exit`, the default).
+/// A runner dropped before its stop concluded: its `System` ended (`main` returned or panicked,
+/// the `System` was stopped elsewhere) or the runner itself panicked. Nothing decides stops any
+/// more, so it records an `aborted` outcome, logs what it knows and withdraws its presence. It
+/// never ends the process: `main`'s own error or panic is printed as std prints it, and once
+/// `main` has returned the exit handler keeps the unexpected code (armed only when the runner
+/// owns the process's exit, `owns_process_exit`, the default).
 impl Drop for RunnerActor {
     fn drop(&mut self) {
-        // Also while unwinding: a runner that panicked has stopped deciding anything, and a
-        // process whose runner is gone must not go on ignoring stops or exit 0.
-        if self.lifecycle.state() == RunnerState::Stopped {
+        if self.lifecycle.state() == RunnerState::Stopped
+            || self.status.borrow().exit_code.is_some()
+        {
             return;
         }
         if !self.config.owns_process_exit {
@@ -112,12 +105,14 @@ impl Drop for RunnerActor {
             self.withdraw_presence();
             return;
         }
-        self.abort(
-            "the actix System stopped (or main returned) before the planned-stop runner \
-             finished; exiting with the unexpected code. Let the runner stop the System, or await \
-             ServiceHandle::stopped() in main, and disable other signal handlers \
-             (HttpServer::disable_signals, or planned_stop::web::serve)",
-        );
+        let why = if std::thread::panicking() {
+            "the planned-stop runner is dropped by a panic before its stop concluded"
+        } else {
+            "the planned-stop runner is dropped before its stop concluded (its actix System \
+             ended)"
+        };
+        let code = self.abort(why);
+        process_end::aborted(code);
     }
 }
 
@@ -125,34 +120,41 @@ impl RunnerActor {
     /// Checks every [`SYSTEM_CHECK`] that the `System` is still running: `System::stop` (from a
     /// handler, from actix-server's own signal handling with `system_exit`) does not end a `main`
     /// that runs it with `block_on`, which would go on with its arbiters stopped — serving
-    /// nothing, watching no marker's outcome through — until killed.
+    /// nothing, watching no marker — until killed. The runner concludes the stop as `aborted`:
+    /// [`crate::ServiceHandle::stopped`] resolves to the unexpected code, and a `main` that does
+    /// not return within the exit grace is ended with it.
     pub(super) fn check_system(&self, ctx: &mut Context<Self>) {
         if !self.config.owns_process_exit {
             return;
         }
-        ctx.run_interval(SYSTEM_CHECK, |act, _| {
+        ctx.run_interval(SYSTEM_CHECK, |act, ctx| {
             if act.lifecycle.state() == RunnerState::Stopped {
                 return;
             }
             // The System's own arbiter takes no more work once the System was told to stop.
             let running = System::try_current().is_some_and(|s| s.arbiter().spawn(async {}));
             if !running {
-                act.abort(
+                let code = act.abort(
                     "the actix System was stopped (System::stop, or a server's own signal \
-                     handling) before the planned-stop runner finished; exiting with the \
-                     unexpected code. Stop through the runner (ServiceHandle::request_stop) and \
-                     leave signals to it",
+                     handling) before the planned-stop runner finished",
                 );
+                process_end::concluded(code, None, act.config.exit_grace);
+                ctx.stop();
             }
         });
     }
 
-    /// Ends the process with the unexpected code before the runner finished: an `aborted`
-    /// outcome, the pending items in the log, the presence withdrawn.
-    fn abort(&mut self, why: &str) -> ! {
+    /// Concludes the stop as `aborted` before the runner finished: the outcome written and
+    /// published, the pending items in the log, the presence withdrawn. Returns the unexpected
+    /// code the process is to end with.
+    fn abort(&mut self, why: &str) -> i32 {
         let code = i32::from(self.config.exit_codes.unexpected);
         let state = self.lifecycle.state();
-        tracing::error!(?state, code, "{why}");
+        tracing::error!(
+            ?state,
+            code,
+            "{why}; the process ends with the unexpected code"
+        );
         // Not the injected clock: it may be what panicked, and a second panic here would abort.
         let now = Utc::now();
         let (cause, verdict, request_id, accepted_at) = match &self.drain {
@@ -185,12 +187,10 @@ impl RunnerActor {
             successor: None,
             note: None,
         };
-        if let Err(e) = self.store.write_outcome(&outcome) {
-            tracing::warn!(error = %ErrorChain(&e), "cannot write the aborted outcome");
-        }
         log_pending(&self.pending);
-        self.withdraw_presence();
-        process_end::end_forced(code, None)
+        // Final: written, published (so `stopped()` resolves) and the presence withdrawn.
+        self.publish_outcome(outcome);
+        code
     }
 }
 

@@ -1,25 +1,18 @@
-//! The end of the process, owned by the runner once it has a verdict.
+//! The end of the process: `main` owns it; the runner only keeps its code.
 //!
-//! Why this exists: the runner decides the exit code, but the process ends wherever `main` ends,
-//! and `main` can be written many ways. `#[actix_web::main]` runs `main`'s body with
-//! `System::block_on`, which ignores `System::stop_with_code`, so a server run with
-//! `server.run().await` goes on serving after the verdict; `main -> io::Result<()>` returns
-//! `Ok(())` (exit 0) after an unexpected stop or a restart; a panic exits 101. None of that may
-//! turn a verdict into another exit code. So, when the runner owns the process's exit (the
-//! builder's `owns_process_exit`, on by default), every path to the end goes through here:
+//! `main` returns the code [`crate::ServiceHandle::stopped`] (or `web::serve`) resolves to. But
+//! `main` can be written many ways: `main -> io::Result<()>` returns `Ok(())` (exit 0) after an
+//! unexpected stop, a panic exits 101, a server run with `block_on` never returns. None of that
+//! may turn a verdict into another exit code, so when the runner owns the process's exit (the
+//! builder's `owns_process_exit`, on by default):
 //!
-//! - when the stop concludes, the verdict's code is recorded process-wide, and a thread ends the
-//!   process with it if `main` has not returned within the exit grace;
-//! - when `main` returns (or libtest, or anything, calls `exit`) with another code, an `atexit`
-//!   handler ends the process with the verdict's code instead (`_exit`: the remaining `atexit`
-//!   handlers are skipped; Rust's own stdout is flushed before `exit` is reached);
-//! - when the process ends while an owned runner has not concluded (a `System` run on another
-//!   thread and `main` returned), the same handler ends it with the unexpected code;
-//! - the guards (drop guard, overrun watchdog, a `System` stopped by someone else) end it through
-//!   [`end_forced`], so the code they chose is the one the `atexit` handler keeps, and the
-//!   application's last word (the command line's `exit` event) is said first.
+//! - once `main` has returned (or anything calls `exit`) with another code, an `atexit` handler
+//!   ends the process with the verdict's code instead (`_exit`; Rust's stdout is flushed and
+//!   `main`'s error or panic printed before `exit` is reached);
+//! - a concluded stop whose `main` has not returned within the exit grace is ended by a thread;
+//! - the overrun watchdog ends a drain past all its deadlines ([`end_forced`]).
 //!
-//! With the switch off, nothing here is armed: no `atexit` handler, no thread, no exit.
+//! Nothing else ends the process. With the switch off, nothing here is armed.
 
 use crate::lifecycle::StopVerdict;
 use std::sync::OnceLock;
@@ -79,6 +72,13 @@ pub(crate) fn concluded(code: i32, verdict: Option<StopVerdict>, grace: Duration
     }
 }
 
+/// A runner dropped before its stop concluded (its `System` ended, it panicked): the process
+/// ends with `code` whenever and however `main` ends. No thread: `main` is ending already, or
+/// goes on and says so itself.
+pub(crate) fn aborted(code: i32) {
+    STATE.store(pack(CONCLUDED, code), Ordering::SeqCst);
+}
+
 /// What the application is told when the library ends the process itself: see
 /// [`crate::ServiceBuilder::on_forced_exit`].
 pub(crate) type ForcedExitHook = Box<dyn Fn(i32, Option<StopVerdict>) + Send + Sync>;
@@ -133,9 +133,8 @@ extern "C" fn at_exit() {
     if tag == RUNNING {
         // Not through `tracing`: subscribers may already be torn down.
         eprintln!(
-            "planned-stop: the process is ending while its runner has not stopped (main returned \
-             with the actix System still running elsewhere?); exiting with the unexpected code \
-             {code}"
+            "planned-stop: the process is ending while its runner has not concluded a stop; \
+             exiting with the unexpected code {code}"
         );
     }
     // SAFETY: `_exit` ends the process at once with the given status; it never returns and has

@@ -1,7 +1,7 @@
 //! [`ServiceBuilder`]: what a service is configured with, and `start`, which wires the runner,
 //! the watcher, the record store and the lease keeper together.
 
-use super::{MIN_LEASE, ServiceHandle, StartError, keep_leases, log_panics};
+use super::{MIN_LEASE, ServiceHandle, StartError, keep_leases};
 use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
@@ -315,20 +315,18 @@ impl ServiceBuilder {
         self
     }
 
-    /// Whether the runner owns the end of the process (default `true`, for services).
+    /// Whether the runner keeps the verdict's exit code whatever `main` returns (default `true`).
     ///
-    /// On: once the stop concluded (its record persisted), the process ends with the verdict's
-    /// exit code whatever `main` does — returns `Ok(())` or `ExitCode::SUCCESS`, never returns
-    /// because it runs a server with `block_on`, or panics: the runner stops the actix `System`
-    /// with the code, corrects any other code on the way out (an `atexit` handler), and ends the
-    /// process itself if `main` has not returned within [`Self::exit_grace`]. A runner dropped
-    /// before it stopped, a `System` stopped by someone else and a drain that overruns all end it
-    /// with the unexpected code; panics are logged through `tracing`. docs/design.md has the table
-    /// of `main` layouts and the codes they end with.
+    /// `main` returns what [`ServiceHandle::stopped`] resolves to; this covers the `main`s that
+    /// do not: one that returns `Ok(())`, panics or returns an error after an unexpected stop
+    /// ends with the unexpected code once std has printed what it prints (an `atexit`
+    /// correction), and one that never returns (a server run with `block_on`) is ended with the
+    /// verdict's code [`Self::exit_grace`] after the stop concluded. The library ends the process
+    /// before `main` returns only then and when a drain overruns all its deadlines.
+    /// docs/design.md has the table of `main` layouts and the codes they end with.
     ///
     /// Off (embedding the runner in a larger program, tests): nothing in the library ends the
-    /// process or installs a panic hook; await [`ServiceHandle::stopped`] and end the process
-    /// with its code yourself.
+    /// process or changes its code.
     ///
     /// ```
     /// // Run the runner inside a larger program that ends by other means.
@@ -347,8 +345,8 @@ impl ServiceBuilder {
         self
     }
 
-    /// A last word before the library ends the process itself (the overrun watchdog, the guard
-    /// against a `System` that ended before the runner finished, the exit grace passing): `hook`
+    /// A last word before the library ends the process itself (the overrun watchdog, the exit
+    /// grace passing): `hook`
     /// gets the exit code and, when the stop concluded, its verdict. It runs on the thread that
     /// ends the process, possibly while the event loop is blocked: keep it short (the command
     /// line prints its `exit` event). Only with [`Self::owns_process_exit`]; one per process.
@@ -379,9 +377,7 @@ impl ServiceBuilder {
 
     /// Opens the store, sweeps it, and starts both actors on the current system.
     ///
-    /// Every fallible step comes first: an error leaves nothing running. From then on the
-    /// runner owns the process's end (see [`Self::owns_process_exit`] to hand that back to the
-    /// application).
+    /// Every fallible step comes first: an error leaves nothing running.
     ///
     /// ```
     /// # use planned_stop::{Layout, ServiceBuilder, RunnerState, StopRequest};
@@ -448,7 +444,7 @@ impl ServiceBuilder {
             self.clock,
         )
         .with_held_notice(runner.clone().recipient())
-        .ends_process_on_panic(owns_exit)
+        .stops_runner_on_panic(runner.clone().recipient())
         .keeps_watching_after_restarts(restarts_in_place);
         start_watcher(watcher, &store, own.pid, self.events);
         announce(
@@ -519,13 +515,12 @@ fn mailbox(
 pub(super) type SignalListener =
     fn(actix::Recipient<crate::runner::OsSignal>) -> std::io::Result<()>;
 
-/// The runner owns the process's end: panics are logged, and the process ends with the
-/// unexpected code when it would otherwise end before the runner concluded.
+/// The runner keeps the process's exit code: the process ends with the unexpected code when it
+/// would otherwise end before the runner concluded.
 fn arm_process_end(
     forced_exit: Option<crate::runner::process_end::ForcedExitHook>,
     unexpected_code: i32,
 ) {
-    log_panics();
     if let Some(hook) = forced_exit {
         crate::runner::process_end::on_forced_exit(hook);
     }

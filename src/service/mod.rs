@@ -23,9 +23,9 @@
 //!
 //! [`ServiceBuilder::new`] opens the marker store (creating the directory 0700), reads this
 //! process's identity once, sweeps leftovers of dead processes, and starts a [`RunnerActor`](crate::runner::RunnerActor) and a
-//! [`MarkerWatcherActor`](crate::watcher::MarkerWatcherActor) on the current actix system. The runner owns the end of the process
-//! ([`ServiceBuilder::owns_process_exit`]): once the stop concluded, the process ends with the
-//! verdict's exit code whatever `main` does.
+//! [`MarkerWatcherActor`](crate::watcher::MarkerWatcherActor) on the current actix system. `main` returns the code
+//! [`ServiceHandle::stopped`] resolves to; with [`ServiceBuilder::owns_process_exit`] (the
+//! default) the process ends with the verdict's code whatever `main` returns.
 
 mod acks;
 mod builder;
@@ -198,20 +198,6 @@ fn keep_leases(
                 }
             }
         }
-    });
-}
-
-/// Logs every panic through `tracing` as well (once per process, chained to the hook that was
-/// installed before), so a panic that ends the process — the runner's and the watcher's guards
-/// exit non-zero — is in the service's logs, not only on stderr.
-fn log_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            tracing::error!(panic = %info, "panic");
-            previous(info);
-        }));
     });
 }
 

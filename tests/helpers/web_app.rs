@@ -171,7 +171,7 @@ fn env_ms(name: &str) -> Option<Duration> {
 }
 
 /// The application: its `main` in the layout the first argument names.
-fn main() {
+fn main() -> std::io::Result<()> {
     let role = std::env::args().nth(1).unwrap_or_default();
     let Some(layout) = AppLayout::of_role(&role) else {
         panic!("no such layout: {role:?}");
@@ -201,11 +201,23 @@ fn main() {
         }),
         AppLayout::OwnServerBlockOn | AppLayout::NotOwnedNeverEnds => {
             app.own_server_block_on().unwrap();
-            return; // main returns Ok(()): exit 0 as far as main is concerned
+            return Ok(()); // exit 0 as far as main is concerned
         }
         AppLayout::ServeThenOk => {
             app.serve_then_ok().unwrap();
-            return;
+            return Ok(());
+        }
+        AppLayout::ErrAfterStart => {
+            // The newcomer's mistake: main's own error, after the service started.
+            return actix_web::rt::System::new().block_on(async {
+                let stop = app.start();
+                stop.ready();
+                announce(0);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "the application's own bind failed",
+                ))
+            });
         }
         AppLayout::PanicsAfterStop => {
             actix_web::rt::System::new().block_on(async {
@@ -224,7 +236,7 @@ fn main() {
                 announce(0);
                 panic!("main panics before any stop");
             });
-            return;
+            return Ok(());
         }
         AppLayout::OwnServerWithSignals => app.own_server_with_signals(),
     };

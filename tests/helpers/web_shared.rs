@@ -28,6 +28,9 @@ pub enum AppLayout {
     ActixMainReturnsEarly,
     /// `main` panics right after starting the service.
     PanicsAtOnce,
+    /// `#[actix_web::main] async fn main() -> io::Result<()>` returns its own error
+    /// (`AddrInUse`) right after starting the service.
+    ErrAfterStart,
     /// The runner does not own the process's end (`owns_process_exit(false)`) and `main` runs
     /// a server that never ends: the stop finishes, the process stays.
     NotOwnedNeverEnds,
@@ -56,6 +59,7 @@ impl AppLayout {
             AppLayout::PanicsAfterStop => "panics-after-stop",
             AppLayout::ActixMainReturnsEarly => "actix-main-returns-early",
             AppLayout::PanicsAtOnce => "panics-at-once",
+            AppLayout::ErrAfterStart => "err-after-start",
             AppLayout::NotOwnedNeverEnds => "not-owned-never-ends",
         }
     }
@@ -66,6 +70,7 @@ impl AppLayout {
             .chain([
                 AppLayout::ActixMainReturnsEarly,
                 AppLayout::PanicsAtOnce,
+                AppLayout::ErrAfterStart,
                 AppLayout::NotOwnedNeverEnds,
             ])
             .find(|l| l.role() == role)
