@@ -51,7 +51,8 @@ windows:
 # `just mutants-iterate` re-tests only what the last run missed.
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants {{args}} -o target/mutants-pure --file src/schema.rs --file src/verdict.rs --file src/record.rs -- --lib --test marker_and_verdict --test store
+    cargo mutants {{args}} -o target/mutants-protocol -p planned-stop-protocol --file protocol/src/schema.rs --file protocol/src/verdict.rs -- --lib --test marker_and_verdict
+    cargo mutants {{args}} -o target/mutants-pure --file src/record.rs -- --lib --test store
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
     cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs -- --lib --test metrics
@@ -74,6 +75,7 @@ stop-latency-static rounds="200":
 # The library's public surface into docs/public-api.txt (CI compares it: ci/public_api.py).
 public-api:
     RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet -p planned-stop --lib --features systemd,actix-web,postgres,metrics,testing -- -Z unstable-options --output-format json
+    RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet -p planned-stop-protocol --lib -- -Z unstable-options --output-format json --document-hidden-items
     sed -n '1,4p' docs/public-api.txt > target/public-api.txt
-    python3 ci/public_api.py target/doc/planned_stop.json >> target/public-api.txt
+    python3 ci/public_api.py target/doc/planned_stop.json target/doc/planned_stop_protocol.json >> target/public-api.txt
     mv target/public-api.txt docs/public-api.txt

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The library's public surface, one line an item, from rustdoc's JSON.
 
-Usage: public_api.py RUSTDOC_JSON [EXPECTED]
+Usage: public_api.py RUSTDOC_JSON... [EXPECTED]
 
 Prints every item an application can name — modules, types, functions with their signatures,
 fields, variants, trait methods, the associated items of inherent impls, and the traits each
 public type implements by hand — reached from the crate root through public modules and
-re-exports, each under the path a user writes. With EXPECTED (`docs/public-api.txt`), compares
+re-exports, each under the path a user writes; one JSON a library crate, all in one list. With
+EXPECTED (`docs/public-api.txt`, any argument not ending in `.json`), compares
 instead and exits 1 on any difference, printing it: the surface changes only on purpose, with
 the file updated in the same commit and the reason given there and in `docs/api.md`.
 
@@ -112,6 +113,8 @@ class Surface:
         if it is None or it["visibility"] != "public":
             return
         (kind, v), = it["inner"].items()
+        if kind != "use" and hidden(it):
+            return  # `#[doc(hidden)]`: public for the crate's own siblings, not an API
         if kind == "use":
             target = self.item(v["id"]) if v.get("id") is not None else None
             if v["is_glob"]:
@@ -179,6 +182,8 @@ class Surface:
         if v["is_synthetic"] or v.get("blanket_impl") is not None:
             return
         if v["trait"] is not None:
+            if v["trait"]["path"].split("::")[-1] in HIDDEN_TRAITS:
+                return
             self.lines.add(f"{full}: impl {v['trait']['path'].split('::')[-1]}{args(v['trait'].get('args'))}")
             return
         for mid in v["items"]:
@@ -190,6 +195,17 @@ class Surface:
                 self.lines.add(f"{full}::{m['name']}: {signature(mv)}")
             elif kind == "assoc_const":
                 self.lines.add(f"{full}::{m['name']}: const {ty(mv['type'])}")
+
+
+# The standard library's own hidden traits, which --document-hidden-items shows on derived impls
+# (`TrivialClone` beside every derived `Copy`): nothing a user names.
+HIDDEN_TRAITS = {"TrivialClone"}
+
+
+def hidden(it):
+    """Whether an item is `#[doc(hidden)]` (rustdoc lists it only with --document-hidden-items,
+    which CI passes so that re-exports out of hidden modules resolve)."""
+    return any("doc(hidden)" in (a if isinstance(a, str) else json.dumps(a)) for a in it.get("attrs", []))
 
 
 def surface(doc):
@@ -219,13 +235,15 @@ def self_test(lines):
 
 def main():
     argv = [a for a in sys.argv[1:] if a != "--self-test"]
-    doc = json.load(open(argv[0]))
-    lines = surface(doc)
+    docs = [a for a in argv if a.endswith(".json")]
+    expected_file = next((a for a in argv if not a.endswith(".json")), None)
+    lines = sorted(line for d in docs for line in surface(json.load(open(d))))
     if "--self-test" in sys.argv:
         self_test(lines)
-    if len(argv) < 2:
+    if expected_file is None:
         print("\n".join(lines))
         return
+    argv = [None, expected_file]
     expected = open(argv[1]).read().splitlines()
     expected = [l for l in expected if l and not l.startswith("#")]
     diff = compare(expected, lines)

@@ -70,7 +70,10 @@
 //!
 //! ## How the pieces fit
 //!
-//! Inside, dependencies point one way. The marker schema and its bounded parser, and the **one**
+//! The file protocol — the marker, the verdict, process identity, the marker, outcome and
+//! presence files, and the stopper's side — is the crate `planned-stop-protocol`, which has no
+//! actix and no async runtime; this crate re-exports it whole ([`marker`], [`stopper`],
+//! [`ProcessIdentity`], [`Layout`]). Inside, dependencies point one way. The marker schema and its bounded parser, and the **one**
 //! verdict function, are pure; the store and the process identity read the file system and the OS
 //! and hold no policy of their own; the runner's rules (states, causes, the verdict latch, the
 //! drain phases) are pure too, and two actors, the runner and the watcher, act on them; the service
@@ -107,23 +110,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
-mod error_chain;
 mod events;
 // The hand-over works on Unix only; elsewhere a restart falls back to the exit code.
 #[cfg_attr(not(unix), allow(dead_code))]
 mod handover;
-mod identity;
 mod lifecycle;
-pub mod marker;
-mod outcome;
 pub mod record;
 mod resume;
 mod runner;
-mod schema;
 mod service;
 mod signals;
-pub mod stopper;
-mod store;
 #[cfg(all(unix, feature = "systemd"))]
 mod systemd;
 mod tasks;
@@ -131,21 +127,24 @@ mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
-mod verdict;
 mod watcher;
 #[cfg(feature = "actix-web")]
 #[cfg_attr(docsrs, doc(cfg(feature = "actix-web")))]
 pub mod web;
 mod work;
 
-pub use identity::{IdentityError, ProcessIdentity};
+// The file protocol and the stopper's side live in `planned-stop-protocol` (no async runtime);
+// re-exported whole, so an application needs this crate alone.
 pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
+pub use planned_stop_protocol::Layout;
+pub use planned_stop_protocol::{IdentityError, ProcessIdentity};
+use planned_stop_protocol::{error_chain, identity, outcome, schema, store, verdict};
+pub use planned_stop_protocol::{marker, stopper};
 pub use resume::{DEFAULT_RESUME_BATCH, ResumeLoop};
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
 pub use service::{
     DEFAULT_MAX_FAILED_ATTEMPTS, MIN_LEASE, ServiceBuilder, ServiceHandle, StartError,
 };
-pub use store::Layout;
 pub use tasks::{CancellationToken, JobEnd, TaskGroup};
 pub use work::{JobId, Refusal, Refused, Unreadable, WorkSet};
 

@@ -345,30 +345,20 @@ pub enum RecordError {
     },
 }
 
-// How a stop record is summarized in its outcome file is the record's rule: it lives here, so
-// the pure `outcome` module does not depend on the record store's module (docs/design.md, Layers).
-impl DrainSummary {
-    /// The summary of a stop record, bounded (one rule for the runner and any other writer).
-    pub fn of(record: &StopRecord) -> DrainSummary {
-        let cut = |text: &str| text.chars().take(Self::MAX_TEXT).collect::<String>();
-        DrainSummary {
-            in_time: record.drained_in_time,
-            forced: record.forced,
-            unanswered: record
-                .unanswered
-                .iter()
-                .take(Self::MAX_LISTED)
-                .map(|name| cut(name))
-                .collect(),
-            notes: record
+// How a stop record is summarized in its outcome file: the bounds are the outcome's rule
+// (`DrainSummary::new`), what is summarized the record's.
+impl From<&StopRecord> for DrainSummary {
+    fn from(record: &StopRecord) -> DrainSummary {
+        DrainSummary::new(
+            record.drained_in_time,
+            record.forced,
+            record.unanswered.iter().map(String::as_str),
+            record
                 .notes
                 .iter()
-                .take(Self::MAX_LISTED)
-                .map(|n| cut(&format!("{}: {}", n.participant, n.note)))
-                .collect(),
-            note_count: record.notes.len(),
-            handed_back: record.unfinished.len(),
-        }
+                .map(|n| format!("{}: {}", n.participant, n.note)),
+            record.unfinished.len(),
+        )
     }
 }
 

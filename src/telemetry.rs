@@ -184,23 +184,13 @@ pub(crate) fn describe() {
 /// `request`.
 #[cfg(feature = "metrics")]
 pub(crate) fn cause_label(cause: StopCause) -> &'static str {
-    use crate::lifecycle::SignalKind;
-    match cause {
-        StopCause::Marker => "marker",
-        StopCause::Signal(SignalKind::Terminate) => "signal_terminate",
-        StopCause::Signal(SignalKind::Interrupt) => "signal_interrupt",
-        StopCause::Signal(SignalKind::Hangup) => "signal_hangup",
-        StopCause::Request => "request",
-    }
+    cause.as_str()
 }
 
 /// The `verdict` label: `planned` or `unexpected`.
 #[cfg(feature = "metrics")]
 pub(crate) fn verdict_label(verdict: StopVerdict) -> &'static str {
-    match verdict {
-        StopVerdict::Planned => "planned",
-        StopVerdict::Unexpected => "unexpected",
-    }
+    verdict.as_str()
 }
 
 /// The `phase` label: `ingress`, `work` or `final`.

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use planned_stop::marker::Marker;
+use planned_stop_protocol::marker::Marker;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(marker) = Marker::parse(data) {

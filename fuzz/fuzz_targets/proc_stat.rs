@@ -4,7 +4,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use planned_stop::internals::parse_proc_stat;
+use planned_stop_protocol::identity::parse_proc_stat;
 
 #[derive(Debug, Arbitrary)]
 enum Input {

@@ -5,9 +5,9 @@
 use arbitrary::Arbitrary;
 use chrono::{DateTime, TimeDelta, Utc};
 use libfuzzer_sys::fuzz_target;
-use planned_stop::internals::{SlotContent, decide};
-use planned_stop::ProcessIdentity;
-use planned_stop::marker::{Marker, Policy, Verdict};
+use planned_stop_protocol::verdict::{SlotContent, decide};
+use planned_stop_protocol::ProcessIdentity;
+use planned_stop_protocol::marker::{Marker, Policy, Verdict};
 use std::time::Duration;
 
 #[derive(Debug, Arbitrary)]

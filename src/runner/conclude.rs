@@ -161,23 +161,21 @@ impl RunnerActor {
             "stopped"
         );
         let note = self.successor_lost.take();
-        self.publish_outcome(Outcome {
-            pid: self.own.pid,
-            start: self.own.start,
-            phase,
-            cause: record.cause,
-            verdict: record.verdict,
-            request_id: record.request_id.clone(),
-            accepted_at: record.accepted_at,
-            drain_deadline: record.drain_deadline,
-            finished_at: Some(record.finished_at),
-            exit_code: Some(code),
-            spilled,
-            drain: Some(crate::outcome::DrainSummary::of(&record)),
-            action: record.action,
-            successor: self.handed_to.map(|successor| successor.pid),
-            note,
-        });
+        let mut concluded = Outcome::accepted(
+            &self.own,
+            record.cause,
+            record.verdict,
+            record.accepted_at,
+            record.drain_deadline,
+        )
+        .concluded(phase, record.finished_at, code);
+        concluded.request_id = record.request_id.clone();
+        concluded.spilled = spilled;
+        concluded.drain = Some((&record).into());
+        concluded.action = record.action;
+        concluded.successor = self.handed_to.map(|successor| successor.pid);
+        concluded.note = note;
+        self.publish_outcome(concluded);
         if self.config.owns_process_exit {
             if let Some(system) = System::try_current() {
                 system.stop_with_code(i32::from(process_end::status_of(code)));

@@ -66,12 +66,7 @@ impl RunnerActor {
                 // process ended itself (unexpectedly), not that it was killed while draining.
                 if let Some(accepted) = outcome {
                     let now = Utc::now();
-                    let outcome = Outcome {
-                        phase: Phase::Overrun,
-                        finished_at: Some(now),
-                        exit_code: Some(code),
-                        ..(*accepted).clone()
-                    };
+                    let outcome = (*accepted).clone().concluded(Phase::Overrun, now, code);
                     if let Err(e) = store.write_outcome(&outcome) {
                         tracing::warn!(error = %ErrorChain(&e), "cannot write the overrun outcome");
                     }
@@ -166,27 +161,12 @@ impl RunnerActor {
             ),
             None => (StopCause::Request, StopVerdict::Unexpected, None, now),
         };
-        let outcome = Outcome {
-            pid: self.own.pid,
-            start: self.own.start,
-            phase: Phase::Aborted,
-            cause,
-            verdict,
-            request_id,
-            accepted_at,
-            drain_deadline: accepted_at,
-            finished_at: Some(now),
-            exit_code: Some(code),
-            spilled: false,
-            drain: None,
-            action: self
-                .drain
-                .as_ref()
-                .map(|run| run.requester.action)
-                .unwrap_or_default(),
-            successor: None,
-            note: None,
-        };
+        let mut outcome = Outcome::accepted(&self.own, cause, verdict, accepted_at, accepted_at)
+            .concluded(Phase::Aborted, now, code);
+        outcome.request_id = request_id;
+        if let Some(run) = &self.drain {
+            outcome.action = run.requester.action;
+        }
         log_pending(&self.pending);
         // Final: written, published (so `stopped()` resolves) and the presence withdrawn.
         self.publish_outcome(outcome);

@@ -20,23 +20,12 @@ impl Handler<HeldStop> for RunnerActor {
             "a planned stop is held until the application is ready"
         );
         let now = self.clock.now();
-        self.publish_outcome(Outcome {
-            pid: self.own.pid,
-            start: self.own.start,
-            phase: Phase::Held,
-            cause: StopCause::Marker,
-            verdict: StopVerdict::Planned,
-            request_id: stop.request_id,
-            accepted_at: now,
-            drain_deadline: now,
-            finished_at: None,
-            exit_code: None,
-            spilled: false,
-            drain: None,
-            action: stop.action,
-            successor: None,
-            note: None,
-        });
+        let mut held =
+            Outcome::accepted(&self.own, StopCause::Marker, StopVerdict::Planned, now, now);
+        held.phase = Phase::Held;
+        held.request_id = stop.request_id;
+        held.action = stop.action;
+        self.publish_outcome(held);
     }
 }
 

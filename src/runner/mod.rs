@@ -43,7 +43,7 @@ use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
 use crate::identity::ProcessIdentity;
 use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
-use crate::outcome::{Outcome, Phase};
+use crate::outcome::Outcome;
 use crate::record::Unfinished;
 use crate::schema::Marker;
 use crate::store::MarkerStore;
@@ -261,23 +261,12 @@ impl RunnerActor {
         );
         let accepted_at = self.clock.now();
         crate::telemetry::stop_accepted(cause, verdict, requester.written_at, accepted_at);
-        self.publish_outcome(Outcome {
-            pid: self.own.pid,
-            start: self.own.start,
-            phase: Phase::Draining,
-            cause,
-            verdict,
-            request_id: requester.request_id.clone(),
-            accepted_at,
-            drain_deadline: wall_deadline(accepted_at, within),
-            finished_at: None,
-            exit_code: None,
-            spilled: false,
-            drain: None,
-            action: requester.action,
-            successor: requester.successor,
-            note: None,
-        });
+        let deadline = wall_deadline(accepted_at, within);
+        let mut draining = Outcome::accepted(&self.own, cause, verdict, accepted_at, deadline);
+        draining.request_id = requester.request_id.clone();
+        draining.action = requester.action;
+        draining.successor = requester.successor;
+        self.publish_outcome(draining);
         self.drain = Some(DrainRun::new(
             cause,
             verdict,

@@ -215,22 +215,13 @@ impl RunnerActor {
 
     fn restart_outcome(&self, stop: &PlannedStop, phase: Phase, note: Option<String>) -> Outcome {
         let now = self.clock.now();
-        Outcome {
-            pid: self.own.pid,
-            start: self.own.start,
-            phase,
-            cause: StopCause::Marker,
-            verdict: StopVerdict::Planned,
-            request_id: stop.request_id.clone(),
-            accepted_at: now,
-            drain_deadline: now,
-            finished_at: (phase == Phase::RestartFailed).then_some(now),
-            exit_code: None,
-            spilled: false,
-            drain: None,
-            action: StopAction::Restart,
-            successor: None,
-            note,
-        }
+        let mut outcome =
+            Outcome::accepted(&self.own, StopCause::Marker, StopVerdict::Planned, now, now);
+        outcome.phase = phase;
+        outcome.finished_at = (phase == Phase::RestartFailed).then_some(now);
+        outcome.request_id = stop.request_id.clone();
+        outcome.action = StopAction::Restart;
+        outcome.note = note;
+        outcome
     }
 }

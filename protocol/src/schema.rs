@@ -4,7 +4,7 @@
 //! the only thing that crosses the trust boundary between a stopper and a running service, and the
 //! directory it lives in may be shared, so this module treats every byte as hostile:
 //!
-//! - the input is bounded ([`MAX_MARKER_BYTES`]) and nested at most [`MAX_NESTING`] levels deep, so a
+//! - the input is bounded ([`MAX_MARKER_BYTES`]) and nested at most `MAX_NESTING` levels deep, so a
 //!   1 MiB file or a thousand nested arrays cost nothing;
 //! - integers must be JSON integers in range: `true` is not pid 1, `12.0` is not pid 12 and `1e999`
 //!   is an error, not a panic (hazard 6 in docs/protocol.md);
@@ -46,7 +46,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 ///
 /// ```
 /// use chrono::{TimeZone, Utc};
-/// use planned_stop::marker::Marker;
+/// use planned_stop_protocol::marker::Marker;
 ///
 /// let written_at = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
 /// let marker = Marker::new(4242, Some(987_654), written_at).with_reason("deploy 1.4.2");
@@ -103,7 +103,7 @@ impl Marker {
     /// with no request id, no reason, no stopper pid and `trigger_watcher: true`.
     ///
     /// ```
-    /// let m = planned_stop::marker::Marker::new(42, None, chrono::Utc::now());
+    /// let m = planned_stop_protocol::marker::Marker::new(42, None, chrono::Utc::now());
     /// assert!(m.trigger_watcher && m.reason.is_none());
     /// ```
     #[must_use]
@@ -124,7 +124,7 @@ impl Marker {
     /// Asks for a drain within `deadline` (or the service's own deadline, if shorter).
     ///
     /// ```
-    /// use planned_stop::marker::Marker;
+    /// use planned_stop_protocol::marker::Marker;
     /// use std::time::Duration;
     /// let m = Marker::new(42, None, chrono::Utc::now()).with_drain_deadline(Duration::from_millis(1500));
     /// let json = String::from_utf8(m.to_json().unwrap()).unwrap();
@@ -140,7 +140,7 @@ impl Marker {
     /// Asks for `action` (see [`StopAction`]).
     ///
     /// ```
-    /// use planned_stop::marker::{Marker, StopAction};
+    /// use planned_stop_protocol::marker::{Marker, StopAction};
     /// let m = Marker::new(42, None, chrono::Utc::now()).with_action(StopAction::Restart);
     /// let json = String::from_utf8(m.to_json().unwrap()).unwrap();
     /// assert!(json.contains("\"action\":\"restart\""));
@@ -155,7 +155,7 @@ impl Marker {
     /// Sets the pid of the process writing the marker.
     ///
     /// ```
-    /// let m = planned_stop::marker::Marker::new(42, None, chrono::Utc::now()).with_stopper_pid(7);
+    /// let m = planned_stop_protocol::marker::Marker::new(42, None, chrono::Utc::now()).with_stopper_pid(7);
     /// assert_eq!(m.stopper_pid, Some(7));
     /// ```
     #[must_use]
@@ -167,7 +167,7 @@ impl Marker {
     /// Sets the request id (at most 64 characters, checked by [`Marker::to_json`]).
     ///
     /// ```
-    /// let m = planned_stop::marker::Marker::new(42, None, chrono::Utc::now()).with_request_id("x".repeat(65));
+    /// let m = planned_stop_protocol::marker::Marker::new(42, None, chrono::Utc::now()).with_request_id("x".repeat(65));
     /// assert!(m.to_json().is_err(), "too long");
     /// ```
     #[must_use]
@@ -179,7 +179,7 @@ impl Marker {
     /// Sets the reason (at most 256 characters, checked by [`Marker::to_json`]).
     ///
     /// ```
-    /// let m = planned_stop::marker::Marker::new(42, None, chrono::Utc::now()).with_reason("deploy");
+    /// let m = planned_stop_protocol::marker::Marker::new(42, None, chrono::Utc::now()).with_reason("deploy");
     /// assert_eq!(m.reason.as_deref(), Some("deploy"));
     /// ```
     #[must_use]
@@ -191,7 +191,7 @@ impl Marker {
     /// Sets `trigger_watcher` (see the field).
     ///
     /// ```
-    /// let m = planned_stop::marker::Marker::new(42, None, chrono::Utc::now()).with_trigger_watcher(false);
+    /// let m = planned_stop_protocol::marker::Marker::new(42, None, chrono::Utc::now()).with_trigger_watcher(false);
     /// assert!(String::from_utf8(m.to_json().unwrap()).unwrap().contains("\"trigger_watcher\":false"));
     /// ```
     #[must_use]
@@ -204,7 +204,7 @@ impl Marker {
     /// writer can never leave a marker its reader would throw away.
     ///
     /// ```
-    /// let bytes = planned_stop::marker::Marker::new(42, Some(9), chrono::Utc::now()).to_json().unwrap();
+    /// let bytes = planned_stop_protocol::marker::Marker::new(42, Some(9), chrono::Utc::now()).to_json().unwrap();
     /// assert!(bytes.starts_with(b"{\"version\":1,\"target_pid\":42"));
     /// ```
     pub fn to_json(&self) -> Result<Vec<u8>, MarkerError> {
@@ -223,7 +223,7 @@ impl Marker {
     /// enforced here, and the error names the first one broken.
     ///
     /// ```
-    /// use planned_stop::marker::{Marker, MarkerError};
+    /// use planned_stop_protocol::marker::{Marker, MarkerError};
     /// assert!(matches!(Marker::parse(br#"{"target_pid":true}"#), Err(MarkerError::InvalidField { field: "target_pid", .. })));
     /// let m = Marker::parse(br#"{"target_pid":5,"written_at":"2026-11-30T12:00:00Z"}"#).unwrap();
     /// assert_eq!(m.target_start_time, None);
@@ -336,7 +336,7 @@ impl Marker {
 /// Why bytes are not a valid v1 marker. Each variant names one rule.
 ///
 /// ```
-/// use planned_stop::marker::{Marker, MarkerError};
+/// use planned_stop_protocol::marker::{Marker, MarkerError};
 /// let err = Marker::parse(br#"{"target_pid":1,"target_pid":2}"#).unwrap_err();
 /// assert_eq!(err, MarkerError::DuplicateKey("target_pid".into()));
 /// assert_eq!(err.to_string(), "key `target_pid` appears more than once");

@@ -8,7 +8,8 @@ use std::error::Error;
 use std::fmt;
 
 /// Displays an error followed by each of its sources, separated by `: `.
-pub(crate) struct ErrorChain<'a>(pub(crate) &'a (dyn Error + 'static));
+#[derive(Debug)]
+pub struct ErrorChain<'a>(pub &'a (dyn Error + 'static));
 
 impl fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

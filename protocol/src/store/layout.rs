@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 /// Where the markers are.
 ///
 /// ```
-/// use planned_stop::Layout;
-/// use planned_stop::marker::MarkerStore;
+/// use planned_stop_protocol::Layout;
+/// use planned_stop_protocol::marker::MarkerStore;
 /// # let dir = tempfile::tempdir().unwrap();
 /// let slots = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
 /// assert!(slots.slot_path(7).ends_with("planned-stop-7.json"));
@@ -29,7 +29,7 @@ impl Layout {
     /// [`Layout::SingleFile`], whose owner is whoever its marker names (`None`).
     ///
     /// ```
-    /// use planned_stop::Layout;
+    /// use planned_stop_protocol::Layout;
     /// use std::path::Path;
     /// assert_eq!(
     ///     Layout::of_marker_path(Path::new("/run/app/planned-stop-42.json")),

@@ -30,7 +30,7 @@
 
 mod builder;
 mod error;
-pub(crate) mod files;
+pub mod files;
 mod layout;
 mod naming;
 mod outcomes;
@@ -56,8 +56,8 @@ use std::path::{Path, PathBuf};
 ///
 /// ```
 /// use chrono::Utc;
-/// use planned_stop::{Layout, ProcessIdentity};
-/// use planned_stop::marker::{Marker, MarkerStore, Verdict};
+/// use planned_stop_protocol::{Layout, ProcessIdentity};
+/// use planned_stop_protocol::marker::{Marker, MarkerStore, Verdict};
 ///
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().join("markers"))).unwrap();
@@ -88,8 +88,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().join("run"))).unwrap();
-    /// assert_eq!(store.policy(), &planned_stop::marker::Policy::default());
+    /// let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().join("run"))).unwrap();
+    /// assert_eq!(store.policy(), &planned_stop_protocol::marker::Policy::default());
     /// ```
     pub fn open(layout: Layout) -> Result<MarkerStore, StoreError> {
         MarkerStore::builder(layout).open()
@@ -98,8 +98,8 @@ impl MarkerStore {
     /// A builder for a store with non-default options.
     ///
     /// ```
-    /// # use planned_stop::Layout;
-    /// # use planned_stop::marker::{MarkerStore, Policy};
+    /// # use planned_stop_protocol::Layout;
+    /// # use planned_stop_protocol::marker::{MarkerStore, Policy};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let policy = Policy::default().with_ttl(std::time::Duration::from_secs(300));
     /// let store = MarkerStore::builder(Layout::Slots(dir.path().join("run")))
@@ -121,8 +121,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let layout = planned_stop::Layout::Slots(dir.path().into());
-    /// let store = planned_stop::marker::MarkerStore::open(layout.clone()).unwrap();
+    /// let layout = planned_stop_protocol::Layout::Slots(dir.path().into());
+    /// let store = planned_stop_protocol::marker::MarkerStore::open(layout.clone()).unwrap();
     /// assert_eq!(store.layout(), &layout);
     /// ```
     pub fn layout(&self) -> &Layout {
@@ -133,7 +133,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::SingleFile(dir.path().join("m.json"))).unwrap();
+    /// let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::SingleFile(dir.path().join("m.json"))).unwrap();
     /// assert_eq!(store.dir(), dir.path());
     /// ```
     pub fn dir(&self) -> &Path {
@@ -144,7 +144,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.policy().ttl.as_secs(), 60);
     /// ```
     pub fn policy(&self) -> &Policy {
@@ -155,7 +155,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.slot_path(42), dir.path().join("planned-stop-42.json"));
     /// ```
     pub fn slot_path(&self, pid: u32) -> PathBuf {
@@ -171,8 +171,8 @@ impl MarkerStore {
     /// still good for another running process.
     ///
     /// ```
-    /// # use planned_stop::Layout;
-    /// # use planned_stop::marker::{Marker, MarkerStore};
+    /// # use planned_stop_protocol::Layout;
+    /// # use planned_stop_protocol::marker::{Marker, MarkerStore};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let slot = store.write(&Marker::new(4242, None, chrono::Utc::now())).unwrap();
@@ -216,8 +216,8 @@ impl MarkerStore {
     /// A slot that cannot be read is [`StoreError::Unreadable`]: no decision, try again later.
     ///
     /// ```
-    /// # use planned_stop::{Layout, ProcessIdentity};
-    /// # use planned_stop::marker::{MarkerStore, Verdict};
+    /// # use planned_stop_protocol::{Layout, ProcessIdentity};
+    /// # use planned_stop_protocol::marker::{MarkerStore, Verdict};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let me = ProcessIdentity::current().unwrap();
@@ -242,8 +242,8 @@ impl MarkerStore {
     /// claimer won the race (exactly one claimer ever gets `Some`).
     ///
     /// ```
-    /// # use planned_stop::{Layout, ProcessIdentity};
-    /// # use planned_stop::marker::{Marker, MarkerStore};
+    /// # use planned_stop_protocol::{Layout, ProcessIdentity};
+    /// # use planned_stop_protocol::marker::{Marker, MarkerStore};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let me = ProcessIdentity::current().unwrap();
@@ -296,8 +296,8 @@ impl MarkerStore {
     /// inspect` prints. In the single-file layout the owner is whoever the marker names.
     ///
     /// ```
-    /// # use planned_stop::Layout;
-    /// # use planned_stop::marker::{MarkerStore, Verdict};
+    /// # use planned_stop_protocol::Layout;
+    /// # use planned_stop_protocol::marker::{MarkerStore, Verdict};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.inspect(4242, chrono::Utc::now()), Ok(Verdict::Absent));
@@ -311,8 +311,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// store.write(&planned_stop::marker::Marker::new(9, None, chrono::Utc::now())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
+    /// store.write(&planned_stop_protocol::marker::Marker::new(9, None, chrono::Utc::now())).unwrap();
     /// assert!(store.clear(9).unwrap());
     /// assert!(!store.clear(9).unwrap());
     /// ```

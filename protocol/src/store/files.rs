@@ -12,9 +12,9 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-/// What [`read_slot`] found: [`SlotContent`] with owned bytes.
+/// What `read_slot` found: [`SlotContent`] with owned bytes.
 #[derive(Debug)]
-pub(crate) enum Found {
+pub enum Found {
     Absent,
     Bytes(Vec<u8>),
     NotAFile(FileKind),
@@ -25,7 +25,7 @@ pub(crate) enum Found {
 
 impl Found {
     /// What was found, for a log line: the kind, size or owner, never the bytes.
-    pub(crate) fn describe(&self, limit: usize) -> String {
+    pub fn describe(&self, limit: usize) -> String {
         match self {
             Found::Absent => "absent".to_owned(),
             Found::Bytes(b) if b.len() > limit => {
@@ -59,9 +59,9 @@ pub(super) fn read_bounded(path: &Path, limit: usize) -> Found {
     read_checked(path, limit, false)
 }
 
-/// [`read_bounded`], and refuses ([`Found::Foreign`]) a file this process's user does not own:
+/// `read_bounded`, and refuses ([`Found::Foreign`]) a file this process's user does not own:
 /// files only this user may write (records it will act on).
-pub(crate) fn read_private(path: &Path, limit: usize) -> Found {
+pub fn read_private(path: &Path, limit: usize) -> Found {
     read_checked(path, limit, true)
 }
 
@@ -156,8 +156,8 @@ pub(crate) fn write_replacing(
     write_replacing_for(path, temp, bytes, durable, Readers::Writer, &Unobserved)
 }
 
-/// [`write_replacing`], each step told to `observer`.
-pub(crate) fn write_replacing_observed(
+/// `write_replacing`, each step told to `observer`.
+pub fn write_replacing_observed(
     path: &Path,
     temp: &Path,
     bytes: &[u8],
@@ -290,7 +290,7 @@ fn rename(from: &Path, to: &Path, observer: &dyn Observer) -> Result<(), StoreEr
 }
 
 /// Renames `from` to `to` (retrying Windows sharing violations).
-pub(crate) fn rename_file(from: &Path, to: &Path, observer: &dyn Observer) -> io::Result<()> {
+pub fn rename_file(from: &Path, to: &Path, observer: &dyn Observer) -> io::Result<()> {
     with_sharing_retries(|| fs::rename(from, to))?;
     observer.took(Step::Rename { from, to });
     Ok(())
@@ -308,8 +308,8 @@ pub(crate) fn remove(path: &Path) -> Result<(), StoreError> {
     remove_observed(path, &Unobserved)
 }
 
-/// [`remove`], the step told to `observer`.
-pub(crate) fn remove_observed(path: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
+/// `remove`, the step told to `observer`.
+pub fn remove_observed(path: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
     match with_sharing_retries(|| fs::remove_file(path)) {
         Ok(()) => {
             observer.took(Step::Remove { path });
@@ -371,10 +371,10 @@ pub(crate) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
     refuse_shared(dir, &meta, allow_shared)
 }
 
-/// [`prepare_dir`] for a directory whose files this process acts on as its own (the state
+/// `prepare_dir` for a directory whose files this process acts on as its own (the state
 /// directory): also refused when it belongs to another user than this process's or root, who
 /// could rename or replace whatever it holds even though they cannot read it.
-pub(crate) fn prepare_own_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
+pub fn prepare_own_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreError> {
     // The same rule as for the marker directory, said in the state directory's words and flag.
     prepare_dir(dir, allow_shared).map_err(|e| match e {
         StoreError::SharedDirectory { path, mode } => {
@@ -386,7 +386,7 @@ pub(crate) fn prepare_own_dir(dir: &Path, allow_shared: bool) -> Result<(), Stor
 }
 
 /// The owner half of [`prepare_own_dir`], for a directory that must already exist.
-pub(crate) fn check_own_dir(dir: &Path) -> Result<(), StoreError> {
+pub fn check_own_dir(dir: &Path) -> Result<(), StoreError> {
     let meta = fs::metadata(dir).map_err(|source| StoreError::Directory {
         path: dir.to_path_buf(),
         source,
@@ -401,7 +401,7 @@ pub(crate) fn check_own_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// Makes a rename into or out of `path`'s directory durable.
-pub(crate) fn sync_dir_of(path: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
+pub fn sync_dir_of(path: &Path, observer: &dyn Observer) -> Result<(), StoreError> {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir, observer),
         _ => sync_dir(Path::new("."), observer),
@@ -409,7 +409,7 @@ pub(crate) fn sync_dir_of(path: &Path, observer: &dyn Observer) -> Result<(), St
 }
 
 /// Opens (creating it, mode 0600, never through a symlink) a file to take an advisory lock on.
-pub(crate) fn open_lock_file(path: &Path) -> io::Result<fs::File> {
+pub fn open_lock_file(path: &Path) -> io::Result<fs::File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
     os::new_file(&mut options, false);
@@ -417,7 +417,7 @@ pub(crate) fn open_lock_file(path: &Path) -> io::Result<fs::File> {
 }
 
 /// Opens an existing lock file to lock it without creating one (a look that must change nothing).
-pub(crate) fn open_existing_lock_file(path: &Path) -> io::Result<fs::File> {
+pub fn open_existing_lock_file(path: &Path) -> io::Result<fs::File> {
     let mut options = OpenOptions::new();
     options.read(true);
     open_lock(path, options)
@@ -462,7 +462,7 @@ fn refuse_shared(dir: &Path, meta: &fs::Metadata, allow_shared: bool) -> Result<
 #[derive(Debug, Clone, Copy)]
 // Read by the tests' observer only.
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) enum Step<'a> {
+pub enum Step<'a> {
     /// A new file with these bytes, synced or not (its name is durable only once its directory
     /// is synced).
     Write {
@@ -484,13 +484,14 @@ pub(crate) enum Step<'a> {
 }
 
 /// What is told of each [`Step`] taken: nothing, but for the stores a test opens to watch.
-pub(crate) trait Observer: Send + Sync {
+pub trait Observer: Send + Sync {
     /// The step was taken (it succeeded).
     fn took(&self, step: Step<'_>);
 }
 
 /// The observer of every production path: it is told, and does nothing.
-pub(crate) struct Unobserved;
+#[derive(Debug)]
+pub struct Unobserved;
 
 impl Observer for Unobserved {
     fn took(&self, _: Step<'_>) {}
@@ -503,16 +504,25 @@ mod os {
     use std::io;
     use std::path::Path;
 
+    /// The open(2) flags, as `OpenOptionsExt::custom_flags` takes them.
+    fn flags(flags: rustix::fs::OFlags) -> i32 {
+        flags.bits() as i32
+    }
+
     pub(super) fn open_no_follow(path: &Path) -> io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
         OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .custom_flags(flags(
+                rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::NONBLOCK
+                    | rustix::fs::OFlags::CLOEXEC,
+            ))
             .open(path)
     }
 
     pub(super) fn is_symlink_loop(e: &io::Error) -> bool {
-        e.raw_os_error() == Some(libc::ELOOP)
+        e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
     }
 
     /// Makes a rename durable (see `fsync(2)`: syncing the file does not sync its directory entry).
@@ -531,7 +541,9 @@ mod os {
     pub(super) fn new_file(options: &mut OpenOptions, readable: bool) {
         use std::os::unix::fs::OpenOptionsExt;
         let mode = if readable { 0o644 } else { 0o600 };
-        options.mode(mode).custom_flags(libc::O_CLOEXEC);
+        options
+            .mode(mode)
+            .custom_flags(flags(rustix::fs::OFlags::CLOEXEC));
     }
 
     /// Mode 0700 for a new directory (`mkdir(2)`; the umask can only remove bits).
@@ -580,7 +592,11 @@ mod os {
     /// Never follow a symlink at the last component, never block on a FIFO.
     pub(super) fn no_follow(options: &mut OpenOptions) {
         use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+        options.custom_flags(flags(
+            rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::NONBLOCK
+                | rustix::fs::OFlags::CLOEXEC,
+        ));
     }
 
     /// Unix has no sharing violations: an open file can be renamed over or removed.

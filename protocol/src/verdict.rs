@@ -32,7 +32,7 @@ use std::time::Duration;
 /// volume).
 ///
 /// ```
-/// let policy = planned_stop::marker::Policy::default();
+/// let policy = planned_stop_protocol::marker::Policy::default();
 /// assert_eq!((policy.ttl.as_secs(), policy.future_skew.as_secs(), policy.start_slack.as_secs()), (60, 5, 2));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +95,8 @@ pub enum SlotContent<'a> {
 /// The kind of a non-regular file found at a slot.
 ///
 /// ```
-/// use planned_stop::Layout;
-/// use planned_stop::marker::{FileKind, Malformed, MarkerStore, Verdict};
+/// use planned_stop_protocol::Layout;
+/// use planned_stop_protocol::marker::{FileKind, Malformed, MarkerStore, Verdict};
 /// # let dir = tempfile::tempdir()?;
 /// let store = MarkerStore::open(Layout::Slots(dir.path().join("run")))?;
 /// // Something that is not a marker file sits at process 42's slot: never a stop, never opened.
@@ -119,8 +119,8 @@ pub enum FileKind {
 /// The decision for one slot.
 ///
 /// ```
-/// use planned_stop::ProcessIdentity;
-/// use planned_stop::marker::{Marker, Policy, Verdict};
+/// use planned_stop_protocol::ProcessIdentity;
+/// use planned_stop_protocol::marker::{Marker, Policy, Verdict};
 /// let me = ProcessIdentity::current().unwrap();
 /// let now = chrono::Utc::now();
 /// // In the single-file layout a marker for another process is left for it.
@@ -149,8 +149,8 @@ impl Verdict {
     ///
     /// ```
     /// use chrono::{TimeDelta, Utc};
-    /// use planned_stop::ProcessIdentity;
-    /// use planned_stop::marker::{Marker, Policy, Verdict};
+    /// use planned_stop_protocol::ProcessIdentity;
+    /// use planned_stop_protocol::marker::{Marker, Policy, Verdict};
     ///
     /// let me = ProcessIdentity::current()?;
     /// let now = Utc::now();
@@ -179,7 +179,7 @@ impl Verdict {
     /// `true` for the verdicts after which the slot file should be removed.
     ///
     /// ```
-    /// use planned_stop::marker::Verdict;
+    /// use planned_stop_protocol::marker::Verdict;
     /// assert!(!Verdict::Absent.is_removable());
     /// ```
     pub fn is_removable(&self) -> bool {
@@ -189,7 +189,7 @@ impl Verdict {
     /// A short lower-case name, as `inspect --json` prints it.
     ///
     /// ```
-    /// assert_eq!(planned_stop::marker::Verdict::Absent.kind(), "absent");
+    /// assert_eq!(planned_stop_protocol::marker::Verdict::Absent.kind(), "absent");
     /// ```
     pub fn kind(&self) -> &'static str {
         match self {
@@ -205,8 +205,8 @@ impl Verdict {
 /// Why a slot holds no marker.
 ///
 /// ```
-/// use planned_stop::ProcessIdentity;
-/// use planned_stop::marker::{Malformed, Policy, Verdict};
+/// use planned_stop_protocol::ProcessIdentity;
+/// use planned_stop_protocol::marker::{Malformed, Policy, Verdict};
 /// let me = ProcessIdentity::current().unwrap();
 /// let v = Verdict::judge(b"{}", &me, chrono::Utc::now(), &Policy::default());
 /// assert!(matches!(v, Verdict::Malformed(Malformed::Content(_))));
@@ -225,8 +225,8 @@ pub enum Malformed {
 /// Why a well-formed marker no longer applies.
 ///
 /// ```
-/// use planned_stop::ProcessIdentity;
-/// use planned_stop::marker::{Marker, Policy, Stale, Verdict};
+/// use planned_stop_protocol::ProcessIdentity;
+/// use planned_stop_protocol::marker::{Marker, Policy, Stale, Verdict};
 /// let me = ProcessIdentity::current().unwrap();
 /// let old = chrono::Utc::now() - chrono::TimeDelta::minutes(5);
 /// let bytes = Marker::new(me.pid, Some(me.start), old).to_json().unwrap();
@@ -282,7 +282,7 @@ pub enum Stale {
 /// it as absent, never as a stop).
 ///
 /// ```
-/// let e = planned_stop::marker::Undecided(std::io::ErrorKind::PermissionDenied);
+/// let e = planned_stop_protocol::marker::Undecided(std::io::ErrorKind::PermissionDenied);
 /// assert!(e.to_string().contains("will retry"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -26,7 +26,7 @@ const WAIT_POLL: Duration = Duration::from_millis(20);
 /// How [`wait_with`] learns that the target has exited.
 ///
 /// ```
-/// assert_eq!(planned_stop::stopper::ExitWatch::default(), planned_stop::stopper::ExitWatch::Events);
+/// assert_eq!(planned_stop_protocol::stopper::ExitWatch::default(), planned_stop_protocol::stopper::ExitWatch::Events);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -42,7 +42,7 @@ pub enum ExitWatch {
 /// What to ask for: [`StopOptions::new`] (or `default()`, the same) and the `with_` setters.
 ///
 /// ```
-/// use planned_stop::stopper::StopOptions;
+/// use planned_stop_protocol::stopper::StopOptions;
 /// let options = StopOptions::new().with_reason("deploy").with_signal(true);
 /// assert!(options.trigger_watcher && options.signal);
 /// assert_eq!(options.reason.as_deref(), Some("deploy"));
@@ -150,12 +150,12 @@ impl Default for StopOptions {
 /// A stop request that was written.
 ///
 /// ```
-/// # use planned_stop::{Layout, ProcessIdentity};
-/// # use planned_stop::marker::MarkerStore;
+/// # use planned_stop_protocol::{Layout, ProcessIdentity};
+/// # use planned_stop_protocol::marker::MarkerStore;
 /// # let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
 /// // Ask this very process (nobody is watching here, so nothing stops).
-/// let r = planned_stop::stopper::request(&store, std::process::id(), &planned_stop::stopper::StopOptions::new()).unwrap();
+/// let r = planned_stop_protocol::stopper::request(&store, std::process::id(), &planned_stop_protocol::stopper::StopOptions::new()).unwrap();
 /// assert_eq!(r.target, ProcessIdentity::current().unwrap());
 /// assert!(r.slot.exists() && !r.signalled && !r.watching);
 /// ```
@@ -181,9 +181,9 @@ pub struct Requested {
 /// Why a stop request could not be made.
 ///
 /// ```
-/// use planned_stop::stopper::{request, StopOptions, StopperError};
+/// use planned_stop_protocol::stopper::{request, StopOptions, StopperError};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// let wrong = StopOptions::new().with_expected_start(0);
 /// let err = request(&store, std::process::id(), &wrong).unwrap_err();
 /// assert!(matches!(err, StopperError::WrongIdentity { .. }));
@@ -254,9 +254,9 @@ pub enum StopperError {
 /// Writes a stop request for the running process `pid` into `store` (see the module docs).
 ///
 /// ```
-/// # use planned_stop::Layout;
-/// # use planned_stop::marker::MarkerStore;
-/// use planned_stop::stopper::{request, StopOptions, StopperError};
+/// # use planned_stop_protocol::Layout;
+/// # use planned_stop_protocol::marker::MarkerStore;
+/// use planned_stop_protocol::stopper::{request, StopOptions, StopperError};
 /// # let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
 /// // A pid nobody has: refused before anything is written.
@@ -425,11 +425,11 @@ mod os {
 /// How a wait ended.
 ///
 /// ```
-/// use planned_stop::stopper::{wait, WaitOutcome};
+/// use planned_stop_protocol::stopper::{wait, WaitOutcome};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// // This process has not accepted anything: not accepted at the deadline.
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
 /// let outcome = wait(&store, &me, std::time::Duration::from_millis(50), |_, _| {});
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
 /// ```
@@ -507,10 +507,10 @@ pub enum WaitOutcome {
 /// Where a wait stands, for a progress display.
 ///
 /// ```
-/// use planned_stop::stopper::{wait, Progress};
+/// use planned_stop_protocol::stopper::{wait, Progress};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
+/// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
 /// let mut seen = Vec::new();
 /// wait(&store, &me, std::time::Duration::from_millis(50), |p, _| seen.push(p));
 /// assert!(seen.iter().all(|p| *p == Progress::Waiting));
@@ -532,9 +532,9 @@ pub enum Progress {
 /// docs.
 ///
 /// ```no_run
-/// # use planned_stop::Layout;
-/// # use planned_stop::marker::MarkerStore;
-/// use planned_stop::stopper::{request, wait, StopOptions, WaitOutcome};
+/// # use planned_stop_protocol::Layout;
+/// # use planned_stop_protocol::marker::MarkerStore;
+/// use planned_stop_protocol::stopper::{request, wait, StopOptions, WaitOutcome};
 /// let store = MarkerStore::open(Layout::Slots("/run/my-app".into())).unwrap();
 /// let requested = request(&store, 4242, &StopOptions::new()).unwrap();
 /// let outcome = wait(&store, &requested.target, std::time::Duration::from_secs(30), |_, _| {});
@@ -552,10 +552,10 @@ pub fn wait(
 /// [`wait`], learning of the target's exit as `watch` says.
 ///
 /// ```
-/// use planned_stop::stopper::{wait_with, ExitWatch, WaitOutcome};
+/// use planned_stop_protocol::stopper::{wait_with, ExitWatch, WaitOutcome};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
+/// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
 /// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |_, _| {});
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
 /// ```
@@ -741,12 +741,12 @@ mod exit_event {
 ///
 /// ```
 /// # let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":"a","accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
-/// let outcome = planned_stop::stopper::Outcome::parse(bytes).unwrap();
-/// assert!(planned_stop::stopper::is_own_request(&outcome, Some("a")));
-/// assert!(!planned_stop::stopper::is_own_request(&outcome, Some("b")));
-/// let by_signal = planned_stop::stopper::Outcome::parse(&String::from_utf8_lossy(bytes)
+/// let outcome = planned_stop_protocol::stopper::Outcome::parse(bytes).unwrap();
+/// assert!(planned_stop_protocol::stopper::is_own_request(&outcome, Some("a")));
+/// assert!(!planned_stop_protocol::stopper::is_own_request(&outcome, Some("b")));
+/// let by_signal = planned_stop_protocol::stopper::Outcome::parse(&String::from_utf8_lossy(bytes)
 ///     .replace(r#""request_id":"a""#, r#""request_id":null"#).into_bytes()).unwrap();
-/// assert!(!planned_stop::stopper::is_own_request(&by_signal, Some("a")));
+/// assert!(!planned_stop_protocol::stopper::is_own_request(&by_signal, Some("a")));
 /// ```
 pub fn is_own_request(outcome: &Outcome, request_id: Option<&str>) -> bool {
     request_id.is_some() && outcome.request_id.as_deref() == request_id
@@ -758,7 +758,7 @@ impl WaitOutcome {
     /// shares (an escalation acts on it).
     ///
     /// ```
-    /// use planned_stop::stopper::WaitOutcome;
+    /// use planned_stop_protocol::stopper::WaitOutcome;
     /// assert!(WaitOutcome::NotAccepted.is_running());
     /// assert!(!WaitOutcome::GoneWithoutOutcome.is_running());
     /// ```
@@ -777,7 +777,7 @@ impl WaitOutcome {
     /// one rule [`wait`] applies, public so another stopper reports the same.
     ///
     /// ```
-    /// use planned_stop::stopper::WaitOutcome;
+    /// use planned_stop_protocol::stopper::WaitOutcome;
     /// assert_eq!(WaitOutcome::after_exit(None), WaitOutcome::GoneWithoutOutcome);
     /// ```
     pub fn after_exit(outcome: Option<Outcome>) -> WaitOutcome {

@@ -15,9 +15,9 @@ use std::time::SystemTime;
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// let report = store.sweep(chrono::Utc::now()).unwrap();
-/// assert_eq!(report, planned_stop::marker::SweepReport::default());
+/// assert_eq!(report, planned_stop_protocol::marker::SweepReport::default());
 /// ```
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -32,7 +32,7 @@ pub struct SweepReport {
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// std::fs::write(store.slot_path(3), b"junk").unwrap();
 /// let entries = store.entries(chrono::Utc::now()).unwrap();
 /// assert_eq!(entries[0].verdict.as_ref().map(|v| v.kind()), Ok("malformed"));
@@ -51,8 +51,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// store.write(&planned_stop::marker::Marker::new(9, None, chrono::Utc::now())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
+    /// store.write(&planned_stop_protocol::marker::Marker::new(9, None, chrono::Utc::now())).unwrap();
     /// let entries = store.entries(chrono::Utc::now()).unwrap();
     /// assert_eq!(entries.len(), 1);
     /// ```
@@ -83,8 +83,8 @@ impl MarkerStore {
     /// died mid-way). Fresh temporary files are left: their writer may still be at work.
     ///
     /// ```
-    /// # use planned_stop::Layout;
-    /// # use planned_stop::marker::MarkerStore;
+    /// # use planned_stop_protocol::Layout;
+    /// # use planned_stop_protocol::marker::MarkerStore;
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// std::fs::write(store.slot_path(7), b"garbage").unwrap();

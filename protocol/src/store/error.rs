@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 /// Why a store operation failed. Each variant names the path and what to do.
 ///
 /// ```
-/// use planned_stop::Layout;
-/// use planned_stop::marker::{Marker, MarkerStore, StoreError};
+/// use planned_stop_protocol::Layout;
+/// use planned_stop_protocol::marker::{Marker, MarkerStore, StoreError};
 /// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// let bad = Marker::new(1, None, chrono::Utc::now()).with_reason("a\nb");
 /// assert!(matches!(store.write(&bad), Err(StoreError::InvalidMarker(_))));
 /// ```

@@ -53,7 +53,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.outcome_path(42), dir.path().join("planned-stop-42.outcome.json"));
     /// ```
     pub fn outcome_path(&self, pid: u32) -> PathBuf {
@@ -65,7 +65,7 @@ impl MarkerStore {
     /// the drain must not leave a stopper with only "draining" and a gone process, which it
     /// could only report as killed. The final outcome frees the reserve when the directory is
     /// full, and in any case once it is written.
-    pub(crate) fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
+    pub fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
         let path = self.outcome_path(outcome.pid);
         let written = match self.write_json(path.clone(), outcome) {
             Err(e) if outcome.phase.is_final() && is_storage_full(&e) => {
@@ -116,7 +116,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.presence_path(42), dir.path().join("planned-stop-42.watching.json"));
     /// ```
     pub fn presence_path(&self, pid: u32) -> PathBuf {
@@ -124,13 +124,13 @@ impl MarkerStore {
     }
 
     /// Writes the runner's presence file, atomically.
-    pub(crate) fn write_presence(&self, presence: &Presence) -> Result<PathBuf, StoreError> {
+    pub fn write_presence(&self, presence: &Presence) -> Result<PathBuf, StoreError> {
         self.write_json(self.presence_path(presence.pid), presence)
     }
 
     /// Removes the presence file of `pid` if it is `identity`'s (a process never removes the
     /// announcement of a later owner of its pid); a missing file is not an error.
-    pub(crate) fn remove_presence(&self, identity: &ProcessIdentity) -> Result<(), StoreError> {
+    pub fn remove_presence(&self, identity: &ProcessIdentity) -> Result<(), StoreError> {
         match self.read_presence(identity.pid) {
             Some(presence) if presence.is_from(identity) => {
                 remove(&self.presence_path(identity.pid))
@@ -146,7 +146,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.read_presence(42), None);
     /// ```
     pub fn read_presence(&self, pid: u32) -> Option<Presence> {
@@ -162,8 +162,8 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
-    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
+    /// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
     /// assert!(!store.is_watched_by(&me));
     /// ```
     pub fn is_watched_by(&self, identity: &ProcessIdentity) -> bool {
@@ -181,7 +181,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.unreadable_announcement(42), None, "nothing there: nothing denied");
     /// ```
     pub fn unreadable_announcement(&self, pid: u32) -> Option<PathBuf> {
@@ -216,7 +216,7 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert_eq!(store.read_outcome(42), None);
     /// ```
     pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
@@ -234,9 +234,9 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert!(store.outcomes()?.is_empty());
-    /// # Ok::<(), planned_stop::marker::StoreError>(())
+    /// # Ok::<(), planned_stop_protocol::marker::StoreError>(())
     /// ```
     ///
     /// # Errors
@@ -254,9 +254,9 @@ impl MarkerStore {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// # let store = planned_stop::marker::MarkerStore::open(planned_stop::Layout::Slots(dir.path().into())).unwrap();
+    /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
     /// assert!(store.presences()?.is_empty());
-    /// # Ok::<(), planned_stop::marker::StoreError>(())
+    /// # Ok::<(), planned_stop_protocol::marker::StoreError>(())
     /// ```
     ///
     /// # Errors

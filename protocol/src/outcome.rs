@@ -19,8 +19,8 @@
 //! write must not let that user choose whom a stopper signals or kills.
 
 use crate::identity::ProcessIdentity;
-use crate::lifecycle::{StopCause, StopVerdict};
 use crate::schema::StopAction;
+use crate::stop::{StopCause, StopVerdict};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 /// file counts.
 ///
 /// ```
-/// use planned_stop::internals::may_speak_for;
+/// use planned_stop_protocol::outcome::may_speak_for;
 /// assert!(may_speak_for(Some(1000), Some(&[1000]), 0), "the process's own user");
 /// assert!(may_speak_for(Some(0), Some(&[1000]), 1000), "root's");
 /// assert!(!may_speak_for(Some(65534), Some(&[0]), 0), "another user's file about a root process");
@@ -57,7 +57,7 @@ pub(crate) const MAX_OUTCOME_BYTES: usize = 16 * 1024;
 ///
 /// ```
 /// let bytes = br#"{"pid":4,"start":9,"since":"2026-11-30T12:00:00Z"}"#;
-/// let presence = planned_stop::stopper::Presence::parse(bytes).unwrap();
+/// let presence = planned_stop_protocol::stopper::Presence::parse(bytes).unwrap();
 /// assert_eq!((presence.pid, presence.start), (4, 9));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ impl Presence {
     /// Parses a presence file's bytes; `None` for anything that is not one.
     ///
     /// ```
-    /// assert_eq!(planned_stop::stopper::Presence::parse(b"[]"), None);
+    /// assert_eq!(planned_stop_protocol::stopper::Presence::parse(b"[]"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Presence> {
         parse_bounded(bytes)
@@ -100,7 +100,7 @@ impl Presence {
 /// How far the stop has got.
 ///
 /// ```
-/// use planned_stop::stopper::Phase;
+/// use planned_stop_protocol::stopper::Phase;
 /// assert_eq!(serde_json::to_string(&Phase::Draining).unwrap(), "\"draining\"");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,7 +139,7 @@ impl Phase {
     /// Whether the process has finished with this phase (nothing follows it).
     ///
     /// ```
-    /// use planned_stop::stopper::Phase;
+    /// use planned_stop_protocol::stopper::Phase;
     /// assert!(Phase::Stopped.is_final() && !Phase::Draining.is_final());
     /// ```
     pub fn is_final(self) -> bool {
@@ -154,7 +154,7 @@ impl Phase {
 ///
 /// ```
 /// let bytes = br#"{"pid":4,"start":9,"phase":"stopped","cause":{"kind":"marker"},"verdict":"planned","request_id":null,"accepted_at":"2026-11-30T12:00:00Z","drain_deadline":"2026-11-30T12:00:10Z","finished_at":"2026-11-30T12:00:01Z","exit_code":0}"#;
-/// let outcome = planned_stop::stopper::Outcome::parse(bytes).unwrap();
+/// let outcome = planned_stop_protocol::stopper::Outcome::parse(bytes).unwrap();
 /// assert_eq!(outcome.exit_code, Some(0));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,7 +213,7 @@ fn is_stop(action: &StopAction) -> bool {
 /// deadline, a forced stop). Bounded, so the outcome file stays within its 16 KiB bound.
 ///
 /// ```
-/// let summary: planned_stop::stopper::DrainSummary = serde_json::from_str(
+/// let summary: planned_stop_protocol::stopper::DrainSummary = serde_json::from_str(
 ///     r#"{"in_time":false,"forced":false,"unanswered":["jobs"],"notes":[],"note_count":0,"handed_back":0}"#,
 /// ).unwrap();
 /// assert!(!summary.is_clean());
@@ -245,6 +245,31 @@ impl DrainSummary {
     /// The most characters of one name or note.
     pub const MAX_TEXT: usize = 200;
 
+    /// A summary, bounded: at most [`Self::MAX_LISTED`] names and notes of at most
+    /// [`Self::MAX_TEXT`] characters each (one rule for every writer).
+    pub fn new<'a>(
+        in_time: bool,
+        forced: bool,
+        unanswered: impl IntoIterator<Item = &'a str>,
+        notes: impl ExactSizeIterator<Item = String>,
+        handed_back: usize,
+    ) -> DrainSummary {
+        let cut = |text: &str| text.chars().take(Self::MAX_TEXT).collect::<String>();
+        let note_count = notes.len();
+        DrainSummary {
+            in_time,
+            forced,
+            unanswered: unanswered
+                .into_iter()
+                .take(Self::MAX_LISTED)
+                .map(cut)
+                .collect(),
+            notes: notes.take(Self::MAX_LISTED).map(|n| cut(&n)).collect(),
+            note_count,
+            handed_back,
+        }
+    }
+
     /// Whether the drain lost nothing it was told of: every participant answered in time, no
     /// work was cut, the stop was not forced. Items handed back are not a loss: they resume.
     pub fn is_clean(&self) -> bool {
@@ -253,6 +278,45 @@ impl DrainSummary {
 }
 
 impl Outcome {
+    /// The outcome of a stop `own` accepted at `accepted_at`, draining until `drain_deadline`:
+    /// the one literal every outcome a process writes starts from (its writer sets the request,
+    /// the action, and later the phase it reached).
+    pub fn accepted(
+        own: &ProcessIdentity,
+        cause: StopCause,
+        verdict: StopVerdict,
+        accepted_at: DateTime<Utc>,
+        drain_deadline: DateTime<Utc>,
+    ) -> Outcome {
+        Outcome {
+            pid: own.pid,
+            start: own.start,
+            phase: Phase::Draining,
+            cause,
+            verdict,
+            request_id: None,
+            accepted_at,
+            drain_deadline,
+            finished_at: None,
+            exit_code: None,
+            spilled: false,
+            drain: None,
+            action: StopAction::default(),
+            successor: None,
+            note: None,
+        }
+    }
+
+    /// This outcome, ended in `phase` at `finished_at` with the process's exit `code`.
+    pub fn concluded(self, phase: Phase, finished_at: DateTime<Utc>, code: i32) -> Outcome {
+        Outcome {
+            phase,
+            finished_at: Some(finished_at),
+            exit_code: Some(code),
+            ..self
+        }
+    }
+
     /// Whether this outcome was written by the process `identity` (not an earlier one with its pid).
     pub fn is_from(&self, identity: &ProcessIdentity) -> bool {
         self.pid == identity.pid && self.start == identity.start
@@ -261,7 +325,7 @@ impl Outcome {
     /// Parses an outcome file's bytes; `None` for anything that is not one.
     ///
     /// ```
-    /// assert_eq!(planned_stop::stopper::Outcome::parse(b"{}"), None);
+    /// assert_eq!(planned_stop_protocol::stopper::Outcome::parse(b"{}"), None);
     /// ```
     pub fn parse(bytes: &[u8]) -> Option<Outcome> {
         parse_bounded(bytes)

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 ///
 /// ```
 /// # let dir = tempfile::tempdir().unwrap();
-/// let store = planned_stop::marker::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().join("run")))
+/// let store = planned_stop_protocol::marker::MarkerStore::builder(planned_stop_protocol::Layout::Slots(dir.path().join("run")))
 ///     .allow_shared_dir(false)
 ///     .open()
 ///     .unwrap();
@@ -29,8 +29,8 @@ impl MarkerStoreBuilder {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let policy = planned_stop::marker::Policy::default().with_future_skew(std::time::Duration::from_secs(30));
-    /// let store = planned_stop::marker::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().into())).policy(policy).open().unwrap();
+    /// let policy = planned_stop_protocol::marker::Policy::default().with_future_skew(std::time::Duration::from_secs(30));
+    /// let store = planned_stop_protocol::marker::MarkerStore::builder(planned_stop_protocol::Layout::Slots(dir.path().into())).policy(policy).open().unwrap();
     /// assert_eq!(store.policy().future_skew.as_secs(), 30);
     /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
@@ -43,7 +43,7 @@ impl MarkerStoreBuilder {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let store = planned_stop::marker::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().into())).allow_shared_dir(true).open();
+    /// let store = planned_stop_protocol::marker::MarkerStore::builder(planned_stop_protocol::Layout::Slots(dir.path().into())).allow_shared_dir(true).open();
     /// assert!(store.is_ok());
     /// ```
     pub fn allow_shared_dir(mut self, allow: bool) -> Self {
@@ -58,9 +58,9 @@ impl MarkerStoreBuilder {
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// let missing = dir.path().join("not-yet");
-    /// let store = planned_stop::marker::MarkerStore::builder(planned_stop::Layout::Slots(missing.clone())).create_dir(false).open().unwrap();
+    /// let store = planned_stop_protocol::marker::MarkerStore::builder(planned_stop_protocol::Layout::Slots(missing.clone())).create_dir(false).open().unwrap();
     /// assert!(!missing.exists());
-    /// assert_eq!(store.inspect(1, chrono::Utc::now()), Ok(planned_stop::marker::Verdict::Absent));
+    /// assert_eq!(store.inspect(1, chrono::Utc::now()), Ok(planned_stop_protocol::marker::Verdict::Absent));
     /// ```
     pub fn create_dir(mut self, create: bool) -> Self {
         self.create_dir = create;
@@ -71,7 +71,7 @@ impl MarkerStoreBuilder {
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
-    /// let store = planned_stop::marker::MarkerStore::builder(planned_stop::Layout::Slots(dir.path().join("a/b"))).open().unwrap();
+    /// let store = planned_stop_protocol::marker::MarkerStore::builder(planned_stop_protocol::Layout::Slots(dir.path().join("a/b"))).open().unwrap();
     /// assert!(store.dir().is_dir());
     /// ```
     pub fn open(self) -> Result<MarkerStore, StoreError> {

@@ -1,9 +1,9 @@
 //! Property tests of the marker codec: every marker round-trips, no input panics the parser.
 
 use chrono::{DateTime, Utc};
-use planned_stop::ProcessIdentity;
-use planned_stop::internals::{SlotContent, decide};
-use planned_stop::marker::{MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS, Marker, Policy};
+use planned_stop_protocol::ProcessIdentity;
+use planned_stop_protocol::marker::{MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS, Marker, Policy};
+use planned_stop_protocol::verdict::{SlotContent, decide};
 use proptest::prelude::*;
 
 fn any_time() -> impl Strategy<Value = DateTime<Utc>> {
@@ -29,9 +29,9 @@ fn any_marker() -> impl Strategy<Value = Marker> {
     )
         .prop_map(|(pid, start, stopper, at, id, reason, trigger, restart)| {
             let action = if restart {
-                planned_stop::marker::StopAction::Restart
+                planned_stop_protocol::marker::StopAction::Restart
             } else {
-                planned_stop::marker::StopAction::Stop
+                planned_stop_protocol::marker::StopAction::Stop
             };
             let mut m = Marker::new(pid, start, at)
                 .with_trigger_watcher(trigger)
@@ -99,7 +99,7 @@ proptest! {
         let bytes = marker.to_json().unwrap();
         let policy = Policy::default();
         let verdict = decide(SlotContent::Bytes(&bytes), &me, now, &policy).unwrap();
-        if let planned_stop::marker::Verdict::ForSelf(m) = verdict {
+        if let planned_stop_protocol::marker::Verdict::ForSelf(m) = verdict {
             prop_assert_eq!(m.target_pid, pid);
             prop_assert!(m.target_start_time.is_none_or(|s| s == start));
             let age = now.signed_duration_since(m.written_at);

@@ -11,7 +11,7 @@
 //!   and parentheses (hazard 9 in docs/protocol.md: process names with spaces or `)` broke the
 //!   stat split).
 //! - Windows: the creation time from `GetProcessTimes` (100 ns ticks since 1601).
-//! - Elsewhere: [`sysinfo`]'s process start time (seconds since the Unix epoch).
+//! - Elsewhere: `sysinfo`'s process start time (seconds since the Unix epoch).
 //!
 //! The fingerprint is opaque and only compared for equality. [`ProcessIdentity::started_at`] is the
 //! same instant on the wall clock, used for the "written after our start" guard when a marker carries
@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 /// A process as the planned-stop protocol names it.
 ///
 /// ```
-/// let me = planned_stop::ProcessIdentity::current().unwrap();
+/// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
 /// assert!(me.started_at <= chrono::Utc::now() + chrono::TimeDelta::seconds(2));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,7 +44,7 @@ pub struct ProcessIdentity {
 )]
 ///
 /// ```
-/// match planned_stop::ProcessIdentity::current() {
+/// match planned_stop_protocol::ProcessIdentity::current() {
 ///     Ok(me) => assert_eq!(me.pid, std::process::id()),
 ///     Err(e) => eprintln!("{e}"), // names the pid and what to check
 /// }
@@ -71,7 +71,7 @@ impl ProcessIdentity {
     /// changes, and reading it per tick would put a `/proc` read on the watcher's hot path.
     ///
     /// ```
-    /// let me = planned_stop::ProcessIdentity::current().unwrap();
+    /// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
     /// assert_eq!(me.pid, std::process::id());
     /// ```
     pub fn current() -> Result<ProcessIdentity, IdentityError> {
@@ -83,7 +83,7 @@ impl ProcessIdentity {
     /// as gone: it will never act on a marker).
     ///
     /// ```
-    /// use planned_stop::ProcessIdentity;
+    /// use planned_stop_protocol::ProcessIdentity;
     /// let me = ProcessIdentity::current().unwrap();
     /// assert_eq!(ProcessIdentity::of(me.pid), Some(me));
     /// assert_eq!(ProcessIdentity::of(0), None);
@@ -99,7 +99,7 @@ impl ProcessIdentity {
     /// not reused since): the owner check of the files a process leaves in the marker directory.
     ///
     /// ```
-    /// use planned_stop::ProcessIdentity;
+    /// use planned_stop_protocol::ProcessIdentity;
     /// let me = ProcessIdentity::current().unwrap();
     /// assert!(ProcessIdentity::is_running(me.pid, me.start));
     /// assert!(!ProcessIdentity::is_running(me.pid, me.start + 1));
@@ -124,7 +124,7 @@ pub(crate) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
 /// system), or `None` when it has none that parse. Pure: the text is another process's.
 ///
 /// ```
-/// use planned_stop::internals::parse_status_uids;
+/// use planned_stop_protocol::identity::parse_status_uids;
 /// assert_eq!(parse_status_uids("Name:\tx\nUid:\t0\t65534\t0\t0\n"), Some(vec![0, 65534, 0, 0]));
 /// assert_eq!(parse_status_uids("Uid:\tnone\n"), None);
 /// ```
