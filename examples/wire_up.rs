@@ -9,7 +9,7 @@
 use actix::prelude::*;
 use chrono::Utc;
 use planned_stop::Layout;
-use planned_stop::marker::Marker;
+use planned_stop::marker::{Marker, MarkerStore};
 use planned_stop::{Drain, DrainReport, ServiceBuilder};
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init();
     let base = std::env::temp_dir().join("planned-stop-wire-up");
     let system = System::new();
-    let service = system.block_on(async {
+    let _service = system.block_on(async {
         // --- the wiring -------------------------------------------------------------------------
         let jobs = Jobs {
             in_flight: vec!["invoice-17".into(), "email-4".into()],
@@ -60,8 +60,8 @@ fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
     })?;
 
     // The stopper's side, normally another process (`planned-stop stop --pid PID --dir DIR`).
-    let me = service.identity();
-    let store = service.store().clone();
+    let me = planned_stop::ProcessIdentity::current()?;
+    let store = MarkerStore::open(Layout::Slots(base.join("run")))?;
     system.block_on(async move {
         actix::spawn(async move {
             actix::clock::sleep(Duration::from_secs(1)).await;

@@ -129,7 +129,7 @@ pub fn unstorable(item: &serde_json::Value) -> Option<String> {
 /// struct Job { id: u32, attempt: u8 }
 /// // A participant hands back typed items; the next start reads them back as the same type.
 /// let report = DrainReport::unfinished([Job { id: 7, attempt: 2 }]);
-/// let item: &serde_json::Value = &report.unfinished[0];
+/// let item: &serde_json::Value = &report.unfinished_items()[0];
 /// let job: Job = serde_json::from_value(item.clone())?;
 /// assert_eq!(job, Job { id: 7, attempt: 2 });
 /// # Ok::<(), serde_json::Error>(())

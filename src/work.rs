@@ -134,7 +134,7 @@ impl<J> std::error::Error for Refused<J> {
 ///     let _left = work.add("job-2".to_owned()).unwrap();
 ///     work.complete(done).await.unwrap(); // new work: nothing to acknowledge
 ///     let report = work.drain(); // what a Drain handler answers
-///     assert_eq!(report.unfinished, ["job-2"]);
+///     assert_eq!(report.unfinished_items(), ["job-2"]);
 /// });
 /// ```
 #[derive(Debug)]

@@ -1013,12 +1013,23 @@ fn a_stop_answered_with(
 /// the ERROR line and the record's notes; the item that could be recorded is durable.
 #[test]
 fn an_item_that_cannot_be_serialised_ends_the_stop_record_lost() {
+    /// An item whose serialisation fails as the one it stands for does (`key must be a string`).
+    struct Item(Result<serde_json::Value, String>);
+    impl serde::Serialize for Item {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match &self.0 {
+                Ok(value) => value.serialize(s),
+                Err(e) => Err(serde::ser::Error::custom(e)),
+            }
+        }
+    }
     let (code, items, notes, errors) = a_stop_answered_with(
         || {
+            // One item JSON cannot hold (a map with tuple keys) beside one it can.
             let grid = std::collections::HashMap::from([((1u32, 2u32), 3u32)]);
-            let mut report = planned_stop::DrainReport::unfinished([grid]);
-            report.unfinished.push(serde_json::json!("small"));
-            report
+            let grid = serde_json::to_value(grid).map_err(|e| e.to_string());
+            let small = Ok(serde_json::json!("small"));
+            planned_stop::DrainReport::unfinished([Item(grid), Item(small)])
         },
         "key must be a string",
     );

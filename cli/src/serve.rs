@@ -294,7 +294,7 @@ async fn start(args: &ServeArgs, layout: planned_stop::Layout) -> Result<Service
     }
     follow(&handle, args.drain_ms);
     handle.ready();
-    let id = handle.identity();
+    let id = planned_stop::ProcessIdentity::current().map_err(|e| e.to_string())?;
     emit(
         json!({ "event": "ready", "pid": id.pid, "start": id.start, "jobs": names.len() + resumed }),
     );

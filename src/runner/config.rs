@@ -27,15 +27,15 @@ use std::time::Duration;
 #[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ExitCodes {
     /// The code of a planned stop.
-    pub planned: u8,
+    pub(crate) planned: u8,
     /// The code of an unexpected stop.
-    pub unexpected: u8,
+    pub(crate) unexpected: u8,
     /// A planned stop whose marker asked for a restart. Default 75 (`EX_TEMPFAIL`): a failure
     /// to a supervisor, which starts the service again, while a planned stop (0) stays down.
-    pub restart: u8,
+    pub(crate) restart: u8,
     /// A stop whose unfinished items could not be made durable (the record store failed): never
     /// a success, whatever the verdict. Default 74 (`EX_IOERR`); see [`ExitCodes::record_lost_code`].
-    pub record_lost: u8,
+    pub(crate) record_lost: u8,
     overrides: Vec<(StopCause, StopVerdict, u8)>,
     record_lost_overrides: Vec<(StopCause, u8)>,
 }
@@ -86,6 +86,33 @@ impl ExitCodes {
         overridden
             .find(|(c, _)| *c == cause)
             .map_or(self.record_lost, |&(_, code)| code)
+    }
+
+    /// Uses `code` for every planned stop with no override of its own (default 0).
+    pub fn with_planned(mut self, code: u8) -> Self {
+        self.planned = code;
+        self
+    }
+
+    /// Uses `code` for every unexpected stop with no override of its own (default 1).
+    pub fn with_unexpected(mut self, code: u8) -> Self {
+        self.unexpected = code;
+        self
+    }
+
+    /// Uses `code` for a planned stop whose marker asked for a restart (default 75).
+    ///
+    /// ```
+    /// assert_eq!(planned_stop::ExitCodes::default().with_restart(3).restart_code(), 3);
+    /// ```
+    pub fn with_restart(mut self, code: u8) -> Self {
+        self.restart = code;
+        self
+    }
+
+    /// The code of a planned stop whose marker asked for a restart.
+    pub fn restart_code(&self) -> u8 {
+        self.restart
     }
 
     /// The code for a stop with `cause` and `verdict`.

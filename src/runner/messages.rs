@@ -147,18 +147,18 @@ impl Drain {
 #[non_exhaustive]
 pub struct DrainReport {
     /// Work left unfinished, to resume at the next start: data the next start can act on.
-    pub unfinished: Vec<serde_json::Value>,
+    pub(crate) unfinished: Vec<serde_json::Value>,
     /// Remarks for people (not work to resume), kept in the record's `notes`.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
     /// Work was cut at the deadline that could not be handed back (such as in-flight requests):
     /// the drain did not complete in time.
-    pub cut: bool,
+    pub(crate) cut: bool,
     /// Items this process leased from an earlier stop and hands back unfinished, under their ids
     /// (see [`DrainReport::with_handed_back`]).
-    pub handed_back: Vec<crate::record::ResumeItem>,
+    pub(crate) handed_back: Vec<crate::record::ResumeItem>,
     /// Unfinished items that could not be serialised as JSON, each as why: lost, so the stop
     /// ends `record_lost` (exit 74) with them in its ERROR log line, as an item too large does.
-    pub unrecordable: Vec<String>,
+    pub(crate) unrecordable: Vec<String>,
     /// Which items' attempts failed in this life, and why ([`DrainReport::with_failed`]).
     pub(crate) failed: Vec<(FailedItem, String)>,
 }
@@ -172,6 +172,31 @@ pub(crate) enum FailedItem {
 }
 
 impl DrainReport {
+    /// The new work left unfinished, as the JSON it is recorded as.
+    pub fn unfinished_items(&self) -> &[serde_json::Value] {
+        &self.unfinished
+    }
+
+    /// The items leased from an earlier stop that are handed back.
+    pub fn handed_back(&self) -> &[crate::record::ResumeItem] {
+        &self.handed_back
+    }
+
+    /// The notes for people.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Whether work was cut that could neither finish nor be handed back.
+    pub fn is_cut_short(&self) -> bool {
+        self.cut
+    }
+
+    /// Why each item that could not be serialised is lost.
+    pub fn unrecordable(&self) -> &[String] {
+        &self.unrecordable
+    }
+
     /// Everything finished; nothing to resume.
     #[must_use]
     pub fn done() -> DrainReport {
@@ -186,7 +211,7 @@ impl DrainReport {
     ///
     /// ```
     /// let report = planned_stop::DrainReport::unfinished(["job-7", "job-9"]);
-    /// assert_eq!(report.unfinished, ["job-7", "job-9"]);
+    /// assert_eq!(report.unfinished_items(), ["job-7", "job-9"]);
     /// ```
     #[must_use]
     pub fn unfinished<T: Serialize>(items: impl IntoIterator<Item = T>) -> DrainReport {
@@ -209,7 +234,7 @@ impl DrainReport {
     /// ```
     /// # fn leased() -> Vec<planned_stop::record::Leased> { Vec::new() }
     /// let report = planned_stop::DrainReport::done().with_handed_back(leased());
-    /// assert!(report.handed_back.is_empty());
+    /// assert!(report.handed_back().is_empty());
     /// ```
     #[must_use]
     pub fn with_handed_back(
@@ -226,7 +251,7 @@ impl DrainReport {
     ///
     /// ```
     /// let report = planned_stop::DrainReport::done().with_failed("job-7", "it panicked");
-    /// assert_eq!(report.unfinished, ["job-7"]);
+    /// assert_eq!(report.unfinished_items(), ["job-7"]);
     /// ```
     #[must_use]
     pub fn with_failed<T: Serialize>(mut self, item: T, why: impl Into<String>) -> DrainReport {

@@ -220,8 +220,7 @@ impl ServiceBuilder {
     ///
     /// ```
     /// use planned_stop::{ExitCodes, Layout, ServiceBuilder};
-    /// let mut codes = ExitCodes::default();
-    /// codes.unexpected = 75;
+    /// let codes = ExitCodes::default().with_unexpected(75);
     /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into())).exit_codes(codes);
     /// ```
     pub fn exit_codes(mut self, codes: ExitCodes) -> Self {
@@ -464,7 +463,6 @@ impl ServiceBuilder {
         Ok(ServiceHandle {
             runner,
             status,
-            store,
             own,
             owner,
             records,

@@ -7,7 +7,6 @@ use crate::record::{Leased, Owner, RecordError, RecordStore};
 use crate::runner::{
     AddParticipant, Drain, DrainPhase, OsSignal, Ready, RequestStop, RunnerActor, RunnerStatus,
 };
-use crate::store::MarkerStore;
 use actix::prelude::*;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,7 +28,6 @@ use tokio::sync::watch;
 pub struct ServiceHandle {
     pub(crate) runner: Addr<RunnerActor>,
     pub(super) status: watch::Receiver<RunnerStatus>,
-    pub(super) store: MarkerStore,
     pub(super) own: ProcessIdentity,
     pub(super) owner: Owner,
     pub(super) records: Option<Arc<dyn RecordStore>>,
@@ -169,13 +167,8 @@ impl ServiceHandle {
         });
     }
 
-    /// The marker store.
-    pub fn store(&self) -> &MarkerStore {
-        &self.store
-    }
-
     /// This process's identity, as read at start-up.
-    pub fn identity(&self) -> ProcessIdentity {
+    pub(crate) fn identity(&self) -> ProcessIdentity {
         self.own
     }
 
@@ -305,16 +298,6 @@ impl ServiceHandle {
             }
             result
         }
-    }
-
-    /// The record store, if one is configured.
-    pub fn record_store(&self) -> Option<&Arc<dyn RecordStore>> {
-        self.records.as_ref()
-    }
-
-    /// This process as the owner of its leases.
-    pub fn owner(&self) -> &Owner {
-        &self.owner
     }
 }
 
