@@ -507,3 +507,108 @@ fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop()
         "pending again: {items:?}"
     );
 }
+
+/// A participant that never answers its `Drain`: only a force ends the stop.
+struct Stuck;
+
+impl actix::Actor for Stuck {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<planned_stop::Drain> for Stuck {
+    type Result = actix::ResponseFuture<planned_stop::DrainReport>;
+    fn handle(&mut self, _: planned_stop::Drain, _: &mut actix::Context<Self>) -> Self::Result {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// One life as the process `identity` (a pid that has ended, so the next life sees the lease's
+/// holder dead), allowing one failed attempt: leases what is on offer, holds it in a participant
+/// that never answers, and ends with a planned stop that is then forced (`stop --kill`'s first
+/// step, or a second Ctrl-C). Returns the ids it leased.
+#[cfg(unix)]
+fn a_forced_life(dir: &Path, identity: planned_stop::ProcessIdentity) -> Vec<String> {
+    use actix::Actor;
+    actix::System::new().block_on(async {
+        let h = ServiceBuilder::new(Layout::Slots(dir.join("run")))
+            .owns_process_exit(false)
+            .state_dir(dir.join("state"))
+            .handle_signals(false)
+            .events(false)
+            .max_failed_attempts(1)
+            .identity(identity)
+            .participant("stuck", Stuck.start().recipient())
+            .start()
+            .unwrap();
+        let leased = h.resume().await.unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        let mut status = h.subscribe();
+        while status.borrow_and_update().state < planned_stop::RunnerState::Draining {
+            status.changed().await.unwrap();
+        }
+        h.request_stop(StopRequest::Force);
+        assert_eq!(
+            h.stopped().await,
+            std::process::ExitCode::SUCCESS,
+            "planned, forced"
+        );
+        leased.into_iter().map(|l| l.item.id).collect()
+    })
+}
+
+/// Issue 48 #4: a forced planned stop counted a failed attempt ("killed or crashed") for every
+/// item a participant it cut off held, so under `--max-failed-attempts 1` one deploy reaching
+/// `--kill`'s deadline held aside a job that never failed. The forced stop gives such items back
+/// now: the next life resumes the job, with no failure counted.
+#[cfg(unix)]
+#[test]
+fn a_forced_planned_stop_is_no_failed_attempt_of_the_items_it_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    // A job left by an earlier planned stop.
+    actix::System::new().block_on(async {
+        let h = service(dir.path(), Duration::from_secs(5));
+        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        group
+            .spawn("long-job".to_owned(), |_, cancel| async move {
+                cancel.cancelled().await;
+                JobEnd::Unfinished
+            })
+            .unwrap();
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    ended.wait().unwrap();
+    let gone = planned_stop::ProcessIdentity::new(ended.id(), 1, chrono::Utc::now());
+    let leased = a_forced_life(dir.path(), gone);
+    assert_eq!(leased.len(), 1, "the forced life held the job");
+    // The next start, allowing one failed attempt, resumes it (it was held aside).
+    let resumed = actix::System::new().block_on(async {
+        let h = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
+            .owns_process_exit(false)
+            .state_dir(dir.path().join("state"))
+            .handle_signals(false)
+            .events(false)
+            .max_failed_attempts(1)
+            .start()
+            .unwrap();
+        let mut resumed = Vec::new();
+        for leased in h.resume().await.unwrap() {
+            assert!(h.release(&leased).await.unwrap(), "{leased:?}");
+            resumed.push(leased.item.id);
+        }
+        resumed
+    });
+    assert_eq!(resumed, leased, "the job is resumed, not held aside");
+    let store = FileRecordStore::open(dir.path().join("state"), Sharing::Refused).unwrap();
+    let items = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(store.list())
+        .unwrap();
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0].item.failures, 0, "no failed attempt: {items:?}");
+    assert!(items[0].quarantined.is_none(), "not held aside: {items:?}");
+}

@@ -85,7 +85,31 @@ impl RunnerActor {
         if let Ok(mut pending) = self.pending.lock() {
             *pending = Some(items_json(&record.unfinished, &self.unrecorded));
         }
-        self.persist(record, stopper, ctx);
+        let given_back = self.given_back(&record);
+        self.persist(record, stopper, given_back, ctx);
+    }
+
+    /// The items a forced planned stop gives back: those this process holds that no participant
+    /// handed back (their holders were cut off by the force, or never answered). A deploy that
+    /// reaches `--kill`'s deadline, or a second Ctrl-C, is no failed attempt of theirs; left
+    /// leased, the next start would count one for each ("killed or crashed").
+    fn given_back(&self, record: &StopRecord) -> Vec<String> {
+        if !record.forced || record.verdict != StopVerdict::Planned {
+            return Vec::new();
+        }
+        let handed_back: std::collections::BTreeSet<&str> = record
+            .unfinished
+            .iter()
+            .filter(|u| u.resumed)
+            .filter_map(|u| u.id.as_deref())
+            .collect();
+        let held = match self.leased.lock() {
+            Ok(held) => held.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        held.into_iter()
+            .filter(|id| !handed_back.contains(id.as_str()))
+            .collect()
     }
 
     /// Hands `record` to the record store within the persist deadline, and concludes with what
@@ -96,6 +120,7 @@ impl RunnerActor {
         &mut self,
         record: StopRecord,
         stopper: crate::record::Owner,
+        given_back: Vec<String>,
         ctx: &mut Context<Self>,
     ) {
         let Some(store) = self.config.records.clone() else {
@@ -110,8 +135,12 @@ impl RunnerActor {
         };
         let budget = self.config.persist_deadline;
         let persisting = async move {
-            let result = match actix::clock::timeout(budget, store.persist(&stopper, &record)).await
-            {
+            let recording = async {
+                let persisted = store.persist(&stopper, &record).await?;
+                give_back(store.as_ref(), &stopper, &given_back).await;
+                Ok(persisted)
+            };
+            let result = match actix::clock::timeout(budget, recording).await {
                 Ok(result) => result,
                 Err(_) => Err(RecordError::backend(format!(
                     "the record store did not finish persisting within {budget:?} (the persist \
@@ -320,4 +349,28 @@ fn sort_out_items(
         ));
     }
     (unfinished, unrecorded, notes)
+}
+
+/// Makes `ids`, held by `holder`, pending again (no failed attempt), after a forced planned stop.
+/// One that cannot be given back stays leased: the next start counts it as failed, as before.
+async fn give_back(
+    store: &dyn crate::record::RecordStore,
+    holder: &crate::record::Owner,
+    ids: &[String],
+) {
+    let mut given = 0;
+    for id in ids {
+        match store.release(Some(holder), id).await {
+            Ok(true) => given += 1,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(id, error = %ErrorChain(&e),
+                "cannot give back an item the forced stop cut off; the next start counts it as a failed attempt"),
+        }
+    }
+    if given > 0 {
+        tracing::info!(
+            given,
+            "items the forced stop cut off are offered again (no failed attempt)"
+        );
+    }
 }

@@ -66,6 +66,9 @@ pub struct RunnerActor {
     participants: Vec<Participant>,
     status: watch::Sender<RunnerStatus>,
     held: Option<PlannedStop>,
+    /// The ids of the items this process leased and still holds (the handle's set): a forced
+    /// planned stop gives back those no participant handed back, as no failed attempt.
+    leased: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     drain: Option<DrainRun>,
     /// The items of a stop that are not durable yet, as JSON, from the end of the drain until
     /// the record is persisted: whatever ends the process meanwhile (the overrun watchdog, the
@@ -127,6 +130,7 @@ impl RunnerActor {
             participants: Vec::new(),
             status,
             held: None,
+            leased: Arc::default(),
             drain: None,
             pending: Arc::default(),
             unrecorded: Vec::new(),
@@ -144,6 +148,14 @@ impl RunnerActor {
 
     /// A receiver of the runner's status (subscribe before starting the actor, or later through
     /// the service handle).
+    /// Shares the set of items this process holds with the handle that leases them.
+    pub(crate) fn holding(
+        &mut self,
+        leased: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    ) {
+        self.leased = leased;
+    }
+
     pub(crate) fn subscribe(&self) -> watch::Receiver<RunnerStatus> {
         self.status.subscribe()
     }

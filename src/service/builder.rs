@@ -413,6 +413,8 @@ impl ServiceBuilder {
         #[cfg(all(unix, feature = "systemd"))]
         let after_drain = config.stop_bound(Duration::ZERO);
         let mut actor = RunnerActor::new(store.clone(), own, config, self.clock.clone());
+        let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+        actor.holding(held.clone());
         let handover = Arc::new(crate::handover::Handover::default());
         let in_place = in_place(self.restart_in_place, own.pid, &handover);
         let restarts_in_place = in_place.is_some();
@@ -455,7 +457,6 @@ impl ServiceBuilder {
             owns_exit,
         );
         let owner = crate::record::host::this_process(&own);
-        let held = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
         if let Some(records) = &records {
             let (owner, held) = (owner.clone(), held.clone());
             keep_leases(records.clone(), owner, held, self.lease_for, status.clone());
