@@ -414,6 +414,12 @@ impl Actor for MarkerWatcherActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // actix polls a context once while dropping it (a System torn down before the watcher
+        // ever ran, `main` returning at once): no timer can be set then, and nothing is left to
+        // watch for.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
         self.runner.mark_unchanged();
         self.follow_runner(ctx);
         self.follow_wakeups(ctx);

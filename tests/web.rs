@@ -444,6 +444,13 @@ fn mains_own_error_or_panic_is_printed_as_std_prints_it() {
                 !stderr.contains("signal handl"),
                 "{layout:?} round {round}: a guess, not what the runner knows:\n{stderr}"
             );
+            // Main's own panic only: no other (the watcher, dropped before it ever ran, set a
+            // timer with the runtime gone).
+            assert_eq!(
+                stderr.matches("panicked at").count(),
+                usize::from(layout == AppLayout::PanicsAtOnce),
+                "{layout:?} round {round}:\n{stderr}"
+            );
             assert_eq!(
                 app.outcome_phase(),
                 Some(Phase::Aborted),
