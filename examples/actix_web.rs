@@ -33,10 +33,14 @@ async fn slow() -> &'static str {
 
 #[actix_web::main]
 async fn main() -> std::io::Result<ExitCode> {
+    if let Some(code) = arguments() {
+        return Ok(code);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     // The environment can move it (the tests run it this way; port 0 picks a free one).
     let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
@@ -64,13 +68,42 @@ async fn main() -> std::io::Result<ExitCode> {
     })
     .bind(addr)?;
     stop.ready();
-    println!(
+    say(format_args!(
         "serving http://{} as pid {}; markers in {}",
         server.addrs()[0],
         std::process::id(),
         base.join("run").display()
-    );
+    ));
     planned_stop::web::serve(server, &stop)
         .grace(Duration::from_secs(2))
         .await
+}
+
+/// What `--help` prints: the example takes no arguments, only its environment.
+const HELP: &str = "An actix-web service whose stops go through planned-stop.
+
+Usage: actix_web   (no arguments; stop it with `planned-stop stop --pid PID --dir DIR/run`)
+
+Environment:
+  EXAMPLE_DIR   the base directory (default $TMPDIR/planned-stop-actix-web; markers in run/)
+  EXAMPLE_ADDR  the HTTP address (default 127.0.0.1:8080; port 0 picks a free one)
+  RUST_LOG      the log filter (default info)";
+
+/// `--help` (or `-h`): what the example reads, exit 0. Any other argument: exit 2, rather than
+/// ignored by a service that would then start serving.
+fn arguments() -> Option<ExitCode> {
+    let arg = std::env::args().nth(1)?;
+    if arg == "--help" || arg == "-h" {
+        say(format_args!("{HELP}"));
+        return Some(ExitCode::SUCCESS);
+    }
+    eprintln!("unknown argument {arg:?}: the example takes none (`--help` lists its environment)");
+    Some(ExitCode::from(2))
+}
+
+/// Prints a line on stdout. A closed stdout (a log shipper gone, a `| head`) is no reason to
+/// end a service: the error is ignored, where `println!` would panic.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }

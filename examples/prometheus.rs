@@ -137,6 +137,7 @@ async fn main() -> std::io::Result<ExitCode> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
     let base = std::env::var_os("EXAMPLE_DIR").map_or_else(

@@ -34,10 +34,18 @@ async fn main() -> std::io::Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let Some((dir, addr)) = options() else {
-        eprintln!("usage: restart_in_place [--dir DIR] [--addr ADDR]");
-        return Ok(ExitCode::from(2));
+    let (dir, addr) = match options() {
+        Options::Serve(dir, addr) => (dir, addr),
+        Options::Help => {
+            say(format_args!("{USAGE}"));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Options::Wrong => {
+            eprintln!("{USAGE}");
+            return Ok(ExitCode::from(2));
+        }
     };
     let stop = match ServiceBuilder::new(Layout::Slots(dir.clone()))
         .drain_deadline(Duration::from_secs(20))
@@ -68,20 +76,40 @@ async fn main() -> std::io::Result<ExitCode> {
         .into_iter()
         .try_fold(server, HttpServer::listen)?;
     stop.ready();
-    println!(
+    say(format_args!(
         "serving http://{} as pid {}; markers in {}",
         server.addrs()[0],
         std::process::id(),
         dir.display()
-    );
+    ));
     planned_stop::web::serve(server, &stop)
         .grace(Duration::from_secs(1))
         .await
 }
 
-/// The marker directory and the address, from `--dir` and `--addr` or the environment; `None`
-/// for anything else (`--help` among them).
-fn options() -> Option<(std::path::PathBuf, String)> {
+/// What `--help` prints.
+const USAGE: &str = "usage: restart_in_place [--dir DIR] [--addr ADDR]
+  (or EXAMPLE_DIR, the base of the marker directory run/, and EXAMPLE_ADDR; RUST_LOG)";
+
+/// What the command line asks for.
+enum Options {
+    /// Serve with the marker directory and the address.
+    Serve(std::path::PathBuf, String),
+    /// `--help` or `-h`.
+    Help,
+    /// Anything else.
+    Wrong,
+}
+
+/// Prints a line on stdout. A closed stdout (a log shipper gone, a `| head`) is no reason to
+/// end a service: the error is ignored, where `println!` would panic.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// The marker directory and the address, from `--dir` and `--addr` or the environment.
+fn options() -> Options {
     let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
         || std::env::temp_dir().join("planned-stop-restart-in-place"),
         std::path::PathBuf::from,
@@ -91,10 +119,11 @@ fn options() -> Option<(std::path::PathBuf, String)> {
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         match (flag.as_str(), args.next()) {
+            ("--help" | "-h", None) => return Options::Help,
             ("--dir", Some(value)) => dir = value.into(),
             ("--addr", Some(value)) => addr = value,
-            _ => return None,
+            _ => return Options::Wrong,
         }
     }
-    Some((dir, addr))
+    Options::Serve(dir, addr)
 }

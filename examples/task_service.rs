@@ -34,10 +34,10 @@ struct Job {
 
 /// The work of one job: done after `ms`, unfinished when the stop cancels it first.
 async fn work(job: Job, stop: CancellationToken) -> JobEnd {
-    println!("start {}", job.name);
+    say(format_args!("start {}", job.name));
     tokio::select! {
         _ = actix_web::rt::time::sleep(Duration::from_millis(job.ms)) => {
-            println!("done {}", job.name);
+            say(format_args!("done {}", job.name));
             JobEnd::Done
         }
         _ = stop.cancelled() => JobEnd::Unfinished,
@@ -58,11 +58,15 @@ async fn spawn_job(
 
 #[actix_web::main]
 async fn main() -> std::io::Result<ExitCode> {
+    if let Some(code) = arguments() {
+        return Ok(code);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let base = std::env::var_os("EXAMPLE_DIR").map_or_else(
         || std::env::temp_dir().join("planned-stop-task-service"),
@@ -95,13 +99,42 @@ async fn main() -> std::io::Result<ExitCode> {
     })
     .bind(addr)?;
     stop.ready();
-    println!(
+    say(format_args!(
         "serving http://{} as pid {}; markers in {}",
         server.addrs()[0],
         std::process::id(),
         base.join("run").display()
-    );
+    ));
     planned_stop::web::serve(server, &stop)
         .grace(Duration::from_secs(1))
         .await
+}
+
+/// What `--help` prints: the example takes no arguments, only its environment.
+const HELP: &str = "Jobs spawned from request handlers, handed to the next life at a planned stop.
+
+Usage: task_service   (no arguments; stop it with `planned-stop stop --pid PID --dir DIR/run`)
+
+Environment:
+  EXAMPLE_DIR   the base directory (default $TMPDIR/planned-stop-task-service; markers in run/, items in state/)
+  EXAMPLE_ADDR  the HTTP address (default 127.0.0.1:8080; port 0 picks a free one)
+  RUST_LOG      the log filter (default info)";
+
+/// `--help` (or `-h`): what the example reads, exit 0. Any other argument: exit 2, rather than
+/// ignored by a service that would then start serving.
+fn arguments() -> Option<ExitCode> {
+    let arg = std::env::args().nth(1)?;
+    if arg == "--help" || arg == "-h" {
+        say(format_args!("{HELP}"));
+        return Some(ExitCode::SUCCESS);
+    }
+    eprintln!("unknown argument {arg:?}: the example takes none (`--help` lists its environment)");
+    Some(ExitCode::from(2))
+}
+
+/// Prints a line on stdout. A closed stdout (a log shipper gone, a `| head`) is no reason to
+/// end a service: the error is ignored, where `println!` would panic.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }

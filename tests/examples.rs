@@ -261,3 +261,122 @@ fn a_restart_in_place_sends_every_new_connection_to_the_successor_at_once() {
     assert_eq!(first.child.wait().unwrap().code(), Some(0));
     first.stop_with(u32::try_from(successor).unwrap(), &[]);
 }
+
+/// The examples a test starts as an operator would, with the environment each reads.
+const SERVICES: [&str; 5] = [
+    "actix_web",
+    "websocket",
+    "task_service",
+    "restart_in_place",
+    "wire_up",
+];
+
+/// Runs example `name` with `args` in `base` and a free port until it ends, or kills it after
+/// the event timeout (an example that ignores its arguments serves instead).
+fn run_briefly(name: &str, args: &[&str], base: &Path) -> std::process::Output {
+    let mut child = Command::new(common::example_binary(name, "actix-web"))
+        .args(args)
+        .env("EXAMPLE_DIR", base)
+        .env("EXAMPLE_ADDR", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
+}
+
+/// Issue 48 #10: the examples started serving on `--help`. Each answers it (exit 0, what it
+/// reads, nothing started) and refuses an argument it does not know (exit 2, nothing started).
+#[test]
+fn every_example_answers_help_and_refuses_what_it_does_not_know() {
+    for name in SERVICES {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        let out = run_briefly(name, &["--help"], &base);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {out:?}");
+        assert!(said.to_lowercase().contains("usage"), "{name}: {said}");
+        assert!(said.contains("EXAMPLE_DIR"), "{name}: {said}");
+        assert!(!base.exists(), "{name}: --help started nothing");
+        let out = run_briefly(name, &["--serve-please"], &base);
+        assert_eq!(out.status.code(), Some(2), "{name}: {out:?}");
+        assert!(
+            !base.exists(),
+            "{name}: an unknown argument started nothing"
+        );
+    }
+}
+
+/// Issue 48 #10: with stdout a closed pipe (a log shipper gone) `println!` panicked each
+/// example right after it was ready (`aborted`, 1), and the log carried colour codes into files
+/// and the journal. With stdout closed, each serves and stops as planned; with stdout and stderr
+/// files, neither holds a colour code.
+#[cfg(unix)]
+#[test]
+fn the_examples_serve_with_a_closed_stdout_and_write_no_colour_codes_into_files() {
+    for name in ["actix_web", "websocket", "task_service", "restart_in_place"] {
+        for closed in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let stdout = if closed {
+                let (reader, writer) = std::io::pipe().unwrap();
+                drop(reader);
+                Stdio::from(writer)
+            } else {
+                Stdio::from(std::fs::File::create(dir.path().join("stdout")).unwrap())
+            };
+            let (code, log) = served_and_stopped(name, dir.path(), stdout);
+            let said = std::fs::read_to_string(dir.path().join("stdout")).unwrap_or_default();
+            assert_eq!(code, Some(0), "{name} (stdout closed: {closed}): {log}");
+            assert!(!log.contains("failed printing"), "{name}: {log}");
+            assert!(!log.contains('\u{1b}'), "{name}: colour codes: {log:?}");
+            assert!(!said.contains('\u{1b}'), "{name}: colour codes: {said:?}");
+            assert!(
+                closed || log.contains("INFO") || said.contains("INFO"),
+                "{name}: a log to look at: {log}{said}"
+            );
+        }
+    }
+}
+
+/// Starts example `name` in `dir` on a free port with `stdout`, waits until it answers there,
+/// stops it as planned and returns its exit code and what it wrote to stderr.
+#[cfg(unix)]
+fn served_and_stopped(name: &str, dir: &Path, stdout: Stdio) -> (Option<i32>, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(common::example_binary(name, "actix-web"))
+        .env("EXAMPLE_DIR", dir)
+        .env("EXAMPLE_ADDR", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Serving: it answers on its port (a closed stdout cannot say so).
+    common::wait_until(format!("{name} serves"), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let stopped = planned_stop()
+        .args(["stop", "--pid", &child.id().to_string(), "--dir"])
+        .arg(dir.join("run"))
+        .args(["--wait", "30"])
+        .output()
+        .unwrap();
+    let ended = child.wait_with_output().unwrap();
+    let log = format!(
+        "{}\n(the stopper said: {})",
+        String::from_utf8_lossy(&ended.stderr),
+        String::from_utf8_lossy(&stopped.stdout)
+    );
+    (ended.status.code(), log)
+}
