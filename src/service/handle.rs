@@ -28,6 +28,7 @@ use tokio::sync::watch;
 pub struct ServiceHandle {
     pub(crate) runner: Addr<RunnerActor>,
     pub(super) status: watch::Receiver<RunnerStatus>,
+    #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
     pub(super) own: ProcessIdentity,
     pub(super) owner: Owner,
     pub(super) records: Option<Arc<dyn RecordStore>>,
@@ -168,6 +169,7 @@ impl ServiceHandle {
     }
 
     /// This process's identity, as read at start-up.
+    #[cfg(feature = "actix-web")]
     pub(crate) fn identity(&self) -> ProcessIdentity {
         self.own
     }
