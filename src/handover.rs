@@ -66,13 +66,13 @@ pub(crate) enum HandoverError {
         "restart in place cannot work here: this process listens on {0} socket(s) that were not \
          bound through planned_stop::web::listeners_or_bind (or web::Admin), so a successor \
          could not bind them while this process serves; bind every listening socket through \
-         listeners_or_bind, or drop ServiceBuilder::restart_in_place to restart by exit code"
+         listeners_or_bind, or restart by exit code instead of in place"
     )]
     Unoffered(usize),
     /// The successor did not say it was ready in time, and was killed.
     #[error(
         "the successor (pid {pid}) was not ready within {within:?} and was killed; give it more \
-         time (ServiceBuilder::restart_in_place) or find what holds its start"
+         time to get ready, or find what holds its start"
     )]
     NotReadyInTime {
         /// Its pid.

@@ -318,7 +318,7 @@ pub enum RecordError {
         waited: std::time::Duration,
     },
     /// No such item (acknowledged already, removed by an operator, or never stored).
-    #[error("no resume item {id}; RecordStore::list shows what there is")]
+    #[error("no resume item {id}")]
     UnknownItem {
         /// The item id.
         id: String,

@@ -363,7 +363,7 @@ impl MarkerWatcherActor {
                 self.target.do_send(stop);
             }
             WatchSend::HeldNotice(stop) => {
-                tracing::info!("planned stop found while starting; held until running");
+                tracing::debug!("planned stop found while starting; held until running");
                 if let Some(notice) = &self.held_notice {
                     notice.do_send(HeldStop(stop));
                 }

@@ -479,32 +479,187 @@ fn command_line_words(line: &str) -> Option<&str> {
     verbs.contains(&word).then_some(word)
 }
 
-/// The library's errors and logs name the library's API (a builder method, a type, a
-/// store), never a flag or verb of the command line, which an application embedding the crate
-/// may not ship; the command line (`cli/`) adds its own words where it reports them. Doc
-/// comments may explain the command line; code may not speak it.
-#[test]
-fn the_library_never_speaks_the_command_lines_words() {
-    let src = root().join("src");
+/// The string literals of `code` (their text between the quotes, escapes as written), with the
+/// line each starts on; raw strings included, char literals and lifetimes skipped.
+fn string_literals(code: &str) -> Vec<(usize, String)> {
+    let chars: Vec<char> = code.chars().collect();
     let mut found = Vec::new();
-    for path in rust_files(&src) {
-        let relative = path.strip_prefix(&src).unwrap();
-        if is_test_file(relative) {
-            continue;
+    let mut line = 1;
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '\n' => line += 1,
+            '\'' if chars.get(i + 1) == Some(&'\\') => {
+                i += 2;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
+                }
+            }
+            '\'' if chars.get(i + 2) == Some(&'\'') => i += 2,
+            'r' if matches!(chars.get(i + 1), Some('"' | '#'))
+                && (i == 0 || !is_ident_char(chars[i - 1])) =>
+            {
+                let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
+                if chars.get(i + 1 + hashes) == Some(&'"') {
+                    let start = i + 2 + hashes;
+                    let mut end = start;
+                    while end < chars.len()
+                        && !(chars[end] == '"'
+                            && chars[end + 1..].iter().take_while(|&&c| c == '#').count() >= hashes)
+                    {
+                        end += 1;
+                    }
+                    let text: String = chars[start..end.min(chars.len())].iter().collect();
+                    found.push((line, text.clone()));
+                    line += text.matches('\n').count();
+                    i = end + hashes;
+                }
+            }
+            '"' => {
+                let start = i + 1;
+                let mut end = start;
+                while end < chars.len() && chars[end] != '"' {
+                    end += if chars[end] == '\\' { 2 } else { 1 };
+                }
+                let text: String = chars[start..end.min(chars.len())].iter().collect();
+                found.push((line, text.clone()));
+                line += text.matches('\n').count();
+                i = end;
+            }
+            _ => {}
         }
-        let text = std::fs::read_to_string(&path).unwrap();
-        for (n, line) in library_code(&text).lines().enumerate() {
-            if let Some(word) = command_line_words(line) {
-                found.push(format!(
-                    "{}: {word:?} in {}",
-                    relative.display(),
-                    line.trim()
-                ));
-                let _ = n;
+        i += 1;
+    }
+    found
+}
+
+/// The first path into an API in `text`: a type and one of its items (`Type::method`).
+fn api_path(text: &str) -> Option<&str> {
+    let mut from = 0;
+    while let Some(at) = text[from..].find("::").map(|at| from + at) {
+        let before = text[..at]
+            .rfind(|c: char| !is_ident_char(c))
+            .map_or(0, |b| b + 1);
+        let after = at + 2 + ident(&text[at + 2..]).len();
+        let owner = &text[before..at];
+        if owner.starts_with(|c: char| c.is_ascii_uppercase()) && after > at + 2 {
+            return Some(&text[before..after]);
+        }
+        from = at + 2;
+    }
+    None
+}
+
+/// What a message for people names that it should not: a flag or verb of the command line
+/// (which an application embedding the crate may not ship; the command line adds its own words
+/// where it reports an error), or a path into the API (`ServiceBuilder::lease_for`: an operator
+/// reading a log has no use for it). A message says what to do in words.
+fn unspeakable(literal: &str) -> Option<&str> {
+    if !literal.contains(' ') {
+        // A path an attribute names (`skip_serializing_if = "Option::is_none"`), no message.
+        return None;
+    }
+    command_line_words(literal).or_else(|| api_path(literal))
+}
+
+/// A literal as the compiler reads it, as far as spacing goes: a `\` at the end of a line drops
+/// the line break and the next line's indentation.
+fn continued(literal: &str) -> String {
+    let mut out = String::new();
+    let mut rest = literal;
+    while let Some(at) = rest.find("\\\n") {
+        out.push_str(&rest[..at]);
+        rest = rest[at + 2..].trim_start();
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A run of three or more spaces after a word of a message, or a line break inside it followed
+/// by indentation (a line continued without its `\\`): a person reads either as a hole in the
+/// sentence.
+fn run_of_spaces(literal: &str) -> bool {
+    let text = continued(literal);
+    let after_word = text
+        .match_indices("   ")
+        .any(|(at, _)| at > 0 && !text[..at].ends_with([' ', '\n']));
+    let indented_break = text.contains("\n ");
+    after_word || indented_break
+}
+
+/// Neither the library's messages nor the command line's have a run of spaces in a sentence.
+#[test]
+fn no_message_has_a_run_of_spaces() {
+    let mut found = Vec::new();
+    for src in ["src", "protocol/src", "cli/src"].map(|dir| root().join(dir)) {
+        for path in rust_files(&src) {
+            let relative = path.strip_prefix(&src).unwrap();
+            if is_test_file(relative) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (line, literal) in string_literals(&library_code(&text)) {
+                let sql = ["CREATE TABLE", "ALTER TABLE"]
+                    .iter()
+                    .any(|q| literal.contains(q));
+                if run_of_spaces(&literal) && !sql {
+                    found.push(format!("{}:{line}: {literal:?}", path.display()));
+                }
             }
         }
     }
     assert!(found.is_empty(), "{found:#?}");
+}
+
+/// The library's errors and logs say what to do in words: neither the command line's flags and
+/// verbs nor the API's paths. Doc comments may name both; messages may not.
+#[test]
+fn the_librarys_messages_name_neither_flags_nor_api_paths() {
+    let mut found = Vec::new();
+    for src in LIBRARY_SOURCES.map(|dir| root().join(dir)) {
+        for path in rust_files(&src) {
+            let relative = path.strip_prefix(&src).unwrap();
+            if is_test_file(relative) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (line, literal) in string_literals(&library_code(&text)) {
+                if let Some(word) = unspeakable(&literal) {
+                    found.push(format!(
+                        "{}:{line}: {word:?} in {literal:?}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// The literal scan finds each literal once, whatever quotes, escapes, raw strings and char
+/// literals come between, and a message's path or flag in it.
+#[test]
+fn the_message_scan_sees_literals_paths_and_flags() {
+    let code =
+        "let c = '\"'; let l: &'a str = \"one \\\" two\";\nf(r#\"raw \"q\" x\"#, '\\'', \"ok\");";
+    let literals: Vec<String> = string_literals(code).into_iter().map(|(_, l)| l).collect();
+    assert_eq!(literals, ["one \\\" two", "raw \"q\" x", "ok"]);
+    assert_eq!(string_literals("a\n\"b\nc\"\n\"d\"")[1].0, 4);
+    assert_eq!(
+        unspeakable("give ServiceBuilder::lease_for at least 1 s"),
+        Some("ServiceBuilder::lease_for")
+    );
+    assert_eq!(unspeakable("see crate::record::list"), None);
+    assert_eq!(
+        unspeakable("opt in with --allow-shared-dir"),
+        Some("--allow-shared-dir")
+    );
+    assert_eq!(unspeakable("no resume item {id}"), None);
+    assert_eq!(unspeakable("Option::is_none"), None);
+    assert!(run_of_spaces("it had          accepted"));
+    assert!(run_of_spaces("it had\n         accepted"));
+    assert!(!run_of_spaces("it had \\\n         accepted"));
+    assert!(!run_of_spaces("   indented {what}"));
 }
 
 /// The scan sees a flag and a verb, and nothing else.

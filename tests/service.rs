@@ -417,15 +417,17 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
 }
 
 /// A planned stop that arrives before the application said it is ready is held: the outcome file
-/// says `held` (so a stopper's wait reports that, not "not accepted"), the runner warns once after
-/// the configured time, and the stop goes ahead the moment the application is ready.
+/// says `held` (so a stopper's wait reports that, not "not accepted"), the runner warns at once
+/// that a stop is held and once more after the configured time that the application is still
+/// not ready, and the stop goes ahead the moment the application is ready.
 #[test]
 fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
     let logs = LogCapture::default();
     let _guard = logs.install();
     let f = Fixture::new();
     let sys = paused_system();
-    let warning = "has not called ServiceHandle::ready()";
+    let warning = "has not said it is ready";
+    let held = "a planned stop is held until the application is ready";
     let code = sys.block_on(async {
         let h = ServiceBuilder::new(Layout::Slots(f.markers()))
             .owns_process_exit(false)
@@ -443,6 +445,11 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
         assert_eq!(outcome.phase, Phase::Held);
         let waited = stopper::wait(&f.store(), &f.me, Duration::ZERO, |_, _| {});
         assert!(matches!(waited, WaitOutcome::Held { .. }), "{waited:?}");
+        assert_eq!(
+            logs.count(tracing::Level::WARN, held),
+            1,
+            "the hold is a warning"
+        );
         assert_eq!(logs.count(tracing::Level::WARN, warning), 0);
         advance(Duration::from_secs(30)).await;
         advance(Duration::from_secs(60)).await;

@@ -592,11 +592,11 @@ fn a_foreign_marker_in_the_shared_file_is_left_and_not_overwritten() {
             if *pid == other.pid && *expires_at == expected_expiry),
         "{refused:?}"
     );
-    // The refusal says until when, and how to clear it, in the library's words (the command
-    // line adds its own flag where it reports this).
+    // The refusal says until when, and how to clear it, in words (the command line adds its own
+    // flag where it reports this).
     let message = refused.unwrap_err().to_string();
     assert!(message.contains(&expected_expiry.to_string()), "{message}");
-    assert!(message.contains("MarkerStore::clear"), "{message}");
+    assert!(message.contains("remove it"), "{message}");
     assert_eq!(Marker::parse(&fs::read(&path).unwrap()).unwrap(), pending);
     // Once that process is gone its marker no longer blocks the file.
     store.write(&ours).unwrap();

@@ -980,6 +980,15 @@ fn restart_in_place_with_a_socket_the_crate_does_not_know_is_refused_and_said_at
     assert!(message.contains(warned), "{answer}");
     assert!(message.contains("listeners_or_bind"), "{answer}");
     assert_eq!(http_get(life.port, "/").map(|(c, _)| c), Some(200));
+    // `status` says the restart did not happen and why, not the verdict it would have carried out.
+    let pid = life.pid.to_string();
+    let out = run(&["status", "--dir", s(&base.join("run")), "--pid", &pid]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("restart_failed (") && said.contains("serves on"),
+        "{said}"
+    );
+    assert!(!said.contains("restart_failed, planned"), "{said}");
     let (code, answer) = life.stop(base);
     assert_eq!(code, Some(0), "{answer}");
     assert_eq!(life.exit_code(), Some(0));

@@ -36,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod error_words;
 mod records;
 mod serve;
 mod status;
@@ -43,6 +44,7 @@ mod stop;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
+use error_words::chain;
 use planned_stop::Layout;
 use planned_stop::marker::{MarkerStore, Undecided, Verdict};
 use serde_json::json;
@@ -310,6 +312,13 @@ fn record_store(
         Some(dir) => {
             let dir = absolute(dir);
             if access != Access::Serve {
+                if dir.exists() && !dir.is_dir() {
+                    return Err(format!(
+                        "{} exists but is not a directory; give the --state DIR the service \
+                         runs with",
+                        dir.display()
+                    ));
+                }
                 if !dir.is_dir() {
                     return Err(format!(
                         "no state directory {}; give the --state DIR the service runs with",
@@ -415,61 +424,6 @@ fn request_id_given() -> Option<String> {
             Some(rest) => rest.strip_prefix('=').map(str::to_owned),
             None => None,
         })
-}
-
-/// An error and its causes on one line. The library's errors leave their cause to the source
-/// chain, so a person sees `cannot use marker directory /x: Permission denied (os error 13)`.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    let mut words = command_line_words(error);
-    while let Some(next) = cause {
-        line.push_str(": ");
-        line.push_str(&next.to_string());
-        words = words.or_else(|| command_line_words(next));
-        cause = next.source();
-    }
-    if let Some(words) = words {
-        line.push_str(" (");
-        line.push_str(words);
-        line.push(')');
-    }
-    line
-}
-
-/// What the command line adds to a library error it reports: the flag or verb that does what the
-/// library's own words name in its API (the library never names the command line, since an
-/// application embedding it may not ship this tool).
-fn command_line_words(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
-    use planned_stop::marker::StoreError;
-    use planned_stop::stopper::StopperError;
-    if let Some(e) = error.downcast_ref::<StoreError>() {
-        return match e {
-            StoreError::SharedDirectory { .. } => Some("`serve --allow-shared-dir` opts in"),
-            StoreError::SharedStateDirectory { .. } => Some("`serve --allow-shared-state` opts in"),
-            StoreError::SlotBusy { .. } => {
-                Some("`planned-stop clear --marker FILE` removes it; `--dir` is the slot layout")
-            }
-            _ => None,
-        };
-    }
-    if let Some(StopperError::NotWatching { .. }) = error.downcast_ref::<StopperError>() {
-        return Some("check --pid and --dir; `--signal-anyway` insists");
-    }
-    if let Some(planned_stop::StartError::LeaseTooShort { .. }) =
-        error.downcast_ref::<planned_stop::StartError>()
-    {
-        return Some("`serve --lease-ms`");
-    }
-    use planned_stop::record::RecordError;
-    match error.downcast_ref::<RecordError>() {
-        Some(RecordError::UnknownItem { .. }) => {
-            Some("`planned-stop records list` shows what there is")
-        }
-        // Transparent: its source is the store error's own, so look at the store error itself.
-        Some(RecordError::Write(store)) => command_line_words(store),
-        _ => None,
-    }
 }
 
 /// `path` made absolute against the working directory (without resolving links); as given when

@@ -42,14 +42,7 @@ fn status_of_process(store: &MarkerStore, pid: u32, as_json: bool) -> u8 {
     };
     emit(format!("process {pid}: {state}"));
     if let Some(o) = &outcome {
-        emit(format!(
-            "  last outcome here: {}, {}{}",
-            word(&o.phase),
-            word(&o.verdict),
-            o.exit_code
-                .map(|c| format!(", exit code {c}"))
-                .unwrap_or_default()
-        ));
+        emit(format!("  last outcome here: {}", outcome_words(o)));
     }
     code
 }
@@ -158,13 +151,9 @@ fn print_text(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
             " (gone)"
         };
         emit(format!(
-            "  outcome of pid {}: {}, {}{}{gone}",
+            "  outcome of pid {}: {}{gone}",
             o.pid,
-            word(&o.phase),
-            word(&o.verdict),
-            o.exit_code
-                .map(|c| format!(", exit code {c}"))
-                .unwrap_or_default(),
+            outcome_words(o)
         ));
     }
     if let Some(r) = &listing.found.last_stop {
@@ -231,4 +220,22 @@ fn outcome_json(outcome: &Outcome) -> serde_json::Value {
         );
     }
     value
+}
+
+/// An outcome in words: its phase and verdict (`stopped, planned, exit code 0`); a restart in
+/// place that did not happen says why and that the process serves on, since no stop is under way
+/// and the verdict it would have carried out means nothing.
+fn outcome_words(o: &Outcome) -> String {
+    if o.phase == Phase::RestartFailed {
+        let why = o.note.as_deref().unwrap_or("no reason given");
+        return format!("restart_failed ({why}); it did not stop and serves on");
+    }
+    format!(
+        "{}, {}{}",
+        word(&o.phase),
+        word(&o.verdict),
+        o.exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default()
+    )
 }

@@ -986,6 +986,16 @@ fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
         assert_eq!(out.status.code(), Some(2), "{mode:o}");
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(said.contains("subdirectory"), "{mode:o}: {said}");
+        // The flag that opts in is named once, and no type of the library is.
+        assert_eq!(
+            said.matches("--allow-shared-dir").count(),
+            1,
+            "{mode:o}: {said}"
+        );
+        assert!(
+            !said.contains("::") && !said.contains("  "),
+            "{mode:o}: {said}"
+        );
         // As a state directory it is refused in a state directory's words.
         let out = run(&[
             "serve",
@@ -1003,6 +1013,43 @@ fn a_service_starts_and_stops_in_private_subdirectories_of_a_shared_volume() {
             "{mode:o}: {said}"
         );
         assert!(!said.contains("marker directory"), "{mode:o}: {said}");
+    }
+}
+
+/// A regular file given where a directory belongs was refused as "File exists (os error 17)":
+/// every verb says it exists but is not a directory, naming the path, and exits 2.
+#[cfg(unix)]
+#[test]
+fn a_file_where_a_directory_belongs_is_named_so() {
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let markers = temp.path().join("markers");
+    let tries: [&[&str]; 5] = [
+        &[
+            "serve",
+            "--dir",
+            s(&markers),
+            "--state",
+            s(&file),
+            "--jobs",
+            "0",
+        ],
+        &["serve", "--dir", s(&file), "--jobs", "0"],
+        &["records", "list", "--state", s(&file)],
+        &["stop", "--dir", s(&file), "--pid", "1"],
+        &["status", "--dir", s(&file)],
+    ];
+    for args in tries {
+        let out = run(args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains(&file.display().to_string())
+                && said.contains("exists but is not a directory"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains("os error"), "{args:?}: {said}");
     }
 }
 

@@ -217,8 +217,7 @@ pub enum StopperError {
     /// refused before anything was written (a mistyped pid would kill a bystander).
     #[error(
         "process {pid} has not announced that it watches {dir}: refusing to send it SIGTERM (a \
-         mistyped pid would kill an unrelated process); check the pid and the directory, or insist \
-         (StopOptions::with_signal_unwatched) for a target that reads markers without announcing"
+         mistyped pid would kill an unrelated process)"
     )]
     NotWatching {
         /// The pid asked for.
@@ -415,7 +414,7 @@ mod os {
     pub(super) fn send_terminate(target: &ProcessIdentity) -> Result<bool, StopperError> {
         tracing::warn!(
             pid = target.pid,
-            "signals are not supported on this OS (StopOptions::with_signal); the marker alone \
+            "signals are not supported on this OS; the marker alone \
              will stop the target"
         );
         Ok(false)

@@ -127,8 +127,8 @@ impl RunnerActor {
             if !record.unfinished.is_empty() || !self.unrecorded.is_empty() {
                 tracing::error!(
                     items = %items_json(&record.unfinished, &self.unrecorded),
-                    "no record store is configured (ServiceBuilder::state_dir or \
-                     record_store); the unfinished items are only in this log line"
+                    "no record store is configured (neither a state directory nor a \
+                     database); the unfinished items are only in this log line"
                 );
             }
             return self.conclude(record, Ok(Persisted::Durable), ctx);

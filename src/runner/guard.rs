@@ -130,7 +130,7 @@ impl RunnerActor {
             let running = System::try_current().is_some_and(|s| s.arbiter().spawn(async {}));
             if !running {
                 let code = act.abort(
-                    "the actix System was stopped (System::stop, or a server's own signal \
+                    "the actix System was stopped (by the application, or a server's own signal \
                      handling) before the planned-stop runner finished",
                 );
                 process_end::concluded(code, None, act.config.exit_grace);

@@ -15,9 +15,11 @@ impl Handler<HeldStop> for RunnerActor {
         if self.lifecycle.state() != RunnerState::Starting {
             return;
         }
-        tracing::info!(
+        // A warning: the stopper waits (and a deploy with it) while the application serves
+        // without having said it is ready, which is a bug in the application more often than not.
+        tracing::warn!(
             request_id = stop.request_id.as_deref(),
-            "a planned stop is held until the application is ready"
+            "a planned stop is held until the application is ready (its handle's ready())"
         );
         let now = self.clock.now();
         let mut held =

@@ -230,7 +230,9 @@ impl RunnerActor {
         let _in_stop = self.in_stop();
         match step {
             Step::Ignore(why) => tracing::debug!(why, "stop request ignored"),
-            Step::Hold => tracing::info!("planned stop received while starting; held until ready"),
+            Step::Hold => tracing::warn!(
+                "a planned stop is held until the application is ready (its handle's ready())"
+            ),
             Step::Drain(cause, verdict) => self.begin_drain(cause, verdict, requester, ctx),
             Step::Force => {
                 tracing::warn!("stop forced: cutting the drain short");
@@ -464,8 +466,8 @@ impl Actor for RunnerActor {
                 if act.lifecycle.state() == RunnerState::Starting {
                     tracing::warn!(
                         after_ms = after.as_millis() as u64,
-                        "the application has not called ServiceHandle::ready(); a planned stop \
-                         is held until it does"
+                        "the application has not said it is ready (its handle's ready()); a \
+                         planned stop is held until it does"
                     );
                 }
             });

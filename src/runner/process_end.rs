@@ -61,7 +61,7 @@ pub(crate) fn concluded(code: i32, verdict: Option<StopVerdict>, grace: Duration
                 code,
                 grace_ms = grace.as_millis() as u64,
                 "the stop concluded but main has not returned within the exit grace (a server \
-                 run by block_on, which System::stop does not end?); ending the process with the \
+                 run by block_on, which stopping the actix System does not end?); ending the process with the \
                  verdict's code"
             );
             end_forced(code, verdict);

@@ -72,14 +72,14 @@ pub enum StartError {
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
     /// `start` was called outside a running actix system.
-    #[error("ServiceBuilder::start must be called inside a running actix System")]
+    #[error("the service must be started inside a running actix System")]
     NoSystem,
     /// The lease is shorter than its renewal can keep ([`MIN_LEASE`]).
     #[error(
         "a lease of {lease:?} is shorter than {min:?}: leases are renewed every third of their \
          length and a renewal may wait up to 3 s for the record store, so a shorter lease could \
          lapse while its holder runs and hand its items to a second process; give \
-         ServiceBuilder::lease_for at least {min:?}"
+         the lease at least {min:?}"
     )]
     LeaseTooShort {
         /// The lease asked for.
@@ -88,10 +88,7 @@ pub enum StartError {
         min: Duration,
     },
     /// No failed attempt is allowed at all: every resumed item would be held aside at once.
-    #[error(
-        "at most 0 failed attempts leaves no attempt to an item: give \
-         ServiceBuilder::max_failed_attempts at least 1"
-    )]
+    #[error("at most 0 failed attempts leaves no attempt to an item: allow at least 1")]
     NoAttemptAllowed,
 }
 

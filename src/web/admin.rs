@@ -99,7 +99,7 @@ impl Admin {
         if listeners.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "no address to bind: give Admin::bind at least one",
+                "no address to bind: give the admin endpoint at least one",
             ));
         }
         for listener in &listeners {

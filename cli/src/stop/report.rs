@@ -235,7 +235,7 @@ pub(super) fn not_restarted(
         |id| format!("request {id}"),
     );
     let text = format!(
-        "process {} stopped as planned for good (exit code {exit_code}) on {accepted}, which it had          accepted before this restart request: it did not restart; start the service again",
+        "process {} stopped as planned for good (exit code {exit_code}) on {accepted}, which it had accepted before this restart request: it did not restart; start the service again",
         args.pid()
     );
     let extra = json!({

@@ -37,7 +37,7 @@ pub enum StoreError {
         "marker directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
          write there can stop the service; run `chmod 700 {path}`, or use a subdirectory the \
          service creates private (such as {path}/markers: what a shared volume, a Kubernetes \
-         emptyDir, needs), or opt in (ServiceBuilder::allow_shared_dir)"
+         emptyDir, needs), or opt in to a shared directory"
     )]
     SharedDirectory {
         /// The directory.
@@ -49,8 +49,8 @@ pub enum StoreError {
     #[error(
         "state directory {path} is writable by group or others (mode {mode:03o}): anyone who can \
          write there can plant work for the service to resume; run `chmod 700 {path}`, or use a \
-         subdirectory the service creates private (such as {path}/state), or opt in \
-         (ServiceBuilder::allow_shared_state)"
+         subdirectory the service creates private (such as {path}/state), or opt in to a \
+         shared state directory"
     )]
     SharedStateDirectory {
         /// The directory.
@@ -107,7 +107,7 @@ pub enum StoreError {
     #[error(
         "{path} holds a pending stop request for process {pid}, good until {expires_at}: wait \
          until process {pid} consumes it or it expires; if process {pid} will never read it, remove \
-         it (MarkerStore::clear); or use the per-process slot layout (Layout::Slots)"
+         it, or use the per-process slot layout"
     )]
     SlotBusy {
         /// The shared file.

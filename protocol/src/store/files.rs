@@ -363,7 +363,15 @@ pub(crate) fn prepare_dir(dir: &Path, allow_shared: bool) -> Result<(), StoreErr
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
     os::private_dir(&mut builder);
-    builder.create(dir).map_err(err)?;
+    if let Err(e) = builder.create(dir) {
+        // A file (or a link to one) where the directory should be: say so, not "File exists".
+        let file = e.kind() == io::ErrorKind::AlreadyExists
+            && fs::metadata(dir).is_ok_and(|meta| !meta.is_dir());
+        return Err(match file {
+            true => StoreError::NotADirectory(dir.to_path_buf()),
+            false => err(e),
+        });
+    }
     let meta = fs::metadata(dir).map_err(err)?;
     if !meta.is_dir() {
         return Err(StoreError::NotADirectory(dir.to_path_buf()));

@@ -124,8 +124,11 @@ pub(super) fn in_state_dir_words(e: crate::store::StoreError) -> RecordError {
             source,
         },
         StoreError::NotADirectory(path) => RecordError::Io {
-            op: "use as the state directory (it is not a directory)",
-            source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            op: "use the state directory",
+            source: io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "it exists but is not a directory",
+            ),
             path,
         },
         other => other.into(),

@@ -295,8 +295,8 @@ impl PgRecordStore {
                 }
             }
             tracing::error!("could not release what a failed lease call may have taken: such \
-                items stay leased to this process until it exits; RecordStore::release frees \
-                them");
+                items stay leased to this process until it exits, or until an operator \
+                releases them");
         });
     }
 

@@ -136,7 +136,7 @@ pub(super) async fn quarantine(
         id,
         reason,
         "an item row the crate cannot accept is quarantined: never \
-        offered again; RecordStore::list shows it, RecordStore::remove removes it"
+        offered again until an operator releases or removes it"
     );
     tx.execute(
         "UPDATE planned_stop_items SET quarantined = $3, lease_owner = NULL, lease_host = NULL, \
