@@ -1479,6 +1479,91 @@ fn a_presence_file_another_user_planted_never_chooses_whom_root_signals() {
     assert_eq!(bystander.wait().unwrap().signal(), Some(libc::SIGTERM));
 }
 
+/// A presence file counts only when its owner could signal the named process itself (kill(2)'s
+/// rule: the process's real or saved uid), not merely when the process runs with its owner's
+/// *effective* uid. A root process that dropped to effective uid `nobody` but keeps real and saved
+/// uid root (it can take root back) is named by a presence file `nobody` planted: root's `stop
+/// --pid P --signal --kill` is refused as not watching and the process lives; `status --pid` says
+/// it has not announced (20). The same file about a process that dropped to `nobody` for good is
+/// believed: the signal goes out, so the refusal is the uid rule and nothing else.
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "needs root (processes and files of nobody): .ci/run runs it with --ignored"]
+fn a_presence_file_counts_only_for_a_user_who_may_signal_its_process() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::ExitStatusExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("needs root to run processes as another user");
+    }
+    const NOBODY: u32 = 65534;
+    // (real, effective, saved) uids the bystander sets in itself, without exec (an exec copies
+    // the effective uid to the saved one), and whether `nobody`'s file may speak for it.
+    for (uids, believed) in [((0, NOBODY, 0), false), ((NOBODY, NOBODY, NOBODY), true)] {
+        let base = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run_dir = base.path().join("run");
+        std::fs::create_dir(&run_dir).unwrap();
+        std::os::unix::fs::chown(&run_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        let script = format!(
+            "import os, time; os.setresuid({}, {}, {}); print('ready', flush=True); time.sleep(600)",
+            uids.0, uids.1, uids.2
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{uids:?}");
+        let mut bystander = common::Helper::new(child);
+        let status = std::fs::read_to_string(format!("/proc/{}/status", bystander.id())).unwrap();
+        let expected = format!("{}\t{}\t{}", uids.0, uids.1, uids.2);
+        assert!(status.contains(&expected), "{uids:?}: {status}");
+        let identity = ProcessIdentity::of(bystander.id()).unwrap();
+        let presence = run_dir.join(format!("planned-stop-{}.watching.json", identity.pid));
+        let body =
+            serde_json::json!({"pid": identity.pid, "start": identity.start, "since": Utc::now()});
+        std::fs::write(&presence, body.to_string()).unwrap();
+        std::os::unix::fs::chown(&presence, Some(NOBODY), Some(NOBODY)).unwrap();
+        let pid = identity.pid.to_string();
+
+        let status = run(&["status", "--dir", s(&run_dir), "--pid", &pid]);
+        assert_eq!(
+            status.status.code(),
+            Some(if believed { 0 } else { 20 }),
+            "{uids:?}"
+        );
+        let out = run(&[
+            "stop",
+            "--dir",
+            s(&run_dir),
+            "--pid",
+            &pid,
+            "--signal",
+            "--wait",
+            "1",
+            "--kill",
+            "--json",
+        ]);
+        if believed {
+            assert_eq!(json_of(&out)["watching"], true, "{uids:?}: {out:?}");
+            assert_eq!(bystander.wait().unwrap().signal(), Some(libc::SIGTERM));
+        } else {
+            assert_eq!(out.status.code(), Some(6), "{uids:?}: refused: {out:?}");
+            assert!(
+                bystander.try_wait().unwrap().is_none(),
+                "the bystander lives"
+            );
+        }
+    }
+}
+
 /// A presence file whose name and content name different processes is no one's
 /// announcement: `status` lists no watcher for it, and a stop without `--pid` finds none.
 #[cfg(unix)]

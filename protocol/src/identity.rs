@@ -109,10 +109,14 @@ impl ProcessIdentity {
     }
 }
 
-/// The user ids the process `pid` runs as (on Linux its real, effective, saved and file-system
-/// uids), or `None` when they cannot be read: the process is gone, or the OS has no uids
-/// (Windows). What decides whether a file in a shared directory may speak for the process
-/// ([`crate::outcome::may_speak_for`]).
+/// The users who may signal the process `pid` besides root, as kill(2) decides: its real and
+/// saved uids (on Linux; its real uid alone where the saved one cannot be read), or `None` when
+/// they cannot be read: the process is gone, or the OS has no uids (Windows). What decides
+/// whether a file in a shared directory may speak for the process
+/// ([`crate::outcome::may_speak_for`]): never looser than the kernel's own check, so a file
+/// cannot make root signal a process its owner could not signal itself — a process that runs
+/// with the *effective* uid of its file's owner but real and saved uid root (a privilege drop
+/// that can be undone) included.
 pub(crate) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
     if pid == 0 {
         return None;
@@ -120,12 +124,16 @@ pub(crate) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
     os::user_ids_of(pid)
 }
 
-/// The uids of a `/proc/<pid>/status` text (its `Uid:` line: real, effective, saved, file
-/// system), or `None` when it has none that parse. Pure: the text is another process's.
+/// The real and saved uids of a `/proc/<pid>/status` text (its `Uid:` line holds the real,
+/// effective, saved and file-system uids: the first and the third are the ones kill(2) compares
+/// with a sender's), or `None` when the line is missing or malformed. Pure: the text is another
+/// process's.
 ///
 /// ```
 /// use planned_stop_protocol::identity::parse_status_uids;
-/// assert_eq!(parse_status_uids("Name:\tx\nUid:\t0\t65534\t0\t0\n"), Some(vec![0, 65534, 0, 0]));
+/// assert_eq!(parse_status_uids("Name:\tx\nUid:\t0\t65534\t0\t65534\n"), Some(vec![0, 0]));
+/// assert_eq!(parse_status_uids("Uid:\t1000\t1000\t1000\t1000\n"), Some(vec![1000, 1000]));
+/// assert_eq!(parse_status_uids("Uid:\t0\t65534\n"), None, "no saved uid");
 /// assert_eq!(parse_status_uids("Uid:\tnone\n"), None);
 /// ```
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -135,7 +143,10 @@ pub fn parse_status_uids(text: &str) -> Option<Vec<u32>> {
         .split_whitespace()
         .map_while(|field| field.parse().ok())
         .collect();
-    (!uids.is_empty()).then_some(uids)
+    match uids[..] {
+        [real, _effective, saved, ..] => Some(vec![real, saved]),
+        _ => None,
+    }
 }
 
 /// The `starttime` field of a `/proc/<pid>/stat` line, and whether the process is still alive (not a
@@ -296,7 +307,8 @@ mod os {
     use super::{ProcessIdentity, sysinfo_start_time};
     use chrono::DateTime;
 
-    /// The real and effective uids as `sysinfo` reports them (no `/proc` to read here).
+    /// The real uid as `sysinfo` reports it (no `/proc` to read here, and no saved uid: a
+    /// process whose real uid is not its owner's is not its owner's to speak for).
     pub(super) fn user_ids_of(pid: u32) -> Option<Vec<u32>> {
         use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System, UpdateKind};
         let pid = Pid::from_u32(pid);
@@ -307,12 +319,7 @@ mod os {
             ProcessRefreshKind::nothing().with_user(UpdateKind::Always),
         );
         let process = system.process(pid)?;
-        let uids: Vec<u32> = [process.user_id(), process.effective_user_id()]
-            .into_iter()
-            .flatten()
-            .map(|uid| **uid)
-            .collect();
-        (!uids.is_empty()).then_some(uids)
+        process.user_id().map(|uid| vec![**uid])
     }
 
     pub(super) fn identity_of(pid: u32) -> Option<ProcessIdentity> {

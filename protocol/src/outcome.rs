@@ -25,7 +25,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Whether a file in the marker directory, owned by the uid `owner`, may speak for the process it
-/// names, which runs as `process_users` (`None`: gone, or its uids cannot be read): a presence
+/// names, whose `process_users` may signal it (its real and saved uids, as kill(2) decides;
+/// `None`: gone, or its uids cannot be read): a presence
 /// or outcome file says who watches and how a stop went, and a stopper acts on that (whom it
 /// signals or kills, whether a stop counts as done). A directory another user can write must
 /// not let that user choose whom the stopper signals or kills, so only a file the process's own
