@@ -1564,6 +1564,43 @@ fn a_presence_file_counts_only_for_a_user_who_may_signal_its_process() {
     }
 }
 
+/// A hard link of a service's genuine presence file, placed in a directory it never announced
+/// (anyone who can write a directory on the same file system may link a file they cannot read
+/// where `fs.protected_hardlinks=0`, and root always may), made `stop --dir OTHER --signal`
+/// SIGTERM it: it exited 1. A presence file with another name proves nothing about the directory
+/// it is in: through the other directory the stop is refused as not watching (6), `status` lists
+/// no watcher and the service keeps running; once the link is gone, its own directory's stop is
+/// planned as ever.
+#[cfg(unix)]
+#[test]
+fn a_hard_link_of_a_presence_file_speaks_for_no_other_directory() {
+    let d = dirs();
+    let other = d.run.with_file_name("other");
+    std::fs::create_dir(&other).unwrap();
+    let mut service = Serve::start(&["--dir", s(&d.run), "--poll-ms", "20"]);
+    let pid = service.pid_arg();
+    let name = format!("planned-stop-{pid}.watching.json");
+    std::fs::hard_link(d.run.join(&name), other.join(&name)).unwrap();
+
+    let out = stop_json(&other, &pid, &["--signal", "--wait", "1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "refused as not watching: {out:?}"
+    );
+    let status = json_of(&run(&["status", "--json", "--dir", s(&other)]));
+    assert_eq!(status["watching"], serde_json::json!([]), "{status}");
+    assert!(
+        service.child.try_wait().unwrap().is_none(),
+        "the service keeps running"
+    );
+
+    std::fs::remove_file(other.join(&name)).unwrap();
+    let report = json_of(&stop_json(&d.run, &pid, &["--signal", "--wait", "20"]));
+    assert_eq!(report["outcome"], "stopped_planned", "{report}");
+    assert_eq!(service.exit_code(), Some(0));
+}
+
 /// A presence file whose name and content name different processes is no one's
 /// announcement: `status` lists no watcher for it, and a stop without `--pid` finds none.
 #[cfg(unix)]

@@ -69,38 +69,60 @@ fn read_checked(path: &Path, limit: usize, own_only: bool) -> Found {
     read_owned(path, limit, own_only).0
 }
 
-/// [`read_bounded`], and the uid that owns the file read (`None` where files have no owner uid:
-/// Windows): for files that speak for a process only when its user wrote them.
-pub(crate) fn read_bounded_with_owner(path: &Path, limit: usize) -> (Found, Option<u32>) {
+/// Who owns a file that was read, and how many names it has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Owned {
+    /// Its owner's uid (`None` where files have no owner uid: Windows).
+    pub(crate) owner: Option<u32>,
+    /// Its hard links: more than one, and another directory may hold the same file.
+    pub(crate) links: u64,
+}
+
+/// [`read_bounded`], and who owns the file read and how many names it has: for files that speak
+/// for a process only when its user wrote them, for the directory they are in.
+pub(crate) fn read_bounded_with_owner(path: &Path, limit: usize) -> (Found, Owned) {
     read_owned(path, limit, false)
 }
 
-/// What was found, and the uid owning what was opened (`None` when nothing was, or on Windows).
-fn read_owned(path: &Path, limit: usize, own_only: bool) -> (Found, Option<u32>) {
+/// What was found, and who owns what was opened (no owner when nothing was, or on Windows).
+fn read_owned(path: &Path, limit: usize, own_only: bool) -> (Found, Owned) {
+    let none = Owned::default();
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return (Found::Absent, None),
-        Err(e) => return (Found::Unreadable(e.kind()), None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return (Found::Absent, none),
+        Err(e) => return (Found::Unreadable(e.kind()), none),
     };
     if let Some(kind) = non_file_kind(&meta) {
-        return (Found::NotAFile(kind), None);
+        return (Found::NotAFile(kind), none);
     }
     let mut file = match open_no_follow(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return (Found::Absent, None),
-        Err(e) if is_symlink_loop(&e) => return (Found::NotAFile(FileKind::Symlink), None),
-        Err(e) => return (Found::Unreadable(e.kind()), None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return (Found::Absent, none),
+        Err(e) if is_symlink_loop(&e) => return (Found::NotAFile(FileKind::Symlink), none),
+        Err(e) => return (Found::Unreadable(e.kind()), none),
     };
     // The path may have been swapped between lstat and open: judge what was actually opened.
     let (size, owner) = match file.metadata() {
         Ok(m) => match non_file_kind(&m) {
-            Some(kind) => return (Found::NotAFile(kind), None),
+            Some(kind) => return (Found::NotAFile(kind), none),
             None => match os::foreign_owner(&m) {
-                Some(uid) if own_only => return (Found::Foreign(uid), Some(uid)),
-                _ => (m.len(), os::owner_of(&m)),
+                Some(uid) if own_only => {
+                    let owned = Owned {
+                        owner: Some(uid),
+                        links: os::links(&m),
+                    };
+                    return (Found::Foreign(uid), owned);
+                }
+                _ => (
+                    m.len(),
+                    Owned {
+                        owner: os::owner_of(&m),
+                        links: os::links(&m),
+                    },
+                ),
             },
         },
-        Err(e) => return (Found::Unreadable(e.kind()), None),
+        Err(e) => return (Found::Unreadable(e.kind()), none),
     };
     // Read up to the size fstat reported (saving the read that would only confirm the end of the
     // file), never more than the limit plus one byte.
@@ -590,6 +612,12 @@ mod os {
         Some(meta.uid())
     }
 
+    /// The file's hard links.
+    pub(super) fn links(meta: &Metadata) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        meta.nlink()
+    }
+
     /// The owner of a file this process's effective user does not own.
     pub(super) fn foreign_owner(meta: &Metadata) -> Option<u32> {
         use std::os::unix::fs::MetadataExt;
@@ -646,6 +674,11 @@ mod os {
     /// No owner uids here.
     pub(super) fn owner_of(_: &Metadata) -> Option<u32> {
         None
+    }
+
+    /// Not read here (std has no stable count on Windows), where every file counts anyway.
+    pub(super) fn links(_: &Metadata) -> u64 {
+        1
     }
 
     /// Files belong to whoever the directory's ACL lets in: there is no owner uid to compare.

@@ -4,7 +4,7 @@
 //! (see `crate::outcome`).
 
 use super::files::{
-    Found, Readers, read_bounded_with_owner, remove, write_atomically_for, write_replacing,
+    Found, Owned, Readers, read_bounded_with_owner, remove, write_atomically_for, write_replacing,
 };
 use super::naming::{
     TEMP_TAG, outcome_file_name, parse_outcome_file_name, parse_presence_file_name,
@@ -17,13 +17,21 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// The bytes of the file at `path` that names `pid`, when it may speak for that process
-/// ([`may_speak_for`]: its user, or root, wrote it); `None` otherwise, with a warning for a file
-/// another user wrote (a planted file must never choose whom a stopper signals).
+/// ([`may_speak_for`]: its user, or root, wrote it) in this directory (it has no other name: a
+/// hard link of a genuine file, placed in a directory its process never announced, proves
+/// nothing about that directory); `None` otherwise, with a warning (a planted file must never
+/// choose whom a stopper signals).
 fn read_speaking_for(path: &Path, pid: u32, users: Option<&[u32]>) -> Option<Vec<u8>> {
-    let (found, owner) = read_bounded_with_owner(path, MAX_OUTCOME_BYTES);
+    let (found, Owned { owner, links }) = read_bounded_with_owner(path, MAX_OUTCOME_BYTES);
     let Found::Bytes(bytes) = found else {
         return None;
     };
+    if links > 1 {
+        tracing::warn!(path = %path.display(), pid, links,
+            "a file names this process but has other names too (hard links): ignored, it \
+            cannot prove it was written for this directory (planted?)");
+        return None;
+    }
     if may_speak_for(owner, users, reader_uid()) {
         return Some(bytes);
     }
