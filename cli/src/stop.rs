@@ -78,7 +78,8 @@ pub struct StopArgs {
     /// --no-trigger, --reason, --create-dir).
     #[arg(long, requires = "wait", conflicts_with_all = ["signal", "restart", "no_trigger", "reason", "create_dir"])]
     pub wait_only: bool,
-    /// With --wait (Unix): a target still running at the deadline is first forced (Ctrl-C,
+    /// With --wait (Unix): the marker asks for a drain that ends before the wait does (so what
+    /// the participants hand back is recorded); a target still running at the deadline is forced (Ctrl-C,
     /// repeated: it records what was handed back and ends, `forced_at_deadline`, exit 18), and
     /// ended with SIGKILL, the signal systemd sends when TimeoutStopSec runs out, only if it still
     /// runs 5 s later (`killed_at_deadline`, exit 14: what it had not recorded is lost).
@@ -175,7 +176,7 @@ pub fn run(args: StopArgs) -> u8 {
         Ok(w) => w.filter(|w| !w.is_zero()),
         Err(_) => return fail_stop(&args, "--wait takes a number of seconds".into()),
     };
-    let requested = match request_or_follow(&args, &store) {
+    let requested = match request_or_follow(&args, &store, wait) {
         Ok(r) => r,
         Err(e @ StopperError::NotRunning { .. }) => {
             return match already_stopped(&args, &store) {
@@ -219,8 +220,23 @@ fn open_store(args: &StopArgs) -> Result<MarkerStore, String> {
     Ok(store)
 }
 
-/// What the command line asks the library to write.
-fn options(args: &StopArgs) -> StopOptions {
+/// `--kill`'s first step, for a wait of `wait`: how long the drain the marker asks for may last,
+/// so that it ends before the wait does. The participants then hand back at that deadline what
+/// a fast stop (`--drain-ms`) would have them hand back, and the target records it, instead of
+/// having it cut off by the force at the wait's deadline. The rest of the wait is the target's to
+/// record what was handed back, write its outcome and exit: a fifth of it, at least 100 ms and
+/// at most 5 s.
+///
+/// ```text
+/// 1 s -> 800 ms, 30 s -> 25 s, 50 ms -> 0
+/// ```
+pub(crate) fn drain_before_kill(wait: Duration) -> Duration {
+    let reserve = (wait / 5).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    wait.saturating_sub(reserve)
+}
+
+/// What the command line asks the library to write (`wait`: `--wait`'s, when it waits).
+fn options(args: &StopArgs, wait: Option<Duration>) -> StopOptions {
     let action = if args.restart {
         StopAction::Restart
     } else {
@@ -232,16 +248,25 @@ fn options(args: &StopArgs) -> StopOptions {
         .with_signal_unwatched(args.signal_anyway)
         .with_action(action);
     options.reason = args.reason.clone();
-    options.drain_deadline = args.drain_ms.map(Duration::from_millis);
+    // The shorter of --drain-ms and, with --kill, the drain that ends before the kill's deadline.
+    let before_kill = wait.filter(|_| args.kill).map(drain_before_kill);
+    options.drain_deadline = match (args.drain_ms.map(Duration::from_millis), before_kill) {
+        (Some(asked), Some(kill)) => Some(asked.min(kill)),
+        (asked, kill) => asked.or(kill),
+    };
     options.request_id = args.request_id.clone();
     options.expect_start = args.start;
     options
 }
 
 /// Writes the request (or, with `--wait-only`, takes the target as it is now, writing nothing).
-fn request_or_follow(args: &StopArgs, store: &MarkerStore) -> Result<Target, StopperError> {
+fn request_or_follow(
+    args: &StopArgs,
+    store: &MarkerStore,
+    wait: Option<Duration>,
+) -> Result<Target, StopperError> {
     if !args.wait_only {
-        return stopper::request(store, args.pid(), &options(args)).map(|r| Target {
+        return stopper::request(store, args.pid(), &options(args, wait)).map(|r| Target {
             target: r.target,
             request_id: r.marker.request_id,
             slot: Some(r.slot),
@@ -372,4 +397,26 @@ fn follow(
         bar.finish_and_clear();
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drain_before_kill;
+    use std::time::Duration;
+
+    #[test]
+    fn the_drain_before_a_kill_leaves_a_fifth_of_the_wait_within_bounds() {
+        let ms = Duration::from_millis;
+        assert_eq!(drain_before_kill(ms(1000)), ms(800));
+        assert_eq!(
+            drain_before_kill(Duration::from_secs(30)),
+            Duration::from_secs(25)
+        );
+        assert_eq!(
+            drain_before_kill(Duration::from_secs(3600)),
+            Duration::from_secs(3595)
+        );
+        assert_eq!(drain_before_kill(ms(300)), ms(200), "at least 100 ms left");
+        assert_eq!(drain_before_kill(ms(50)), Duration::ZERO);
+    }
 }

@@ -1247,6 +1247,38 @@ fn wait_only_follows_a_stop_under_way_and_kill_ends_one_that_overruns() {
     assert_eq!(service.exit_code(), Some(0));
 }
 
+/// `--kill` lost what a fast stop keeps: it forced the drain at the wait's deadline, so two long
+/// jobs that `--drain-ms 0` hands back (and the target records) were cut off, and the service
+/// exited 0 having handed back nothing. Its first step is now a drain that ends before the wait
+/// does: the jobs are handed back and recorded, the stop is planned and clean (0), nothing is
+/// forced, and the next start resumes both.
+#[cfg(unix)]
+#[test]
+fn kill_first_asks_for_a_drain_that_ends_before_its_deadline() {
+    let d = dirs();
+    let mut service = serve(
+        &d,
+        &["--jobs", "2", "--job-ms", "60000", "--drain-ms", "30000"],
+    );
+    let pid = service.pid_arg();
+    let out = stop(&d, &pid, &["--wait", "2", "--kill", "--require-clean"]);
+    let report = json_of(&out);
+    assert_eq!(
+        (report["outcome"].as_str(), out.status.code()),
+        (Some("stopped_planned"), Some(0)),
+        "{report}"
+    );
+    assert_eq!(report["drain"]["handed_back"], 2, "{report}");
+    assert_eq!(report["drain"]["forced"], false, "{report}");
+    assert_eq!(service.exit_code(), Some(0));
+    let listed = json_of(&run(&["records", "list", "--json", "--state", s(&d.state)]));
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+}
+
 /// `status --pid N` answers like `pg_ctl status` / `systemctl is-active` — 0 while it
 /// runs, 3 once it is not — with whether it watches and its last outcome; `--version` names the
 /// features the binary was built with.
