@@ -7,17 +7,20 @@
 //!
 //! Every item is followed from its birth: new work carries a unique token as its payload, logged
 //! when a stop hands it back, and every later event of the item names the token. After the faults,
-//! a quiet phase restarts every replica without faults or new work until the stores are empty.
-//! The checker asserts: every born token is done exactly once (acknowledged once, under any number
-//! of ids), dropped by an operator, or ended by a stop that said `record_lost` and found in that
+//! a quiet phase restarts every replica without faults or new work until the stores are empty. The
+//! checker asserts: every born token is done exactly once (acknowledged once, under any number of
+//! ids), dropped by an operator, or ended by a stop that said `record_lost` and found in that
 //! life's ERROR line; nothing is still listed after the quiet phase; no acknowledgement in a store
 //! without a life completing the work; no item held by two live holders at once (holding runs from
-//! `resumed` to the holder's `acked`, `handed_back`, exit or kill, or the operator's release or
-//! drop); no acknowledgement from a process that does not hold the item. It must be able to fail:
-//! the replicas can run with an injected defect in the test's store wrapper (leases not renewed,
-//! acknowledgements without the lease check, new work dropped at the persist, hand-backs
-//! acknowledged instead of written back, new work written under two ids, leases judged on each
-//! replica's own clock), and each defect run requires the violation it causes.
+//! `leased` or `resumed` to the holder's `acked`, `handed_back`, hold-aside, give-back, exit or
+//! kill, or the operator's release or drop); no acknowledgement from a process that does not hold
+//! the item; and, judged on the work done rather than acknowledged, no work done by a job that
+//! leased the item after an operator dropped it and none done twice by one holder at once. It must
+//! be able to fail: the run can carry an injected defect in the test's store wrapper, replica or
+//! operator (leases not renewed, acknowledgements without the lease check, new work dropped at the
+//! persist, hand-backs acknowledged instead of written back, new work written under two ids, leases
+//! judged on each replica's own clock, a drop that only releases, an item given to its replica
+//! twice), and each defect run requires the violation it causes.
 //!
 //! Runs only when asked (`just chaos SECS`): `#[ignore]`d otherwise, with the
 //! reason. Needs PostgreSQL's binaries (`ci/postgres.sh` starts a private server), libfaketime
@@ -65,7 +68,68 @@ fn check(events: &[Value], end: &End) -> Vec<String> {
     let mut sorted: Vec<&Value> = events.iter().collect();
     sorted.sort_by_key(|e| at(e));
     let mut violations = holdings(&sorted);
+    violations.extend(completions(&sorted));
     violations.extend(fates(&sorted, end));
+    violations
+}
+
+/// The completion invariants, judged on the work done (`completing`), not on what a store
+/// acknowledged: no work done by a job that leased the item after an operator dropped it (a job
+/// that had it before the drop cannot be called back, so its completion is no violation), and
+/// no holder doing the same work twice — two of its jobs on one item at once, the second
+/// delivered while the first still ran. A holder that completes an item again later (its first
+/// acknowledgement refused after an operator's release, the item handed back by the next holder
+/// and offered to it again) is at-least-once by design, and so is a completion redone by another
+/// holder after the first was killed before its acknowledgement landed: `fates` counts those by
+/// acknowledgement.
+///
+/// A job's start is when its lease call began (`asked`, logged with `resumed`): a lease that
+/// returned before the drop may be logged after it.
+fn completions(sorted: &[&Value]) -> Vec<String> {
+    let at = |e: &Value| text(e, "at").parse::<u128>().unwrap();
+    let mut violations = Vec::new();
+    // token -> when an operator's drop had taken effect.
+    let mut dropped: BTreeMap<String, u128> = BTreeMap::new();
+    // (who, token) -> the starts of its jobs still running, and the ends of those completed.
+    let mut running: BTreeMap<(String, String), Vec<u128>> = BTreeMap::new();
+    let mut completed: BTreeMap<(String, String), Vec<u128>> = BTreeMap::new();
+    for e in sorted {
+        let (who, token, t) = (text(e, "who"), text(e, "token"), at(e));
+        let key = (who.to_owned(), token.to_owned());
+        match text(e, "event") {
+            "dropped" => {
+                dropped.entry(token.to_owned()).or_insert(t);
+            }
+            "resumed" => {
+                let asked = text(e, "asked").parse::<u128>().unwrap_or(t);
+                running.entry(key).or_default().push(asked);
+            }
+            "completing" => {
+                let jobs = running.entry(key.clone()).or_default();
+                let start = if jobs.is_empty() { t } else { jobs.remove(0) };
+                if dropped.get(token).is_some_and(|&d| start > d) {
+                    violations.push(format!(
+                        "work {token} was done by {who} after an operator dropped it"
+                    ));
+                }
+                let ends = completed.entry(key).or_default();
+                if ends.iter().any(|&end| end > start) {
+                    violations.push(format!(
+                        "work {token} was done twice by {who}, its second job given while the \
+                         first still ran"
+                    ));
+                }
+                ends.push(t);
+            }
+            "handed_back" => {
+                if let Some(jobs) = running.get_mut(&key).filter(|j| !j.is_empty()) {
+                    jobs.remove(0);
+                }
+            }
+            "exit" | "killed" => running.retain(|(w, _), _| w != who),
+            _ => {}
+        }
+    }
     violations
 }
 
@@ -94,8 +158,10 @@ fn holdings(sorted: &[&Value]) -> Vec<String> {
             }
         };
         match text(e, "event") {
-            "resumed" => {
-                open.insert((who, id), t);
+            // Leased (the store's word: the library may keep an item it leases again while a job
+            // still has it, without delivering it) or resumed (delivered to a job).
+            "leased" | "resumed" => {
+                open.entry((who, id)).or_insert(t);
             }
             "acked" => {
                 *acked.entry(id.clone()).or_default() += 1;
@@ -108,7 +174,7 @@ fn holdings(sorted: &[&Value]) -> Vec<String> {
                 }
                 close(&mut open, key, t);
             }
-            "handed_back" => close(&mut open, (who, id), t),
+            "handed_back" | "held_aside" | "gave_back" => close(&mut open, (who, id), t),
             "exit" | "killed" => {
                 let held: Vec<_> = open.keys().filter(|(w, _)| *w == who).cloned().collect();
                 for key in held {
@@ -620,6 +686,11 @@ fn fault(run: &mut Run, slots: &mut [Slot], calm: bool) -> Option<&'static str> 
     if run.defect == "ack-skips-lease" && (30..75).contains(&action) {
         action = 75 + action % 15;
     }
+    // A drop that only releases shows only when an operator drops: that defect's run drops
+    // instead of most other faults.
+    if run.defect == "drop-only-releases" && (30..90).contains(&action) {
+        action = 90 + action % 10;
+    }
     let slot = &mut slots[k];
     let pid = slot.life.as_ref().map(|h| h.id())? as i32;
     match action {
@@ -679,6 +750,9 @@ fn operator(run: &mut Run, slot: &Slot, release: bool) -> Option<&'static str> {
     let (id, token) = listed.into_iter().nth(k).unwrap();
     let (verb, before, after, figure) = if release {
         ("release", "releasing", "released", "operator releases")
+    } else if run.defect == "drop-only-releases" {
+        // The injected defect: a drop that only releases the item, answering as a drop does.
+        ("release", "dropping", "dropped", "operator drops")
     } else {
         ("drop", "dropping", "dropped", "operator drops")
     };
@@ -852,14 +926,18 @@ fn a_fleet_in_chaos_loses_nothing_and_never_hands_an_item_to_two_live_holders() 
 /// The defects the checker must report, each with the violation it causes: leases not renewed,
 /// acknowledgements without the lease check, new work dropped at the persist, hand-backs
 /// acknowledged instead of written back, new work written under two ids, leases judged on each
-/// replica's own clock.
-const DEFECTS: [(&str, &str); 6] = [
+/// replica's own clock, an operator's drop that only releases the item, and a replica that is
+/// given an item it still works on a second time (what the library did after an operator's
+/// release, before `resume` kept what it had delivered).
+const DEFECTS: [(&str, &str); 8] = [
     ("renewal-off", "at once"),
     ("ack-skips-lease", "without holding"),
     ("persist-drops-new", "never done"),
     ("persist-acks-hand-backs", "no life completed its work"),
     ("persist-twice", "was done 2 times"),
     ("lease-on-local-clock", "at once"),
+    ("drop-only-releases", "after an operator dropped it"),
+    ("delivered-twice", "done twice by"),
 ];
 
 /// The checker fails on each injected defect, with the violation that defect causes.
@@ -928,6 +1006,18 @@ fn the_checker_catches_each_violation_on_a_written_log() {
         e("b:2", 5, "acked", "x", "tok-1"),
     ];
     assert!(check(&released_then_acked, &nothing)[0].contains("without holding"));
+    // Leased again by the same holder after the release (the store's `leased`; the library keeps
+    // it with the job that has it, so no `resumed`): its acknowledgement is within its holding.
+    let leased_again = [
+        &released_then_acked[..4],
+        &[
+            e("b:2", 5, "leased", "x", "tok-1"),
+            e("b:2", 6, "completing", "x", "tok-1"),
+            e("b:2", 7, "acked", "x", "tok-1"),
+        ],
+    ]
+    .concat();
+    assert_eq!(check(&leased_again, &nothing), Vec::<String>::new());
     // While the release is under way, the holder may still acknowledge, and a new holder that
     // leased after the release began overlaps no one.
     let during = vec![
@@ -939,6 +1029,75 @@ fn the_checker_catches_each_violation_on_a_written_log() {
         e("c:3", 6, "acked", "x", "tok-1"),
     ];
     assert_eq!(check(&during, &nothing), Vec::<String>::new());
+}
+
+/// The checker's completions, on logs written by hand: work done by a job that leased it after an
+/// operator dropped it, and work done twice by one holder at once, are caught; a job that had
+/// the item before the drop, and a holder that does the work again later, are not.
+#[test]
+fn the_checker_judges_completions_on_a_written_log() {
+    let e = |who: &str, at: u128, event: &str, id: &str, token: &str| json!({"who": who, "at": at.to_string(), "event": event, "id": id, "token": token});
+    let resumed = |who: &str, at: u128, asked: u128| json!({"who": who, "at": at.to_string(), "asked": asked.to_string(), "event": "resumed", "id": "x", "token": "tok-1"});
+    let nothing = End::default();
+    let born = e("a:1", 1, "handed_back_new", "", "tok-1");
+    // Dropped, then leased and done (a drop that only released the item).
+    let done_after_drop = vec![
+        born.clone(),
+        e("operator", 2, "dropping", "x", "tok-1"),
+        e("operator", 3, "dropped", "x", "tok-1"),
+        resumed("b:2", 5, 4),
+        e("b:2", 6, "completing", "x", "tok-1"),
+        e("b:2", 7, "acked", "x", "tok-1"),
+    ];
+    let found = check(&done_after_drop, &nothing);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("after an operator dropped it")),
+        "{found:?}"
+    );
+    // Leased before the drop (its lease call began before), logged after it: no violation; nor
+    // a job that had it all along and completes after the drop.
+    for asked in [2, 1] {
+        let before = vec![
+            born.clone(),
+            e("operator", 2, "dropping", "x", "tok-1"),
+            e("operator", 3, "dropped", "x", "tok-1"),
+            resumed("b:2", 4, asked),
+            e("b:2", 6, "completing", "x", "tok-1"),
+        ];
+        assert_eq!(check(&before, &nothing), Vec::<String>::new(), "{asked}");
+    }
+    // Two jobs of one holder on one item at once: done twice.
+    let twice_at_once = vec![
+        born.clone(),
+        resumed("b:2", 3, 2),
+        resumed("b:2", 5, 4),
+        e("b:2", 6, "completing", "x", "tok-1"),
+        e("b:2", 7, "acked", "x", "tok-1"),
+        e("b:2", 8, "completing", "x", "tok-1"),
+    ];
+    let found = check(&twice_at_once, &nothing);
+    assert!(
+        found.iter().any(|v| v.contains("done twice by b:2")),
+        "{found:?}"
+    );
+    // One holder doing it again later (its acknowledgement refused after an operator's release,
+    // the next holder handed it back): at-least-once, no violation of this kind.
+    let again_later = vec![
+        born,
+        resumed("b:2", 3, 2),
+        e("operator", 4, "releasing", "x", "tok-1"),
+        e("operator", 5, "released", "x", "tok-1"),
+        e("b:2", 6, "completing", "x", "tok-1"),
+        resumed("c:3", 8, 7),
+        e("c:3", 9, "handed_back", "x", "tok-1"),
+        e("c:3", 10, "exit", "", ""),
+        resumed("b:2", 12, 11),
+        e("b:2", 13, "completing", "x", "tok-1"),
+        e("b:2", 14, "acked", "x", "tok-1"),
+    ];
+    assert_eq!(check(&again_later, &nothing), Vec::<String>::new());
 }
 
 /// The checker's fates, on logs written by hand: every way an item can be lost or done twice.

@@ -1381,6 +1381,60 @@ fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
     });
 }
 
+/// An item an operator releases while this process still works on it, and this same process
+/// leases again, is not delivered to it a second time (the chaos checker's "done twice by one
+/// holder"): the job that has it finishes it and its acknowledgement holds. So too after a
+/// renewal has found the lease lost in between.
+#[test]
+fn an_item_this_process_still_works_on_is_never_delivered_to_it_twice() {
+    let f = Fixture::new();
+    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
+    let items = ["item-1", "item-2"]
+        .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
+    left_by_another_process(&store, items.to_vec());
+    paused_system().block_on(async {
+        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
+            .owns_process_exit(false)
+            .state_dir(f.state())
+            .handle_signals(false)
+            .events(false)
+            .lease_for(planned_stop::MIN_LEASE)
+            .clock(TokioClock::new())
+            .start()
+            .unwrap();
+        let leased = h.resume().await.unwrap();
+        assert_eq!(leased.len(), 2);
+        // The operator releases item-1 while its job runs; this process leases it again at once.
+        assert!(store.release(None, "item-1").await.unwrap());
+        let again = h.resume().await.unwrap();
+        assert!(again.is_empty(), "delivered twice: {again:?}");
+        assert_eq!(h.items_held(), ["item-1", "item-2"], "still ours, renewed");
+        // Released again, and a renewal finds the lease lost before this process leases it.
+        assert!(store.release(None, "item-2").await.unwrap());
+        advance(planned_stop::MIN_LEASE / 2).await;
+        // The renewal's file work runs on a blocking thread, which paused time does not wait for.
+        for _ in 0..5000 {
+            if h.items_held() == ["item-1"] {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(h.items_held(), ["item-1"], "the renewal saw item-2 lost");
+        let again = h.resume().await.unwrap();
+        assert!(again.is_empty(), "delivered twice: {again:?}");
+        // The jobs that have them finish them, once.
+        for item in &leased {
+            h.acknowledge(item).await.unwrap();
+        }
+        assert!(store.list().await.unwrap().is_empty());
+        assert!(h.items_held().is_empty());
+        h.ready();
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+}
+
 /// Every log line of a stop, from its acceptance to its conclusion, is inside one span that
 /// carries its request id, cause and verdict, so they can be found together; nothing logged
 /// before the stop is.

@@ -457,10 +457,7 @@ impl ServiceBuilder {
             owns_exit,
         );
         let owner = crate::record::host::this_process(&own);
-        if let Some(records) = &records {
-            let (owner, held) = (owner.clone(), held.clone());
-            keep_leases(records.clone(), owner, held, self.lease_for, status.clone());
-        }
+        keep_leases(&records, &owner, &held, self.lease_for, &status);
         Ok(ServiceHandle {
             runner,
             status,
@@ -472,6 +469,7 @@ impl ServiceBuilder {
             integration: Arc::default(),
             handover,
             held,
+            delivered: Arc::default(),
             acks: Arc::default(),
             unexpected_code,
         })

@@ -41,6 +41,9 @@ pub struct ServiceHandle {
     pub(crate) handover: Arc<crate::handover::Handover>,
     /// The items this process leased and has not acknowledged or released: renewed while it runs.
     pub(super) held: Held,
+    /// The items `resume` delivered to the application and it has not acknowledged or released:
+    /// never delivered again while it works on them (see `resume`).
+    pub(super) delivered: Held,
     /// The acknowledgements waiting to go to the record store together.
     pub(super) acks: Arc<super::acks::Acks>,
     pub(super) unexpected_code: i32,
@@ -180,6 +183,11 @@ impl ServiceHandle {
     /// item this process neither acknowledges nor hands back is offered again once it is gone,
     /// so a crash loses nothing. Empty without a record store.
     ///
+    /// An item is delivered to this process once while it works on it: leased again after an
+    /// operator released it (`planned-stop records release` of a live holder's item), it is not
+    /// delivered a second time but stays with the job that already has it, whose acknowledgement
+    /// then holds — one process never does the same work twice.
+    ///
     /// [`DrainReport::with_handed_back`]: crate::DrainReport::with_handed_back
     ///
     /// ```
@@ -234,7 +242,7 @@ impl ServiceHandle {
         let owner = self.owner.clone();
         let lease_for = self.lease_for;
         let max_failed = self.max_failed_attempts;
-        let held = self.held.clone();
+        let (held, delivered) = (self.held.clone(), self.delivered.clone());
         async move {
             let leased = match store {
                 Some(store) => {
@@ -243,11 +251,12 @@ impl ServiceHandle {
                 }
                 None => Vec::new(),
             };
-            crate::telemetry::leased(leased.len());
             if let Ok(mut h) = held.lock() {
                 h.extend(leased.iter().map(|l| l.item.id.clone()));
             }
-            Ok(leased)
+            let fresh = first_deliveries(&delivered, leased);
+            crate::telemetry::leased(fresh.len());
+            Ok(fresh)
         }
     }
 
@@ -259,7 +268,7 @@ impl ServiceHandle {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let id = item.item.id.clone();
-        let held = self.held.clone();
+        let (held, delivered) = (self.held.clone(), self.delivered.clone());
         let acks = self.acks.clone();
         async move {
             let result = match store {
@@ -269,11 +278,10 @@ impl ServiceHandle {
             if result.is_ok() {
                 crate::telemetry::acknowledged();
             }
-            // Done, or not ours (any more): either way nothing to renew.
-            if !matches!(result, Err(RecordError::Backend { .. }))
-                && let Ok(mut h) = held.lock()
-            {
-                h.remove(&id);
+            // Done, or not ours (any more): either way nothing to renew or to keep from a
+            // second delivery.
+            if !matches!(result, Err(RecordError::Backend { .. })) {
+                forget(&[&held, &delivered], &id);
             }
             result
         }
@@ -287,20 +295,51 @@ impl ServiceHandle {
         let store = self.records.clone();
         let owner = self.owner.clone();
         let id = item.item.id.clone();
-        let held = self.held.clone();
+        let (held, delivered) = (self.held.clone(), self.delivered.clone());
         async move {
             let result = match store {
                 Some(store) => store.release(Some(&owner), &id).await,
                 None => Err(RecordError::UnknownItem { id: id.clone() }),
             };
-            if !matches!(result, Err(RecordError::Backend { .. }))
-                && let Ok(mut h) = held.lock()
-            {
-                h.remove(&id);
+            if !matches!(result, Err(RecordError::Backend { .. })) {
+                forget(&[&held, &delivered], &id);
             }
             result
         }
     }
+}
+
+/// Removes `id` from each of `sets`.
+fn forget(sets: &[&Held], id: &str) {
+    for set in sets {
+        if let Ok(mut s) = set.lock() {
+            s.remove(id);
+        }
+    }
+}
+
+/// The items of `leased` not delivered to the application before (and not answered since),
+/// now counted as delivered. One leased again while its first job still runs (an operator
+/// released it, and this process leased it before anyone else) stays with that job: delivering it
+/// again would have this process do the same work twice.
+fn first_deliveries(delivered: &Held, leased: Vec<Leased>) -> Vec<Leased> {
+    let Ok(mut delivered) = delivered.lock() else {
+        return leased;
+    };
+    leased
+        .into_iter()
+        .filter(|l| {
+            let first = delivered.insert(l.item.id.clone());
+            if !first {
+                tracing::info!(
+                    id = %l.item.id,
+                    "leased again an item this process is still working on (an operator \
+                     released it?): it stays with the job that has it"
+                );
+            }
+            first
+        })
+        .collect()
 }
 
 /// The items of `leased` that may be resumed: each one that has used up its failed attempts

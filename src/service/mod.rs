@@ -147,12 +147,16 @@ pub(crate) fn renewal_interval(lease_for: Duration) -> Duration {
 /// 500 ms) until the stop has concluded, so an item is only offered to another host's process
 /// once this one stops renewing (it died, or its event loop is wedged).
 fn keep_leases(
-    store: Arc<dyn RecordStore>,
-    owner: Owner,
-    held: Held,
+    store: &Option<Arc<dyn RecordStore>>,
+    owner: &Owner,
+    held: &Held,
     lease_for: Duration,
-    status: watch::Receiver<RunnerStatus>,
+    status: &watch::Receiver<RunnerStatus>,
 ) {
+    let Some(store) = store.clone() else {
+        return;
+    };
+    let (owner, held, status) = (owner.clone(), held.clone(), status.clone());
     let every = renewal_interval(lease_for);
     // After a failed renewal, try again soon rather than a whole interval later: a store that
     // was briefly unreachable must not cost a live holder its leases.

@@ -32,7 +32,7 @@ pub fn seed() -> u64 {
 }
 
 /// An append-only event log (one JSON object a line), shared by the threads of one process.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Log(Arc<Mutex<std::fs::File>>);
 
 impl Log {

@@ -32,6 +32,11 @@ struct Defective {
     inner: Arc<dyn RecordStore>,
     defect: String,
     new_items: AtomicUsize,
+    /// Where every lease, hold-aside and release this replica's store makes is logged (`leased`,
+    /// `held_aside`, `gave_back`): what the store says this replica holds, whether or not the library then
+    /// delivers it to a job (an item it leases again while a job still has it is not).
+    log: Log,
+    who: String,
 }
 
 impl Defective {
@@ -80,7 +85,15 @@ impl RecordStore for Defective {
         })
     }
     fn lease<'a>(&'a self, o: &'a Owner, m: usize, d: Duration) -> RecordFuture<'a, Vec<Leased>> {
-        self.inner.lease(o, m, d)
+        Box::pin(async move {
+            let leased = self.inner.lease(o, m, d).await?;
+            for l in &leased {
+                let token = l.item.item.as_str().unwrap_or_default();
+                let event = json!({"event": "leased", "id": l.item.id, "token": token});
+                self.log.event(&self.who, event);
+            }
+            Ok(leased)
+        })
     }
     fn renew<'a>(
         &'a self,
@@ -106,7 +119,14 @@ impl RecordStore for Defective {
         self.inner.acknowledge(o, id)
     }
     fn release<'a>(&'a self, o: Option<&'a Owner>, id: &'a str) -> RecordFuture<'a, bool> {
-        self.inner.release(o, id)
+        Box::pin(async move {
+            let released = self.inner.release(o, id).await?;
+            if released && o.is_some() {
+                self.log
+                    .event(&self.who, json!({"event": "gave_back", "id": id}));
+            }
+            Ok(released)
+        })
     }
     fn hold_aside<'a>(
         &'a self,
@@ -114,7 +134,12 @@ impl RecordStore for Defective {
         id: &'a str,
         reason: &'a str,
     ) -> planned_stop::record::RecordFuture<'a, ()> {
-        self.inner.hold_aside(o, id, reason)
+        Box::pin(async move {
+            self.inner.hold_aside(o, id, reason).await?;
+            self.log
+                .event(&self.who, json!({"event": "held_aside", "id": id}));
+            Ok(())
+        })
     }
     fn remove<'a>(&'a self, id: &'a str) -> RecordFuture<'a, bool> {
         self.inner.remove(id)
@@ -207,7 +232,7 @@ fn env(k: &str) -> String {
 /// The replica's store: PostgreSQL (spilling to its state directory) or the shared directory,
 /// behind the defect wrapper. The defect `lease-on-local-clock` judges PostgreSQL's leases on the
 /// replica's own (skewed) clock, as the library once did.
-fn replica_store(state: &Path) -> Arc<Defective> {
+fn replica_store(state: &Path, log: &Log, who: &str) -> Arc<Defective> {
     let inner: Arc<dyn RecordStore> = if env("CHAOS_STORE") == "pg" {
         let mut pg = PgRecordStore::from_url(&env("CHAOS_URL"), env("CHAOS_SERVICE"))
             .unwrap()
@@ -224,11 +249,16 @@ fn replica_store(state: &Path) -> Arc<Defective> {
         inner,
         defect: env("CHAOS_DEFECT"),
         new_items: AtomicUsize::new(0),
+        log: log.clone(),
+        who: who.to_owned(),
     })
 }
 
 /// Leases what is on offer every 300 ms while the service runs, and works on each item (in the
 /// quiet phase briefly; otherwise most finish within a life and one in five outlasts a lease).
+/// Each `resumed` event says when its lease call began (`asked`): the lease happened after it.
+/// The defect `delivered-twice` starts a second job on each item it is given, as the library
+/// did with an item leased again after an operator's release while its first job still ran.
 /// In the run of the defect `ack-skips-lease`, every job lasts 2.5 to 4.5 s: that defect shows
 /// only when an operator's release catches a holder mid-job and the holder acknowledges after
 /// it, and short jobs made that a matter of luck (one CI run missed it three times in a row).
@@ -236,12 +266,23 @@ fn resume_loop(handle: ServiceHandle, log: Log, who: String, quiet: bool) {
     let catch_mid_job = env("CHAOS_DEFECT") == "ack-skips-lease";
     actix::spawn(async move {
         let mut rng = Lcg(seed());
+        let deliveries = if env("CHAOS_DEFECT") == "delivered-twice" {
+            2
+        } else {
+            1
+        };
         while handle.status().state == planned_stop::RunnerState::Running {
+            let asked = chaos_log::now_ns().to_string();
             if let Ok(leased) = handle.resume().await {
-                for item in leased {
+                for item in leased
+                    .iter()
+                    .flat_map(|l| std::iter::repeat_n(l, deliveries))
+                {
                     let token = item.item.item.as_str().unwrap_or_default().to_owned();
                     let id = item.item.id.clone();
-                    log.event(&who, json!({"event": "resumed", "id": id, "token": token}));
+                    let event =
+                        json!({"event": "resumed", "id": id, "token": token, "asked": asked});
+                    log.event(&who, event);
                     let duration = match (quiet, rng.below(5)) {
                         (true, _) => 20 + rng.below(80),
                         (false, _) if catch_mid_job => 2500 + rng.below(2000),
@@ -250,7 +291,7 @@ fn resume_loop(handle: ServiceHandle, log: Log, who: String, quiet: bool) {
                     };
                     let job = Job {
                         token,
-                        leased: Some((item, handle.clone())),
+                        leased: Some((item.clone(), handle.clone())),
                         log: log.clone(),
                         who: who.clone(),
                         duration: Duration::from_millis(duration),
@@ -278,7 +319,7 @@ fn main() {
     let state = PathBuf::from(env("CHAOS_STATE"));
     let code = actix::System::new().block_on(async {
         let mut builder = ServiceBuilder::new(Layout::Slots(env("CHAOS_RUN").into()))
-            .record_store(replica_store(&state))
+            .record_store(replica_store(&state, &log, &who))
             .lease_for(planned_stop::MIN_LEASE)
             .drain_deadline(Duration::from_millis(400))
             .poll_interval(Duration::from_millis(20));
