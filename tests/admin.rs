@@ -131,6 +131,63 @@ fn the_admin_server_answers_through_the_drain_and_after_the_system_ended() {
     );
 }
 
+/// A scrape that began before `last_scrape` was called rendered the numbers of that moment, which
+/// may precede the stop's last ones: however late its answer ends, it is not the last scrape.
+#[test]
+fn a_scrape_begun_before_last_scrape_is_not_the_last() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let (began_tx, began) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let release_rx = std::sync::Mutex::new(release_rx);
+    let renders = AtomicU64::new(0);
+    let mut admin = actix::System::new().block_on(async {
+        let h = service(dir.path());
+        // Each render says it began, then waits for the test to let it end.
+        let render = move || {
+            let n = renders.fetch_add(1, Ordering::SeqCst) + 1;
+            began_tx.send(n).unwrap();
+            let _ = release_rx.lock().unwrap().recv();
+            format!("render {n}\n")
+        };
+        Admin::new(&h)
+            .metrics("/metrics", render)
+            .bind("127.0.0.1:0")
+            .unwrap()
+    });
+    let port = admin.addrs()[0].port();
+    let first = std::thread::spawn(move || http_get(port, "/metrics"));
+    assert_eq!(began.recv().unwrap(), 1, "the first render runs");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (came, second) = runtime.block_on(async {
+        let mut last = std::pin::pin!(admin.last_scrape(common::EVENT_TIMEOUT));
+        // Its first poll takes the count of the scrapes begun so far.
+        let first_poll =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(last.as_mut().poll(cx).is_pending()));
+        assert!(first_poll.await, "no scrape began after the call yet");
+        let then = async {
+            // The scrape begun before the call ends now, with its answer whole.
+            release.send(()).unwrap();
+            let first = tokio::task::spawn_blocking(move || first.join().unwrap());
+            assert_eq!(first.await.unwrap(), Some((200, "render 1\n".into())));
+            // The admin still answers: a scrape begun now is the last one.
+            let second = tokio::task::spawn_blocking(move || http_get(port, "/metrics"));
+            let began =
+                tokio::task::spawn_blocking(move || began.recv_timeout(common::EVENT_TIMEOUT));
+            assert_eq!(began.await.unwrap(), Ok(2), "a second render began");
+            release.send(()).unwrap();
+            second.await.unwrap()
+        };
+        tokio::join!(last, then)
+    });
+    assert!(came, "the scrape begun after the call came");
+    assert_eq!(second, Some((200, "render 2\n".into())));
+    assert!(http_get(port, "/metrics").is_none(), "stopped after it");
+}
+
 /// Runs an `HttpServer` with readiness mounted — under `web::serve` when `served`, plainly
 /// otherwise — waits until its workers mounted the route, then calls `ready()`; returns how
 /// many warnings about a half-used integration were logged.

@@ -152,9 +152,10 @@ impl Admin {
                 app = app.route(
                     path,
                     actix_web::web::get().to(move || {
-                        let body = render();
+                        // Counted as it begins: `last_scrape` waits for a scrape that renders
+                        // after its call, and a render under way then may read earlier numbers.
                         scraped.send_modify(|n| *n += 1);
-                        std::future::ready(body)
+                        std::future::ready(render())
                     }),
                 );
             }
@@ -213,9 +214,9 @@ impl AdminServer {
         &self.addrs
     }
 
-    /// Waits until a metrics scrape that began after this call has been rendered, or `within`
-    /// has passed, then stops the admin server gracefully, so that scrape's answer is written in
-    /// full before the process ends; returns whether one came. Await it after the stop (once
+    /// Waits until a metrics scrape begins after this call, or `within` has passed, then stops
+    /// the admin server gracefully, so that scrape renders and its answer is written in full
+    /// before the process ends; returns whether one came. Await it after the stop (once
     /// [`ServiceHandle::stopped`] resolved) and before `main` returns, so the stop's last numbers
     /// are read; keep `within` inside the service's exit grace.
     pub async fn last_scrape(&mut self, within: Duration) -> bool {
