@@ -509,12 +509,15 @@ fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop()
 }
 
 /// A participant that never answers its `Drain`: only a force ends the stop.
+#[cfg(unix)]
 struct Stuck;
 
+#[cfg(unix)]
 impl actix::Actor for Stuck {
     type Context = actix::Context<Self>;
 }
 
+#[cfg(unix)]
 impl actix::Handler<planned_stop::Drain> for Stuck {
     type Result = actix::ResponseFuture<planned_stop::DrainReport>;
     fn handle(&mut self, _: planned_stop::Drain, _: &mut actix::Context<Self>) -> Self::Result {
