@@ -10,11 +10,11 @@
 //! `planned_stop::web::serve` owns the server's signals (actix-web's own would stop the `System`
 //! with 0 before the runner decides), makes the server the ingress drain participant and resolves
 //! to the exit code: 0 after a planned stop, 1 otherwise. During the grace `/ready` answers 503
-//! so a load balancer stops sending, and `CloseWhenStopping` asks pooled keep-alive clients to
+//! so a load balancer stops sending, and the `App` from `web::app` asks pooled keep-alive clients to
 //! close; then the listener closes and the requests in flight (`/slow`) finish. The runner owns
 //! the process's end, so that code stands whatever `main` returns.
 
-use actix_web::{App, HttpServer, get};
+use actix_web::{HttpServer, get};
 use planned_stop::{Layout, ServiceBuilder};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -60,8 +60,7 @@ async fn main() -> std::io::Result<ExitCode> {
     };
     let ready = stop.clone();
     let server = HttpServer::new(move || {
-        App::new()
-            .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
+        planned_stop::web::app(&ready)
             .service(planned_stop::web::readiness("/ready", &ready))
             .service(hello)
             .service(slow)

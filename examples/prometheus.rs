@@ -23,7 +23,7 @@
 //! `EXAMPLE_JOB_SECS` (how long a job takes).
 
 use actix::prelude::*;
-use actix_web::{App, HttpServer, get};
+use actix_web::{HttpServer, get};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use planned_stop::{Drain, DrainPhase, DrainReport, Layout, ServiceBuilder, WorkSet};
 use serde::{Deserialize, Serialize};
@@ -190,8 +190,7 @@ async fn main() -> std::io::Result<ExitCode> {
     }
     let ready = stop.clone();
     let server = HttpServer::new(move || {
-        App::new()
-            .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
+        planned_stop::web::app(&ready)
             .service(planned_stop::web::readiness("/ready", &ready))
             .service(planned_stop::web::status("/status", &ready))
             .service(hello)

@@ -22,7 +22,7 @@
 //! and `EXAMPLE_ADDR` (port 0 picks a free one; the successor serves the same socket, whatever port
 //! it got). docs/operations.md runs it under systemd as `myweb`.
 
-use actix_web::{App, HttpServer, web};
+use actix_web::{HttpServer, web};
 use planned_stop::{Layout, ServiceBuilder};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -59,17 +59,15 @@ async fn main() -> std::io::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let closing = stop.clone();
+    let app = stop.clone();
     let server = HttpServer::new(move || {
-        App::new()
-            // From the hand-over on, every answer says `Connection: close`: a keep-alive pool
-            // retires its connections to this process after their next answer and opens new
-            // ones, which reach the successor; none is cut with a request on it.
-            .wrap(planned_stop::web::CloseWhenStopping::new(&closing))
-            .route(
-                "/",
-                web::get().to(|| async { format!("served by pid {}\n", std::process::id()) }),
-            )
+        // The crate's `App`: from the hand-over on, every answer says `Connection: close`, so a
+        // keep-alive pool retires its connections to this process after their next answer and
+        // opens new ones, which reach the successor; none is cut with a request on it.
+        planned_stop::web::app(&app).route(
+            "/",
+            web::get().to(|| async { format!("served by pid {}\n", std::process::id()) }),
+        )
     });
     // The inherited sockets, or new ones when there are none (the first life).
     let server = planned_stop::web::listeners_or_bind(&stop, addr)?

@@ -19,7 +19,7 @@
 //! The environment can move it (the tests run it this way): `EXAMPLE_DIR` and `EXAMPLE_ADDR`
 //! (port 0 picks a free one).
 
-use actix_web::{App, HttpResponse, HttpServer, web};
+use actix_web::{HttpResponse, HttpServer, web};
 use planned_stop::{CancellationToken, JobEnd, Layout, ResumeLoop, ServiceBuilder, TaskGroup};
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
@@ -92,7 +92,7 @@ async fn main() -> std::io::Result<ExitCode> {
         .start();
     let ready = stop.clone();
     let server = HttpServer::new(move || {
-        App::new()
+        planned_stop::web::app(&ready)
             .app_data(web::Data::new(jobs.clone()))
             .service(planned_stop::web::readiness("/ready", &ready))
             .route("/jobs/{name}/{ms}", web::post().to(spawn_job))

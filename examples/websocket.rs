@@ -13,7 +13,7 @@
 //! `close_going_away` sends the Close frame and ends the session; the drain waits for the open
 //! ones, and the stop record says how they ended.
 
-use actix_web::{App, HttpServer, web};
+use actix_web::{HttpServer, web};
 use planned_stop::web::LongLived;
 use planned_stop::{Layout, ServiceBuilder};
 use std::process::ExitCode;
@@ -78,8 +78,9 @@ async fn main() -> std::io::Result<ExitCode> {
     // The sessions' group, in the drain: told to go away when a stop is accepted.
     let sockets = LongLived::new("websocket");
     sockets.join(&stop);
+    let app = stop.clone();
     let server = HttpServer::new(move || {
-        App::new()
+        planned_stop::web::app(&app)
             .app_data(web::Data::new(sockets.clone()))
             .route("/ws", web::get().to(echo))
     })

@@ -13,9 +13,10 @@
 //!   answers 503 (so a load balancer or Kubernetes endpoints stop routing to it), then closes the
 //!   listener and lets in-flight requests finish within the phase's deadline; requests still
 //!   running at the deadline are cut and reported in the stop record's notes;
-//! - with [`CloseWhenStopping`] in the `App`, answers every request from the moment the stop is
-//!   accepted with `Connection: close`, so pooled keep-alive connections of load balancers and
-//!   proxies are retired cleanly during the grace;
+//! - with the `App` built by [`app`] (which carries [`CloseWhenStopping`]), answers every request
+//!   from the moment the stop is accepted with `Connection: close`, so pooled keep-alive
+//!   connections of load balancers and proxies are retired cleanly during the grace; a served
+//!   `App` without it is a WARN at the stop;
 //! - returns a future that `main` awaits: it resolves once the runner has stopped, to the exit
 //!   code of its verdict, so a planned stop ends the process with 0 and anything else does not.
 //!
@@ -26,7 +27,7 @@
 //! until the process ends, so the stop's last numbers can be scraped.
 //!
 //! ```no_run
-//! use actix_web::{App, HttpServer, get};
+//! use actix_web::{HttpServer, get};
 //! use planned_stop::{Layout, ServiceBuilder};
 //!
 //! #[get("/")]
@@ -42,8 +43,7 @@
 //!         .map_err(std::io::Error::other)?;
 //!     let ready = stop.clone();
 //!     let server = HttpServer::new(move || {
-//!         App::new()
-//!             .wrap(planned_stop::web::CloseWhenStopping::new(&ready))
+//!         planned_stop::web::app(&ready)
 //!             .service(planned_stop::web::readiness("/ready", &ready))
 //!             .service(hello)
 //!     })
@@ -80,6 +80,9 @@ use std::io;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// The name [`CloseWhenStopping`] has among the pieces an `App` mounted.
+const CLOSE_WHEN_STOPPING: &str = "planned_stop::web::CloseWhenStopping";
 
 /// The name the HTTP server has in the stop record and the logs.
 pub const INGRESS_NAME: &str = "http";
@@ -184,11 +187,39 @@ fn state_name(state: RunnerState) -> &'static str {
     }
 }
 
+/// The application's `App`, to build on in the `HttpServer` factory instead of `App::new()`: it
+/// carries [`CloseWhenStopping`], so a keep-alive connection is retired after its next answer
+/// from the moment a stop (or the hand-over of a restart in place) is accepted, and none is cut
+/// with a request on it. Add routes, services, data and middleware to it as to any `App`.
+///
+/// ```no_run
+/// # use actix_web::{HttpServer, web};
+/// # fn f(stop: planned_stop::ServiceHandle) {
+/// let server = HttpServer::new(move || {
+///     planned_stop::web::app(&stop).route("/", web::get().to(|| async { "hello" }))
+/// });
+/// # }
+/// ```
+pub fn app(
+    service: &ServiceHandle,
+) -> actix_web::App<
+    impl ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<actix_web::body::BoxBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    > + use<>,
+> {
+    actix_web::App::new().wrap(CloseWhenStopping::new(service))
+}
+
 /// Middleware for the application's `App`: from the moment a stop is accepted, every response
 /// says `Connection: close`, and actix-web closes its connection once the response is written.
 /// A load balancer's or proxy's pooled keep-alive connection is then retired cleanly during the
 /// readiness grace — after an answered request, never with a request in flight — instead of being
 /// cut when the listener closes (each such cut is a lost request: a 502 at the balancer).
+/// [`app`] is an `App` with it; wrap it yourself where the `App` comes from elsewhere.
 ///
 /// HTTP/1.1 only: HTTP/2 has no `Connection: close`, and actix-web sends no GOAWAY when it stops,
 /// so an HTTP/2 connection stays open until the ingress deadline (docs/operations.md).
@@ -211,9 +242,7 @@ pub struct CloseWhenStopping {
 impl CloseWhenStopping {
     /// The middleware for the runner of `service`.
     pub fn new(service: &ServiceHandle) -> Self {
-        service
-            .integration
-            .mounted("planned_stop::web::CloseWhenStopping");
+        service.integration.mounted(CLOSE_WHEN_STOPPING);
         CloseWhenStopping {
             status: service.subscribe(),
         }
@@ -406,6 +435,7 @@ impl IntoFuture for Serve {
                 server: server.handle(),
                 grace,
                 status: service.subscribe(),
+                integration: service.integration.clone(),
             }
             .start();
             service.add_participant(DrainPhase::Ingress, INGRESS_NAME, ingress.recipient());
@@ -437,6 +467,8 @@ struct Ingress {
     grace: Duration,
     /// Whether the stop hands over to a successor (then there is no grace: see `handle`).
     status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
+    /// What the application's `App` mounted: whether it retires keep-alive connections.
+    integration: std::sync::Arc<crate::service::integration::Integration>,
 }
 
 impl Actor for Ingress {
@@ -448,6 +480,15 @@ impl Handler<Drain> for Ingress {
 
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
         let server = self.server.clone();
+        if !self.integration.has_mounted(CLOSE_WHEN_STOPPING) {
+            // Judged at the stop: the `App` factories run when the workers start, after `serve`.
+            tracing::warn!(
+                "the application's App does not retire its keep-alive connections at a stop: \
+                 a connection idle when the listener closes is closed while its client may be \
+                 writing the next request, which is lost (a 502 at a load balancer); build the \
+                 App with planned_stop::web::app"
+            );
+        }
         // Handed over to a successor of a restart in place, which accepts from the same sockets
         // already: this process stops accepting at once, so every new connection reaches the
         // successor (its readiness says ready; this one's would say draining). The grace is for

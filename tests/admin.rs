@@ -188,35 +188,64 @@ fn a_scrape_begun_before_last_scrape_is_not_the_last() {
     assert!(http_get(port, "/metrics").is_none(), "stopped after it");
 }
 
-/// Runs an `HttpServer` with readiness mounted — under `web::serve` when `served`, plainly
-/// otherwise — waits until its workers mounted the route, then calls `ready()`; returns how
-/// many warnings about a half-used integration were logged.
-fn warnings_when_ready(served: bool) -> usize {
+/// How the application runs its `HttpServer`, with readiness mounted at `/ready`.
+#[derive(Clone, Copy)]
+enum Run {
+    /// Plainly, without `web::serve`.
+    Plain,
+    /// Under `web::serve`, its `App` from `App::new()`.
+    Served,
+    /// Under `web::serve`, its `App` from `web::app`.
+    ServedCrateApp,
+}
+
+/// Runs an `HttpServer` as `run` says, waits until its workers mounted the route, then calls
+/// `ready()` and stops as planned; returns what was logged.
+fn logs_of_a_life(run: Run) -> LogCapture {
     let dir = tempfile::tempdir().unwrap();
     let logs = LogCapture::default();
     let _guard = logs.install();
     actix::System::new().block_on(async {
         let h = service(dir.path());
         let mounted = h.clone();
-        let server = actix_web::HttpServer::new(move || {
-            actix_web::App::new().service(planned_stop::web::readiness("/ready", &mounted))
-        })
-        .workers(1)
-        .disable_signals()
-        .bind("127.0.0.1:0")
-        .unwrap();
-        let port = server.addrs()[0].port();
-        let running = if served {
-            let serve = planned_stop::web::serve(server, &h);
-            actix::spawn(async move {
-                let _ = serve.await;
-            })
-        } else {
-            let server = server.run();
-            actix::spawn(async move {
-                let _ = server.await;
-            })
+        macro_rules! bind {
+            ($server:expr) => {
+                $server
+                    .workers(1)
+                    .disable_signals()
+                    .bind("127.0.0.1:0")
+                    .unwrap()
+            };
+        }
+        let (port, running) = match run {
+            Run::Plain | Run::Served => {
+                let server = bind!(actix_web::HttpServer::new(move || {
+                    actix_web::App::new().service(planned_stop::web::readiness("/ready", &mounted))
+                }));
+                let port = server.addrs()[0].port();
+                let running: std::pin::Pin<Box<dyn Future<Output = ()>>> =
+                    if matches!(run, Run::Served) {
+                        let serve = planned_stop::web::serve(server, &h);
+                        Box::pin(async move { drop(serve.await) })
+                    } else {
+                        let server = server.run();
+                        Box::pin(async move { drop(server.await) })
+                    };
+                (port, running)
+            }
+            Run::ServedCrateApp => {
+                let server = bind!(actix_web::HttpServer::new(move || {
+                    planned_stop::web::app(&mounted)
+                        .service(planned_stop::web::readiness("/ready", &mounted))
+                }));
+                let port = server.addrs()[0].port();
+                let serve = planned_stop::web::serve(server, &h);
+                let running: std::pin::Pin<Box<dyn Future<Output = ()>>> =
+                    Box::pin(async move { drop(serve.await) });
+                (port, running)
+            }
         };
+        let running = actix::spawn(running);
         // The App factory has run (readiness answers 503 "starting"), and only now is it ready.
         until(port, "/ready", |code, _| code == 503).await;
         h.ready();
@@ -225,18 +254,44 @@ fn warnings_when_ready(served: bool) -> usize {
         h.stopped().await;
         running.abort();
     });
-    logs.count(
-        tracing::Level::WARN,
-        "does not run under planned_stop::web::serve",
-    )
+    logs
 }
+
+/// The WARN of a half-used integration.
+const NOT_SERVED: &str = "does not run under planned_stop::web::serve";
+
+/// The WARN of an `App` that keeps its keep-alive connections through a stop.
+const NOT_RETIRED: &str = "does not retire its keep-alive connections";
 
 #[test]
 fn readiness_mounted_without_serve_is_a_warning_at_ready() {
-    assert_eq!(warnings_when_ready(false), 1);
+    assert_eq!(
+        logs_of_a_life(Run::Plain).count(tracing::Level::WARN, NOT_SERVED),
+        1
+    );
 }
 
 #[test]
 fn readiness_mounted_under_serve_is_no_warning() {
-    assert_eq!(warnings_when_ready(true), 0);
+    for run in [Run::Served, Run::ServedCrateApp] {
+        assert_eq!(
+            logs_of_a_life(run).count(tracing::Level::WARN, NOT_SERVED),
+            0
+        );
+    }
+}
+
+/// Under `web::serve`, an `App` that does not retire its keep-alive connections at a stop (not
+/// built by `web::app`, no `CloseWhenStopping`) loses a pooled request per connection: said at
+/// the stop, naming `web::app`. An `App` from `web::app` is not.
+#[test]
+fn an_app_that_keeps_its_connections_through_a_stop_is_a_warning_at_the_stop() {
+    let logs = logs_of_a_life(Run::Served);
+    assert_eq!(logs.count(tracing::Level::WARN, NOT_RETIRED), 1);
+    assert_eq!(
+        logs.count(tracing::Level::WARN, "planned_stop::web::app"),
+        1
+    );
+    let logs = logs_of_a_life(Run::ServedCrateApp);
+    assert_eq!(logs.count(tracing::Level::WARN, NOT_RETIRED), 0);
 }

@@ -262,6 +262,84 @@ fn a_restart_in_place_sends_every_new_connection_to_the_successor_at_once() {
     first.stop_with(u32::try_from(successor).unwrap(), &[]);
 }
 
+/// A keep-alive pool that writes its next request the moment an answer ends loses nothing across
+/// restarts in place of an application that builds its `App` with `web::app` and mounts nothing
+/// else (the example): from the hand-over on, the old process answers each connection's next
+/// request with `Connection: close` and closes it after that answer, never under a request. A
+/// request is lost when its connection ends after it was written and before its whole answer.
+#[test]
+fn pooled_keep_alive_connections_lose_nothing_across_a_restart_in_place() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let first = Example::start("restart_in_place", dir.path(), "serving http://");
+    let port = first.port();
+    let (stop, lost, answers) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(std::sync::Mutex::new(Vec::<String>::new())),
+    );
+    let pool: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, lost, answers) = (stop.clone(), lost.clone(), answers.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) else {
+                        continue;
+                    };
+                    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+                    let mut connection = BufReader::new(stream);
+                    while !stop.load(Ordering::SeqCst) {
+                        match common::exchange(&mut connection, "/") {
+                            Ok((200, close, body)) => {
+                                answers.lock().unwrap().push(body.trim().to_owned());
+                                if close {
+                                    break;
+                                }
+                            }
+                            Ok((code, ..)) => panic!("answered {code}"),
+                            Err(_) => {
+                                lost.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let served_by = |pid: u64| {
+        let answers = answers.clone();
+        move || {
+            let answers = answers.lock().unwrap();
+            let by = format!("served by pid {pid}");
+            answers.iter().filter(|a| **a == by).count() >= 100
+        }
+    };
+    let mut pid = u64::from(first.child.id());
+    common::wait_until("the pool to be served", served_by(pid));
+    for round in 0..3 {
+        let answer = first.stop_with(u32::try_from(pid).unwrap(), &["--restart", "--json"]);
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        pid = answer["successor"].as_u64().expect("a successor");
+        common::wait_until(
+            format!("round {round}: the successor serves the pool"),
+            served_by(pid),
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    for connection in pool {
+        connection.join().unwrap();
+    }
+    let answered = answers.lock().unwrap().len();
+    assert_eq!(
+        lost.load(Ordering::SeqCst),
+        0,
+        "requests lost after they were written ({answered} answered)"
+    );
+    first.stop_with(u32::try_from(pid).unwrap(), &[]);
+}
+
 /// The examples a test starts as an operator would, with the environment each reads.
 const SERVICES: [&str; 5] = [
     "actix_web",

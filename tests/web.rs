@@ -556,35 +556,6 @@ fn a_planned_stop_finishes_in_flight_requests_and_refuses_new_connections() {
     assert_eq!(resumed, ["job-1"]);
 }
 
-/// One HTTP/1.1 exchange on a kept-alive connection: the status, whether the response said
-/// `Connection: close`, and the body.
-fn exchange(stream: &mut BufReader<TcpStream>, path: &str) -> (u16, bool, String) {
-    write!(
-        stream.get_mut(),
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    )
-    .unwrap();
-    let mut status = String::new();
-    stream.read_line(&mut status).unwrap();
-    let code = status.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let (mut close, mut length) = (false, 0usize);
-    loop {
-        let mut line = String::new();
-        stream.read_line(&mut line).unwrap();
-        let line = line.trim_end().to_ascii_lowercase();
-        if line.is_empty() {
-            break;
-        }
-        if let Some(value) = line.strip_prefix("content-length:") {
-            length = value.trim().parse().unwrap();
-        }
-        close |= line == "connection: close";
-    }
-    let mut body = vec![0; length];
-    stream.read_exact(&mut body).unwrap();
-    (code, close, String::from_utf8(body).unwrap())
-}
-
 /// A load balancer's pooled keep-alive connection that sends a request during the
 /// readiness grace gets its answer with `Connection: close`, and the server closes the connection
 /// after it — cleanly, with nothing in flight — instead of cutting it with the listener later.
@@ -603,7 +574,7 @@ fn a_pooled_connection_is_told_to_close_during_the_grace() {
             .get_ref()
             .set_read_timeout(Some(EVENT_TIMEOUT))
             .unwrap();
-        let (code, close, _) = exchange(&mut pooled, "/");
+        let (code, close, _) = common::exchange(&mut pooled, "/").unwrap();
         assert_eq!(
             (code, close),
             (200, false),
@@ -611,7 +582,7 @@ fn a_pooled_connection_is_told_to_close_during_the_grace() {
         );
         app.planned_stop();
         until_draining(app.port, format!("round {round}: never draining"));
-        let (code, close, body) = exchange(&mut pooled, "/");
+        let (code, close, body) = common::exchange(&mut pooled, "/").unwrap();
         assert_eq!(code, 200, "round {round}: answered during the grace");
         assert_eq!(body, "hello");
         assert!(close, "round {round}: the answer says Connection: close");

@@ -71,6 +71,12 @@ impl Integration {
         })
     }
 
+    /// Whether `what` has been mounted in an application's `App` so far.
+    #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
+    pub(crate) fn has_mounted(&self, what: &str) -> bool {
+        self.0.lock().is_ok_and(|u| u.mounted.contains(&what))
+    }
+
     /// A server runs under `web::serve`.
     #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
     pub(crate) fn served(&self) -> bool {

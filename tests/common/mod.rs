@@ -171,6 +171,47 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// One HTTP/1.1 exchange on a kept-alive connection: the status, whether the response said
+/// `Connection: close`, and the body; an error when the connection ended before the whole answer.
+pub fn exchange(
+    stream: &mut std::io::BufReader<std::net::TcpStream>,
+    path: &str,
+) -> std::io::Result<(u16, bool, String)> {
+    use std::io::{BufRead, Read, Write};
+    let cut = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+    write!(
+        stream.get_mut(),
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )?;
+    let mut status = String::new();
+    if stream.read_line(&mut status)? == 0 {
+        return Err(cut());
+    }
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(cut)?;
+    let (mut close, mut length) = (false, 0usize);
+    loop {
+        let mut line = String::new();
+        if stream.read_line(&mut line)? == 0 {
+            return Err(cut());
+        }
+        let line = line.trim_end().to_ascii_lowercase();
+        if line.is_empty() {
+            break;
+        }
+        if let Some(value) = line.strip_prefix("content-length:") {
+            length = value.trim().parse().map_err(|_| cut())?;
+        }
+        close |= line == "connection: close";
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body)?;
+    Ok((code, close, String::from_utf8_lossy(&body).into_owned()))
+}
+
 /// The helper program `name` (`tests/helpers/NAME.rs`, built as an example with `features`): a
 /// real process a test starts, which is neither a test nor an example for users. Under Wine no
 /// `cargo` can run: there it is the example the same `cargo test` built beside this test.
