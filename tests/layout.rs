@@ -587,27 +587,37 @@ fn run_of_spaces(literal: &str) -> bool {
     after_word || indented_break
 }
 
-/// Neither the library's messages nor the command line's have a run of spaces in a sentence.
-#[test]
-fn no_message_has_a_run_of_spaces() {
+/// Every string literal of the non-test sources under `dirs`: where it is (`path:line`) and
+/// what it says.
+fn message_literals(dirs: &[&str]) -> Vec<(String, String)> {
     let mut found = Vec::new();
-    for src in ["src", "protocol/src", "cli/src"].map(|dir| root().join(dir)) {
+    for src in dirs.iter().map(|dir| root().join(dir)) {
         for path in rust_files(&src) {
-            let relative = path.strip_prefix(&src).unwrap();
-            if is_test_file(relative) {
+            if is_test_file(path.strip_prefix(&src).unwrap()) {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
             for (line, literal) in string_literals(&library_code(&text)) {
-                let sql = ["CREATE TABLE", "ALTER TABLE"]
-                    .iter()
-                    .any(|q| literal.contains(q));
-                if run_of_spaces(&literal) && !sql {
-                    found.push(format!("{}:{line}: {literal:?}", path.display()));
-                }
+                found.push((format!("{}:{line}", path.display()), literal));
             }
         }
     }
+    found
+}
+
+/// Neither the library's messages nor the command line's have a run of spaces in a sentence.
+#[test]
+fn no_message_has_a_run_of_spaces() {
+    let found: Vec<_> = message_literals(&["src", "protocol/src", "cli/src"])
+        .into_iter()
+        .filter(|(_, literal)| {
+            let sql = ["CREATE TABLE", "ALTER TABLE"]
+                .iter()
+                .any(|q| literal.contains(q));
+            run_of_spaces(literal) && !sql
+        })
+        .map(|(at, literal)| format!("{at}: {literal:?}"))
+        .collect();
     assert!(found.is_empty(), "{found:#?}");
 }
 
@@ -615,24 +625,12 @@ fn no_message_has_a_run_of_spaces() {
 /// verbs nor the API's paths. Doc comments may name both; messages may not.
 #[test]
 fn the_librarys_messages_name_neither_flags_nor_api_paths() {
-    let mut found = Vec::new();
-    for src in LIBRARY_SOURCES.map(|dir| root().join(dir)) {
-        for path in rust_files(&src) {
-            let relative = path.strip_prefix(&src).unwrap();
-            if is_test_file(relative) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            for (line, literal) in string_literals(&library_code(&text)) {
-                if let Some(word) = unspeakable(&literal) {
-                    found.push(format!(
-                        "{}:{line}: {word:?} in {literal:?}",
-                        path.display()
-                    ));
-                }
-            }
-        }
-    }
+    let found: Vec<_> = message_literals(&LIBRARY_SOURCES)
+        .into_iter()
+        .filter_map(|(at, literal)| {
+            unspeakable(&literal).map(|word| format!("{at}: {word:?} in {literal:?}"))
+        })
+        .collect();
     assert!(found.is_empty(), "{found:#?}");
 }
 
