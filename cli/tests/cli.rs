@@ -815,21 +815,13 @@ fn a_planned_restart_drains_records_and_exits_75() {
 #[ignore = "needs root (a service run as nobody): .ci/run runs it with --ignored"]
 fn a_root_stopper_stops_a_service_running_as_another_user() {
     use std::io::BufRead;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
     use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("needs root to run a service as nobody");
     }
-    const NOBODY: u32 = 65534;
-    let base = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let run_dir = base.path().join("run");
-    std::fs::create_dir(&run_dir).unwrap();
-    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let c = std::ffi::CString::new(s(&run_dir)).unwrap();
-    // SAFETY: a valid C string.
-    assert_eq!(unsafe { libc::chown(c.as_ptr(), NOBODY, NOBODY) }, 0);
+    let (_base, run_dir) = nobodys_run_dir();
     let mut child = planned_stop()
         .args(["serve", "--dir", s(&run_dir), "--poll-ms", "20"])
         .uid(NOBODY)
@@ -1425,8 +1417,8 @@ fn inspect_of_a_directory_this_user_cannot_read_says_whom_to_run_as() {
             .args(verb)
             .arg("--dir")
             .arg(&dir)
-            .uid(65534)
-            .gid(65534)
+            .uid(NOBODY)
+            .gid(NOBODY)
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&out.stderr);
@@ -1439,6 +1431,37 @@ fn inspect_of_a_directory_this_user_cannot_read_says_whom_to_run_as() {
     }
 }
 
+/// The uid of `nobody`, the other user of the cross-user tests.
+#[cfg(unix)]
+const NOBODY: u32 = 65534;
+
+/// A marker directory of `nobody`'s own (0700, in a base anyone may enter): the directory of a
+/// service run as `nobody`, or of a root service that another user may write.
+#[cfg(unix)]
+fn nobodys_run_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let base = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run_dir = base.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&run_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    (base, run_dir)
+}
+
+/// Plants in `run_dir` a presence file naming process `pid` (its true start fingerprint), owned
+/// by `owner`; returns its path.
+#[cfg(unix)]
+fn plant_presence(run_dir: &Path, pid: u32, owner: u32) -> std::path::PathBuf {
+    let identity = ProcessIdentity::of(pid).unwrap();
+    let presence = run_dir.join(format!("planned-stop-{}.watching.json", identity.pid));
+    let body =
+        serde_json::json!({"pid": identity.pid, "start": identity.start, "since": Utc::now()});
+    std::fs::write(&presence, body.to_string()).unwrap();
+    std::os::unix::fs::chown(&presence, Some(owner), Some(owner)).unwrap();
+    presence
+}
+
 /// A presence file another user wrote never chooses whom root signals or kills. User
 /// `nobody` owns the marker directory and plants a presence file naming a root process (its true
 /// pid and start fingerprint). Root's `stop --dir D --signal` (no `--pid`) finds no watcher,
@@ -1449,18 +1472,12 @@ fn inspect_of_a_directory_this_user_cannot_read_says_whom_to_run_as() {
 #[test]
 #[ignore = "needs root (files of nobody in root's view): .ci/run runs it with --ignored"]
 fn a_presence_file_another_user_planted_never_chooses_whom_root_signals() {
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::ExitStatusExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("needs root to see another user's files");
     }
-    const NOBODY: u32 = 65534;
-    let base = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let run_dir = base.path().join("run");
-    std::fs::create_dir(&run_dir).unwrap();
-    std::os::unix::fs::chown(&run_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (_base, run_dir) = nobodys_run_dir();
     let mut bystander = common::Helper::new(
         std::process::Command::new("sleep")
             .arg("600")
@@ -1468,13 +1485,8 @@ fn a_presence_file_another_user_planted_never_chooses_whom_root_signals() {
             .spawn()
             .unwrap(),
     );
-    let identity = ProcessIdentity::of(bystander.id()).unwrap();
-    let presence = run_dir.join(format!("planned-stop-{}.watching.json", identity.pid));
-    let body =
-        serde_json::json!({"pid": identity.pid, "start": identity.start, "since": Utc::now()});
-    std::fs::write(&presence, body.to_string()).unwrap();
-    std::os::unix::fs::chown(&presence, Some(NOBODY), Some(NOBODY)).unwrap();
-    let pid = identity.pid.to_string();
+    let presence = plant_presence(&run_dir, bystander.id(), NOBODY);
+    let pid = bystander.id().to_string();
 
     let out = run(&["stop", "--dir", s(&run_dir), "--signal", "--json"]);
     assert_ne!(out.status.code(), Some(0), "{out:?}");
@@ -1523,21 +1535,15 @@ fn a_presence_file_another_user_planted_never_chooses_whom_root_signals() {
 #[ignore = "needs root (processes and files of nobody): .ci/run runs it with --ignored"]
 fn a_presence_file_counts_only_for_a_user_who_may_signal_its_process() {
     use std::io::BufRead;
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::ExitStatusExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("needs root to run processes as another user");
     }
-    const NOBODY: u32 = 65534;
     // (real, effective, saved) uids the bystander sets in itself, without exec (an exec copies
     // the effective uid to the saved one), and whether `nobody`'s file may speak for it.
     for (uids, believed) in [((0, NOBODY, 0), false), ((NOBODY, NOBODY, NOBODY), true)] {
-        let base = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let run_dir = base.path().join("run");
-        std::fs::create_dir(&run_dir).unwrap();
-        std::os::unix::fs::chown(&run_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+        let (_base, run_dir) = nobodys_run_dir();
         let script = format!(
             "import os, time; os.setresuid({}, {}, {}); print('ready', flush=True); time.sleep(600)",
             uids.0, uids.1, uids.2
@@ -1557,13 +1563,8 @@ fn a_presence_file_counts_only_for_a_user_who_may_signal_its_process() {
         let status = std::fs::read_to_string(format!("/proc/{}/status", bystander.id())).unwrap();
         let expected = format!("{}\t{}\t{}", uids.0, uids.1, uids.2);
         assert!(status.contains(&expected), "{uids:?}: {status}");
-        let identity = ProcessIdentity::of(bystander.id()).unwrap();
-        let presence = run_dir.join(format!("planned-stop-{}.watching.json", identity.pid));
-        let body =
-            serde_json::json!({"pid": identity.pid, "start": identity.start, "since": Utc::now()});
-        std::fs::write(&presence, body.to_string()).unwrap();
-        std::os::unix::fs::chown(&presence, Some(NOBODY), Some(NOBODY)).unwrap();
-        let pid = identity.pid.to_string();
+        plant_presence(&run_dir, bystander.id(), NOBODY);
+        let pid = bystander.id().to_string();
 
         let status = run(&["status", "--dir", s(&run_dir), "--pid", &pid]);
         assert_eq!(
@@ -1994,13 +1995,11 @@ fn one_ctrl_c_during_a_marker_drain_does_not_force_it() {
 #[test]
 #[ignore = "needs root (a stopper run as nobody): .ci/run runs it with --ignored"]
 fn another_user_who_owns_the_directory_stops_a_root_service_and_hears_the_truth() {
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         panic!("needs root to run a stopper as nobody");
     }
-    const NOBODY: u32 = 65534;
     let as_nobody = |args: &[&str]| {
         common::process::planned_stop()
             .args(args)
@@ -2010,12 +2009,7 @@ fn another_user_who_owns_the_directory_stops_a_root_service_and_hears_the_truth(
             .output()
             .unwrap()
     };
-    let base = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let run_dir = base.path().join("run");
-    std::fs::create_dir(&run_dir).unwrap();
-    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::os::unix::fs::chown(&run_dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (base, run_dir) = nobodys_run_dir();
     let mut service = common::process::Serve::start(&["--dir", s(&run_dir), "--poll-ms", "20"]);
     let pid = service.pid_arg();
     let out = as_nobody(&[
