@@ -50,20 +50,33 @@ impl Fixture {
     fn slot_exists(&self) -> bool {
         self.store().slot_path(self.me.pid).exists()
     }
-    /// Starts the service with the given participants (inside the system).
-    fn start(&self, participants: Vec<(&str, Recipient<planned_stop::Drain>)>) -> ServiceHandle {
-        let mut b = ServiceBuilder::new(Layout::Slots(self.markers()))
+    /// What every service of these tests starts from: this fixture's directories, the paused
+    /// clock, no signal handlers or events, and the process's end left to the test.
+    fn builder(&self) -> ServiceBuilder {
+        ServiceBuilder::new(Layout::Slots(self.markers()))
             .owns_process_exit(false)
             .state_dir(self.state())
-            .poll_interval(POLL)
-            .drain_deadline(DRAIN)
             .handle_signals(false)
             .events(false)
-            .clock(TokioClock::new());
+            .clock(TokioClock::new())
+    }
+    /// Starts the service with the given participants (inside the system).
+    fn start(&self, participants: Vec<(&str, Recipient<planned_stop::Drain>)>) -> ServiceHandle {
+        let mut b = self.builder().poll_interval(POLL).drain_deadline(DRAIN);
         for (name, r) in participants {
             b = b.participant(name, r);
         }
         b.start().unwrap()
+    }
+    /// The state directory's store, holding the items `ids` (of participant `jobs`), left by
+    /// another process.
+    fn items_left(&self, ids: &[&str]) -> FileRecordStore {
+        let store = FileRecordStore::open(self.state(), Sharing::Refused).unwrap();
+        let items = ids
+            .iter()
+            .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
+        left_by_another_process(&store, items.collect());
+        store
     }
     fn record(&self) -> StopRecord {
         FileRecordStore::read_last_stop(&self.state())
@@ -1355,19 +1368,9 @@ fn work_is_acknowledged_on_completion_and_handed_back_whatever_its_origin() {
 #[test]
 fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
     let f = Fixture::new();
-    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
-    let items = ["item-1", "item-2"]
-        .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
-    left_by_another_process(&store, items.to_vec());
+    f.items_left(&["item-1", "item-2"]);
     paused_system().block_on(async {
-        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
-            .owns_process_exit(false)
-            .state_dir(f.state())
-            .handle_signals(false)
-            .events(false)
-            .clock(TokioClock::new())
-            .start()
-            .unwrap();
+        let h = f.builder().start().unwrap();
         assert!(h.items_held().is_empty(), "nothing leased yet");
         let leased = h.resume().await.unwrap();
         assert_eq!(h.items_held(), ["item-1", "item-2"]);
@@ -1388,18 +1391,11 @@ fn the_items_held_are_those_leased_and_not_yet_acknowledged_or_released() {
 #[test]
 fn an_item_this_process_still_works_on_is_never_delivered_to_it_twice() {
     let f = Fixture::new();
-    let store = FileRecordStore::open(f.state(), Sharing::Refused).unwrap();
-    let items = ["item-1", "item-2"]
-        .map(|id| serde_json::json!({"id": id, "participant": "jobs", "item": id}));
-    left_by_another_process(&store, items.to_vec());
+    let store = f.items_left(&["item-1", "item-2"]);
     paused_system().block_on(async {
-        let h = ServiceBuilder::new(Layout::Slots(f.markers()))
-            .owns_process_exit(false)
-            .state_dir(f.state())
-            .handle_signals(false)
-            .events(false)
+        let h = f
+            .builder()
             .lease_for(planned_stop::MIN_LEASE)
-            .clock(TokioClock::new())
             .start()
             .unwrap();
         let leased = h.resume().await.unwrap();
