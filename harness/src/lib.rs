@@ -28,3 +28,28 @@ pub fn planned_stop_binary() -> PathBuf {
 pub fn args() -> impl Iterator<Item = String> {
     std::env::args()
 }
+
+/// A stop record of `n` unfinished items, ids `TAG-0000000` on: each its own participant
+/// (`job-I`) with a short string for its item, as a service of `n` one-job participants hands
+/// back.
+pub fn record(n: usize, tag: &str) -> planned_stop::record::StopRecord {
+    let at = chrono::Utc::now();
+    let items: Vec<_> = (0..n)
+        .map(|i| serde_json::json!({"id": format!("{tag}-{i:07}"), "participant": format!("job-{i}"), "item": format!("job-{i}")}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "pid": 1, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
+        "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
+        "finished_at": at, "drained_in_time": true, "forced": false, "unfinished": items,
+        "unanswered": [], "exit_code": 0,
+    }))
+    .expect("a stop record")
+}
+
+/// A current-thread tokio runtime with timers and I/O, to run a store's futures on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

@@ -11,32 +11,10 @@
 //! each), median and p95 of 20 runs. Without the variable only the file store is measured.
 //! Results go to `docs/performance.md` by hand.
 
-use planned_stop::record::{
-    FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing, StopRecord,
-};
+use planned_stop::record::{FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing};
+use planned_stop_harness::{record, runtime};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn record(n: usize, tag: &str) -> StopRecord {
-    let at = chrono::Utc::now();
-    let items: Vec<_> = (0..n)
-        .map(|i| serde_json::json!({"id": format!("{tag}-{i:06}"), "participant": "jobs", "item": {"job": i}}))
-        .collect();
-    serde_json::from_value(serde_json::json!({
-        "pid": 1, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
-        "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
-        "finished_at": at, "drained_in_time": true, "forced": false, "unfinished": items,
-        "unanswered": [], "exit_code": 0,
-    }))
-    .unwrap()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Opens a handle on the store under test (one per claimer).
 type Open = Arc<dyn Fn() -> Arc<dyn RecordStore> + Send + Sync>;

@@ -32,27 +32,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn record(n: usize, tag: &str) -> StopRecord {
-    let at = chrono::Utc::now();
-    let items: Vec<_> = (0..n)
-        .map(|i| serde_json::json!({"id": format!("{tag}-{i:07}"), "participant": format!("job-{i}"), "item": format!("job-{i}")}))
-        .collect();
-    serde_json::from_value(serde_json::json!({
-        "pid": 1, "cause": {"kind": "marker"}, "verdict": "planned", "request_id": null,
-        "reason": null, "stopper_pid": null, "accepted_at": at, "drain_deadline": at,
-        "finished_at": at, "drained_in_time": true, "forced": false, "unfinished": items,
-        "unanswered": [], "exit_code": 0,
-    }))
-    .unwrap()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -78,10 +57,10 @@ fn file_floor(dir: &std::path::Path, state: &std::path::Path) -> Duration {
 
 fn file_store(n: usize) -> (Duration, Duration, Duration) {
     let dir = tempfile::tempdir().unwrap();
-    let record = record(n, "f");
+    let record = common::record(n, "f");
     let state = dir.path().join("state");
     let store = FileRecordStore::open(&state, Sharing::Refused).unwrap();
-    let rt = runtime();
+    let rt = common::runtime();
     let started = Instant::now();
     rt.block_on(store.persist(&Owner::new("stopper", 1, 1), &record))
         .unwrap();
@@ -102,9 +81,9 @@ fn file_store(n: usize) -> (Duration, Duration, Duration) {
 }
 
 fn postgres(url: &str, n: usize, round: usize) -> (Duration, Duration, Duration) {
-    let rt = runtime();
+    let rt = common::runtime();
     let service = format!("scale-{}-{n}-{round}", std::process::id());
-    let record = record(n, "p");
+    let record = common::record(n, "p");
     let open = || {
         PgRecordStore::from_url(url, service.clone())
             .unwrap()
