@@ -1,6 +1,7 @@
 //! The end of a stop: the drain's answers become the stop record, which is persisted (within
 //! the persist deadline) before the outcome and the exit code are published.
 
+use super::restart::Stage;
 use super::{RunnerActor, process_end, wall_deadline};
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::StopVerdict;
@@ -189,7 +190,6 @@ impl RunnerActor {
             drained_in_time = record.drained_in_time,
             "stopped"
         );
-        let note = self.successor_lost.take();
         let mut concluded = Outcome::accepted(
             &self.own,
             record.cause,
@@ -202,8 +202,11 @@ impl RunnerActor {
         concluded.spilled = spilled;
         concluded.drain = Some((&record).into());
         concluded.action = record.action;
-        concluded.successor = self.handed_to.map(|successor| successor.pid);
-        concluded.note = note;
+        (concluded.successor, concluded.note) = match std::mem::take(&mut self.stage) {
+            Stage::HandedTo(successor) => (Some(successor.pid), None),
+            Stage::SuccessorLost(why) => (None, Some(why)),
+            Stage::Idle | Stage::Starting { .. } => (None, None),
+        };
         self.publish_outcome(concluded);
         if self.config.owns_process_exit {
             if let Some(system) = System::try_current() {
@@ -220,20 +223,18 @@ impl RunnerActor {
     /// was ready); otherwise `None`, with the reason kept for the final outcome's note.
     fn successor_serving(&mut self, handed_over: Option<u32>) -> Option<u32> {
         let pid = handed_over?;
-        let runs = self
-            .handed_to
-            .is_some_and(|at_ready| crate::ProcessIdentity::is_running(pid, at_ready.start));
+        let runs = matches!(&self.stage,
+            Stage::HandedTo(at_ready) if crate::ProcessIdentity::is_running(pid, at_ready.start));
         if runs {
             return Some(pid);
         }
-        self.handed_to = None;
         let why = format!(
             "its successor, pid {pid}, ended after it said it was ready: nothing serves from \
              the handed-over sockets, so this process ends with the restart code for its \
              supervisor to start the service again; the successor's log says why it ended"
         );
         tracing::error!(successor = pid, "{why}");
-        self.successor_lost = Some(why);
+        self.stage = Stage::SuccessorLost(why);
         None
     }
 

@@ -87,18 +87,8 @@ pub struct RunnerActor {
     stop_span: Option<tracing::Span>,
     /// Restart in place, when the service asked for it and it can work here.
     in_place: restart::InPlace,
-    /// A restart in place is under way: the successor is starting.
-    handing_over: bool,
-    /// A request that came while a hand-over ran, for after it (see `restart`).
-    deferred: Option<PlannedStop>,
-    /// The process group of the successor being started (0 until it is spawned), while a
-    /// hand-over runs.
-    starting: Option<Arc<std::sync::atomic::AtomicU32>>,
-    /// The successor this stop handed over to (a restart in place), as it was when it said it
-    /// was ready: the final outcome names it only if it still runs then.
-    handed_to: Option<crate::ProcessIdentity>,
-    /// Why the final outcome names no successor although the stop handed over to one.
-    successor_lost: Option<String>,
+    /// Where a restart in place stands (see `restart::Stage`).
+    stage: restart::Stage,
 }
 
 impl std::fmt::Debug for RunnerActor {
@@ -138,11 +128,7 @@ impl RunnerActor {
             answers: Default::default(),
             stop_span: None,
             in_place: None,
-            handing_over: false,
-            deferred: None,
-            starting: None,
-            handed_to: None,
-            successor_lost: None,
+            stage: restart::Stage::Idle,
         }
     }
 

@@ -15,10 +15,32 @@ use crate::outcome::{Outcome, Phase};
 use crate::schema::StopAction;
 use actix::prelude::*;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// How this runner restarts in place: the sockets to hand over and how long a successor has.
 pub(crate) type InPlace = Option<(Arc<Handover>, Duration)>;
+
+/// Where a restart in place stands, in one value: what a hand-over under way, a successor that
+/// took over and one that ended since each need, and nothing of the others.
+#[derive(Debug, Default)]
+pub(crate) enum Stage {
+    /// No restart under way, none handed over.
+    #[default]
+    Idle,
+    /// The successor is starting: its process group (0 until it is spawned; `None` once a stop
+    /// that began meanwhile cancelled it), and whether another request came meanwhile (looked
+    /// at again if this hand-over fails).
+    Starting {
+        group: Option<Arc<AtomicU32>>,
+        deferred: bool,
+    },
+    /// This stop handed over to the successor, as it was when it said it was ready: the final
+    /// outcome names it only if it still runs then.
+    HandedTo(crate::ProcessIdentity),
+    /// The successor ended after its ready: why, for the final outcome's note.
+    SuccessorLost(String),
+}
 
 impl RunnerActor {
     /// Makes planned restarts start a successor first (`None`: they exit with the restart code).
@@ -54,8 +76,8 @@ impl RunnerActor {
         stop: PlannedStop,
         ctx: &mut Context<Self>,
     ) -> Option<PlannedStop> {
-        if self.handing_over {
-            self.deferred = Some(stop);
+        if let Stage::Starting { deferred, .. } = &mut self.stage {
+            *deferred = true;
             return None;
         }
         let restart_here = self.in_place.is_some()
@@ -74,9 +96,11 @@ impl RunnerActor {
         let Some((handover, within)) = self.in_place.clone() else {
             return;
         };
-        self.handing_over = true;
-        let starting = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        self.starting = Some(starting.clone());
+        let starting = Arc::new(AtomicU32::new(0));
+        self.stage = Stage::Starting {
+            group: Some(starting.clone()),
+            deferred: false,
+        };
         tracing::info!(
             request_id = stop.request_id.as_deref(),
             within_ms = within.as_millis() as u64,
@@ -124,22 +148,20 @@ impl RunnerActor {
         result: Result<u32, HandoverError>,
         ctx: &mut Context<Self>,
     ) {
-        self.handing_over = false;
-        self.starting = None;
+        let deferred = matches!(self.stage, Stage::Starting { deferred: true, .. });
+        self.stage = Stage::Idle;
         // A successor that ended right after its ready serves nothing: this process still
         // holds the sockets and has not stopped accepting, so it serves on.
-        let result = result.and_then(|pid| match crate::ProcessIdentity::of(pid) {
-            Some(successor) => {
-                self.handed_to = Some(successor);
-                Ok(pid)
-            }
-            None => Err(HandoverError::EndedBeforeReady {
+        let result = result.and_then(|pid| {
+            crate::ProcessIdentity::of(pid).ok_or(HandoverError::EndedBeforeReady {
                 pid,
                 status: "it ended right after it said it was ready".into(),
-            }),
+            })
         });
         match result {
-            Ok(pid) if self.lifecycle.state() == RunnerState::Running => {
+            Ok(successor) if self.lifecycle.state() == RunnerState::Running => {
+                let pid = successor.pid;
+                self.stage = Stage::HandedTo(successor);
                 tracing::info!(
                     successor = pid,
                     "the successor is ready: this process stops accepting and drains"
@@ -149,9 +171,11 @@ impl RunnerActor {
                 requester.successor = Some(pid);
                 self.act(step, requester, ctx);
             }
-            Ok(pid) => {
+            Ok(successor) => {
                 // A signal or the application's own request began a stop meanwhile: the stop
-                // the operator asked for wins over the restart under way.
+                // the operator asked for wins over the restart under way, and its outcome names
+                // no successor.
+                let pid = successor.pid;
                 tracing::warn!(
                     successor = pid,
                     "a stop began while the successor started: the successor is stopped"
@@ -170,7 +194,9 @@ impl RunnerActor {
                 let outcome =
                     self.restart_outcome(&stop, Phase::RestartFailed, Some(e.to_string()));
                 self.publish_outcome(outcome);
-                self.retry_deferred(ctx);
+                if deferred {
+                    self.retry_deferred(ctx);
+                }
             }
         }
     }
@@ -178,7 +204,10 @@ impl RunnerActor {
     /// A stop begins while a successor is starting: the successor is stopped (SIGTERM), so it
     /// does not outlive the process that was to hand over to it.
     pub(super) fn stop_starting_successor(&mut self) {
-        let Some(starting) = self.starting.take() else {
+        let Stage::Starting { group, .. } = &mut self.stage else {
+            return;
+        };
+        let Some(starting) = group.take() else {
             return;
         };
         // Not spawned yet (0): the hand-over stops it as soon as it is (`unless_cancelled`).
@@ -199,9 +228,6 @@ impl RunnerActor {
     /// After a failed hand-over: a request that came meanwhile is acted on now, if it is still in
     /// the slot (the one this hand-over claimed is gone, and is not acted on twice).
     fn retry_deferred(&mut self, ctx: &mut Context<Self>) {
-        if self.deferred.take().is_none() {
-            return;
-        }
         let Some(marker) = self.claim() else {
             return;
         };
