@@ -93,8 +93,9 @@ fn panicking_service(role: &str, dir: &Path) {
         }
         h.stopped().await
     });
-    // Reached only if neither guard ended the process.
-    std::process::exit(0);
+    // `main` then returns (), exit 0: the runner's code must stand all the same. Returned, not
+    // `std::process::exit(0)`, which on Windows ends the process without the C runtime's exit
+    // handlers (Rust calls ExitProcess there), as docs/design.md says.
 }
 
 /// A participant that blocks the event loop: the runner's own deadline timers cannot fire.
