@@ -6,9 +6,12 @@
 //!   last writer wins, which loses nothing, because the work itself is in the item files;
 //! - `DIR/planned-stop-batches/<name>.batch.json` — the unfinished items of one stop, written and
 //!   synced once however many there are (see [`batch`] for which version of an item counts);
+//! - `DIR/planned-stop-batches/<n>.leases.json` — the leases one lease or renewal gave, or the
+//!   end of the leases of the items a stop hands back (see [`leases`]);
 //! - `DIR/planned-stop-items/<id>.item.json` — an item's own file, written when a failed attempt
 //!   is counted, and when it is held aside for a person (the reason is in the file) or released;
-//! - `DIR/planned-stop-items/<id>.lease.json` — its lease, while someone resumes it;
+//! - `DIR/planned-stop-items/<id>.lease.json` — one item's own lease, or the end of a lease a
+//!   batch gave (a release, a hold aside);
 //! - `DIR/planned-stop-acked/<id>.item.json` — an acknowledged item (the rename of its own file,
 //!   or a new file for an item only a batch holds: atomic either way), and `<id>.dropped` an
 //!   operator's drop; kept a day (for `records` and the tests) and while a batch holds the item,
@@ -366,7 +369,9 @@ impl FileRecordStore {
         Ok(())
     }
 
-    fn persist_now(&self, stopper: &Owner, record: &StopRecord) -> Result<(), RecordError> {
+    /// Takes the record whole, so its items move into the store's versions of them rather than
+    /// being copied (100,000 items are 100,000 JSON values).
+    fn persist_now(&self, stopper: &Owner, mut record: StopRecord) -> Result<(), RecordError> {
         self.refuse_read_only()?;
         // Again at the stop: the directories may have been removed, opened up or given away.
         self.prepare()?;
@@ -375,37 +380,39 @@ impl FileRecordStore {
         } else {
             self.states()?
         };
+        // The summary for people, made while the record still has its items (written last).
+        let summary = serde_json::to_vec(&record);
         let stopped_at = record.finished_at;
         let mut files = Vec::new();
         let mut handed_back = Vec::new();
-        for unfinished in &record.unfinished {
-            let id =
-                super::store::checked_item(unfinished).map_err(|reason| RecordError::Invalid {
+        for unfinished in std::mem::take(&mut record.unfinished) {
+            let id = super::store::checked_item(&unfinished)
+                .map_err(|reason| RecordError::Invalid {
                     path: self.items.clone(),
                     reason,
-                })?;
+                })?
+                .to_owned();
             let Some(counts) =
-                super::store::counts_after_persist(stopper, unfinished, existing.get(id))
+                super::store::counts_after_persist(stopper, &unfinished, existing.get(&id))
             else {
                 continue;
             };
+            if unfinished.resumed {
+                handed_back.push(id.clone());
+            }
             let item = ResumeItem::new(
                 id,
-                unfinished.participant.clone(),
-                unfinished.item.clone(),
+                unfinished.participant,
+                unfinished.item,
                 stopper.clone(),
                 stopped_at,
                 counts.attempts,
             )
             .with_failures(counts.failures, counts.last_failure);
-            let file = aside::ItemFile {
+            files.push(aside::ItemFile {
                 item,
                 held_aside: None,
-            };
-            if unfinished.resumed {
-                handed_back.push(id.to_owned());
-            }
-            files.push(file);
+            });
         }
         // Every item in one write and one sync (a few, for very many): durable before anything
         // else changes. A handed-back item's batch version counts over its older ones (one
@@ -430,7 +437,14 @@ impl FileRecordStore {
         }
         // The summary is for people: the items above are durable whatever happens to it, so a
         // summary that cannot be written is a warning, never a lost stop.
-        if let Err(e) = self.write_json(&record_path(&self.dir), record) {
+        let path = record_path(&self.dir);
+        let written = summary
+            .map_err(|e| RecordError::Invalid {
+                path: path.clone(),
+                reason: e.to_string(),
+            })
+            .and_then(|bytes| disk::write_unique(&path, &bytes, true, &*self.observer));
+        if let Err(e) = written {
             tracing::warn!(error = %crate::error_chain::ErrorChain(&e),
                 "cannot write the stop's summary for people; the unfinished items are durable");
         }
@@ -467,7 +481,7 @@ impl FileRecordStore {
             items = record.unfinished.len(),
             "importing the items of an earlier version's stop record"
         );
-        self.persist_now(&stopper, &record)
+        self.persist_now(&stopper, record)
     }
 
     fn lease_now(

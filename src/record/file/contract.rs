@@ -14,10 +14,7 @@ impl RecordStore for FileRecordStore {
         record: &'a StopRecord,
     ) -> RecordFuture<'a, Persisted> {
         let (stopper, record) = (stopper.clone(), record.clone());
-        self.off_thread(move |s| {
-            s.persist_now(&stopper, &record)
-                .map(|()| Persisted::Durable)
-        })
+        self.off_thread(move |s| s.persist_now(&stopper, record).map(|()| Persisted::Durable))
     }
 
     fn lease<'a>(
