@@ -92,9 +92,12 @@ pub fn unstorable(item: &serde_json::Value) -> Option<String> {
             "{size} bytes of JSON, over the limit of {MAX_ITEM_BYTES} (MAX_ITEM_BYTES)"
         ));
     }
-    // Depth-first without recursion: a value built in code may nest deeper than any stack.
-    let mut stack = vec![item];
-    while let Some(value) = stack.pop() {
+    // Depth-first without recursion: a value built in code may nest deeper than any stack. The
+    // item itself is looked at before the stack is used: a scalar allocates nothing (a stop
+    // may check a hundred thousand of them).
+    let mut stack = Vec::new();
+    let mut first = Some(item);
+    while let Some(value) = first.take().or_else(|| stack.pop()) {
         match value {
             serde_json::Value::String(s) if s.contains('\0') => {
                 return Some(
@@ -256,8 +259,14 @@ pub struct StopRecord {
     pub drained_in_time: bool,
     /// `true` when the drain was cut short ("force now").
     pub forced: bool,
-    /// Work to resume at the next start.
+    /// Work to resume at the next start. A store's summary for people
+    /// ([`crate::record::RecordStore::last_stop`]) names the first [`SUMMARY_ITEMS`] and counts
+    /// the rest in `unfinished_omitted`; the store holds every one.
     pub unfinished: Vec<Unfinished>,
+    /// How many more unfinished items the stop left than `unfinished` names (0 in the runner's
+    /// own record; a summary with many items leaves them out).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unfinished_omitted: usize,
     /// Participants that did not answer at all (their unfinished work is unknown).
     pub unanswered: Vec<String>,
     /// Remarks for people, such as in-flight requests cut at the deadline (not work to resume).
@@ -271,6 +280,50 @@ pub struct StopRecord {
     pub action: crate::schema::StopAction,
     /// The exit code the process ended with.
     pub exit_code: i32,
+}
+
+/// How many unfinished items a store's summary of a stop names; the rest are counted
+/// (`StopRecord::unfinished_omitted`). The items themselves are in the store, every one: the
+/// summary is for people, and a hundred thousand items would only make it slow to write.
+pub const SUMMARY_ITEMS: usize = 100;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl StopRecord {
+    /// How many items the stop left unfinished, those a summary leaves out included.
+    pub fn unfinished_count(&self) -> usize {
+        self.unfinished
+            .len()
+            .saturating_add(self.unfinished_omitted)
+    }
+
+    /// The record as every store keeps it for people: the first [`SUMMARY_ITEMS`] unfinished
+    /// items named, the others counted.
+    pub(crate) fn summary(&self) -> StopRecord {
+        let shown = self.unfinished.len().min(SUMMARY_ITEMS);
+        StopRecord {
+            pid: self.pid,
+            cause: self.cause,
+            verdict: self.verdict,
+            request_id: self.request_id.clone(),
+            reason: self.reason.clone(),
+            stopper_pid: self.stopper_pid,
+            accepted_at: self.accepted_at,
+            drain_deadline: self.drain_deadline,
+            finished_at: self.finished_at,
+            drained_in_time: self.drained_in_time,
+            forced: self.forced,
+            unfinished: self.unfinished[..shown].to_vec(),
+            unfinished_omitted: self.unfinished_count() - shown,
+            unanswered: self.unanswered.clone(),
+            notes: self.notes.clone(),
+            phases: self.phases.clone(),
+            action: self.action,
+            exit_code: self.exit_code,
+        }
+    }
 }
 
 /// Why a record could not be read or written.

@@ -107,6 +107,12 @@ fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
     let rt = runtime();
     rt.block_on(open().persist(&Owner::new("stopper-host", 1, 1), &record_with_items(N)))
         .unwrap();
+    // The summary for people names a few and counts the rest; the items are all in the store.
+    let summary = rt.block_on(open().last_stop()).unwrap().unwrap();
+    assert_eq!(
+        (summary.unfinished.len(), summary.unfinished_count()),
+        (planned_stop::record::SUMMARY_ITEMS, N)
+    );
     let exactly_once = |leased: &[planned_stop::record::Leased]| {
         let ids: std::collections::BTreeSet<&str> =
             leased.iter().map(|l| l.item.id.as_str()).collect();

@@ -162,7 +162,7 @@ fn print_text(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
             r.pid,
             word(&r.verdict),
             cause_words(&r.cause),
-            r.unfinished.len()
+            r.unfinished_count()
         ));
     }
     if args.state.is_some() || args.records.is_some() {

@@ -381,7 +381,7 @@ impl FileRecordStore {
             self.states()?
         };
         // The summary for people, made while the record still has its items (written last).
-        let summary = serde_json::to_vec(&record);
+        let summary = serde_json::to_vec(&record.summary());
         let stopped_at = record.finished_at;
         let mut files = Vec::new();
         let mut handed_back = Vec::new();

@@ -27,6 +27,7 @@ fn record() -> StopRecord {
             resumed: false,
             failure: None,
         }],
+        unfinished_omitted: 0,
         unanswered: vec![],
         notes: vec![],
         phases: vec![],
@@ -114,6 +115,35 @@ fn persisted_items_are_leased_once_and_gone_once_acknowledged() {
         matches!(err, RecordError::UnknownItem { .. }),
         "acknowledged once: {err}"
     );
+}
+
+/// A stop of many items keeps a summary of a few: the first `SUMMARY_ITEMS` named, the rest
+/// counted, and every item in the store.
+#[test]
+fn the_summary_of_a_stop_of_many_items_names_a_few_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _dead) = store(dir.path());
+    let n = SUMMARY_ITEMS + 50;
+    let mut many = record();
+    let one = many.unfinished.pop().unwrap();
+    many.unfinished = (0..n)
+        .map(|i| Unfinished {
+            id: Some(format!("item-{i:04}")),
+            ..one.clone()
+        })
+        .collect();
+    block_on(store.persist(&owner(42), &many)).unwrap();
+    let summary = FileRecordStore::read_last_stop(store.dir())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (summary.unfinished.len(), summary.unfinished_omitted),
+        (SUMMARY_ITEMS, 50)
+    );
+    assert_eq!(summary.unfinished_count(), n);
+    assert_eq!(summary.unfinished[..], many.unfinished[..SUMMARY_ITEMS]);
+    let leased = block_on(store.lease(&owner(1), usize::MAX, Duration::from_secs(60))).unwrap();
+    assert_eq!(leased.len(), n, "every item is in the store");
 }
 
 #[test]

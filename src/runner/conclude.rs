@@ -76,6 +76,7 @@ impl RunnerActor {
             drained_in_time,
             forced: run.forced,
             unfinished,
+            unfinished_omitted: 0,
             unanswered,
             notes,
             phases: run.phases,

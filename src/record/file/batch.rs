@@ -24,8 +24,11 @@ use super::aside::ItemFile;
 use super::leases::{LEASES, LeaseBatch};
 use super::{FileRecordStore, ITEM};
 use crate::record::RecordError;
+use crate::record::lease::Owner;
 use crate::store::files::{self as fsx, Found};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
@@ -58,7 +61,7 @@ pub(super) struct Batches {
     stamps: HashMap<String, Stamp>,
     /// Item id → (batch name, position), every appearance. The name is shared, not copied per
     /// item: a batch of 100,000 items is indexed without 100,000 allocations of its name.
-    index: HashMap<String, Vec<(Arc<str>, usize)>>,
+    index: HashMap<String, Places>,
     /// Item id → the lease batches naming it.
     lease_index: HashMap<String, Vec<Arc<str>>>,
     /// The highest sequence number among the names listed: the next file is numbered after it.
@@ -133,10 +136,56 @@ impl Batches {
         }
         self.index.clear();
         for (name, items) in &self.files {
-            let name: Arc<str> = Arc::from(name.as_str());
-            for (at, file) in items.iter().enumerate() {
-                let places = self.index.entry(file.item.id.clone()).or_default();
-                places.push((name.clone(), at));
+            index_batch(&mut self.index, &Arc::from(name.as_str()), items);
+        }
+    }
+}
+
+/// A stopper and a stop's time as JSON, formatted once for every item that shares them.
+struct Shared {
+    by: Owner,
+    at: DateTime<Utc>,
+    by_json: Box<RawValue>,
+    at_json: Box<RawValue>,
+}
+
+impl Shared {
+    fn of(by: &Owner, at: DateTime<Utc>) -> Result<Shared, serde_json::Error> {
+        Ok(Shared {
+            by: by.clone(),
+            at,
+            by_json: serde_json::value::to_raw_value(by)?,
+            at_json: serde_json::value::to_raw_value(&at)?,
+        })
+    }
+}
+
+/// Where one item id appears among the batches: nearly always in one, so the first place is
+/// kept inline (100,000 items indexed without 100,000 vectors).
+pub(super) struct Places {
+    first: (Arc<str>, usize),
+    more: Vec<(Arc<str>, usize)>,
+}
+
+impl Places {
+    fn iter(&self) -> impl Iterator<Item = &(Arc<str>, usize)> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+}
+
+/// Adds every item of the batch `name` to `index`.
+fn index_batch(index: &mut HashMap<String, Places>, name: &Arc<str>, items: &[ItemFile]) {
+    index.reserve(items.len());
+    for (at, file) in items.iter().enumerate() {
+        let place = (name.clone(), at);
+        match index.get_mut(&file.item.id) {
+            Some(places) => places.more.push(place),
+            None => {
+                let places = Places {
+                    first: place,
+                    more: Vec::new(),
+                };
+                index.insert(file.item.id.clone(), places);
             }
         }
     }
@@ -263,42 +312,49 @@ impl FileRecordStore {
     /// serialised once, and a batch written here is not read
     /// back (the store keeps it as written).
     pub(super) fn write_batches(&self, items: Vec<ItemFile>) -> Result<(), RecordError> {
-        let mut chunks: Vec<(Vec<u8>, Vec<ItemFile>)> = Vec::new();
-        // Each item is serialised straight into the end of a scratch buffer, then moved into its
-        // chunk: no allocation per item.
+        // Each chunk's bytes and how many items it holds.
+        let mut chunks: Vec<(Vec<u8>, usize)> = Vec::new();
+        let invalid = |reason: String| RecordError::Invalid {
+            path: self.batches_dir.clone(),
+            reason,
+        };
+        // What a stop's items share (their stopper and the stop's time), formatted once.
+        let mut shared: Option<Shared> = None;
         let mut bytes = Vec::new();
-        for file in items {
+        for file in &items {
+            let (by, at) = (&file.item.stopped_by, file.item.stopped_at);
+            if !shared.as_ref().is_some_and(|s| s.by == *by && s.at == at) {
+                shared = Some(Shared::of(by, at).map_err(|e| invalid(e.to_string()))?);
+            }
+            let s = shared.as_ref().expect("set just above");
             bytes.clear();
-            serde_json::to_writer(&mut bytes, &file).map_err(|e| RecordError::Invalid {
-                path: self.batches_dir.clone(),
-                reason: e.to_string(),
-            })?;
+            serde_json::to_writer(&mut bytes, &file.line(&s.by_json, &s.at_json))
+                .map_err(|e| invalid(e.to_string()))?;
             // What is written can be read back, in a batch or (later) in a file of its own.
             if bytes.len() > super::MAX_FILE_BYTES {
-                return Err(RecordError::Invalid {
-                    path: self.batches_dir.clone(),
-                    reason: format!(
-                        "item {} would take {} bytes, over the {} this store reads back",
-                        file.item.id,
-                        bytes.len(),
-                        super::MAX_FILE_BYTES
-                    ),
-                });
+                return Err(invalid(format!(
+                    "item {} would take {} bytes, over the {} this store reads back",
+                    file.item.id,
+                    bytes.len(),
+                    super::MAX_FILE_BYTES
+                )));
             }
             let fits = chunks
                 .last()
                 .is_some_and(|(b, _)| b.len() + bytes.len() + 3 <= BATCH_BYTES);
             if !fits {
-                chunks.push((b"{\"items\":[".to_vec(), Vec::new()));
+                chunks.push((b"{\"items\":[".to_vec(), 0));
             }
-            let (chunk, files) = chunks.last_mut().expect("a chunk was just pushed");
-            if !files.is_empty() {
+            let (chunk, count) = chunks.last_mut().expect("a chunk was just pushed");
+            if *count > 0 {
                 chunk.push(b',');
             }
             chunk.extend_from_slice(&bytes);
-            files.push(file);
+            *count += 1;
         }
-        for (mut bytes, files) in chunks {
+        let mut items = items.into_iter();
+        for (mut bytes, count) in chunks {
+            let files: Vec<ItemFile> = items.by_ref().take(count).collect();
             bytes.extend_from_slice(b"]}");
             let name = self.next_name(BATCH)?;
             let path = self.batches_dir.join(&name);
@@ -309,11 +365,7 @@ impl FileRecordStore {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(now) = stamp(&path) {
                 cache.stamps.insert(name.clone(), now);
-                let shared: Arc<str> = Arc::from(name.as_str());
-                for (at, file) in files.iter().enumerate() {
-                    let places = cache.index.entry(file.item.id.clone()).or_default();
-                    places.push((shared.clone(), at));
-                }
+                index_batch(&mut cache.index, &Arc::from(name.as_str()), &files);
                 cache.files.insert(name, Arc::new(files));
             }
         }

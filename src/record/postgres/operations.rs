@@ -64,7 +64,7 @@ impl PgRecordStore {
                         more (acknowledged, dropped or released by an operator, or taken over), or \
                         new items whose id was taken; left as they are");
                 }
-                let summary = serde_json::to_value(&record).map_err(|e| backend("encode the stop record", e))?;
+                let summary = serde_json::to_value(record.summary()).map_err(|e| backend("encode the stop record", e))?;
                 tx.execute(
                     "INSERT INTO planned_stop_stops (service, record, written_at) VALUES ($1, $2, $3) \
                      ON CONFLICT (service) DO UPDATE SET record = EXCLUDED.record, written_at = EXCLUDED.written_at",
