@@ -417,8 +417,16 @@ impl Handler<Drain> for Answering {
 }
 
 /// A participant that holds items and hands them back at its deadline, as a job that cannot
-/// finish in time does: the many-participants scale tests.
-pub struct AtDeadline(pub Vec<String>);
+/// finish in time does, `.2` later: the many-participants scale tests. The deadline is the one
+/// the first participant sharing `.1` saw when it took its `Drain`, so the answers arrive when
+/// the test says (ten thousand `Drain`s take a while to be handled on one thread, and a
+/// participant counting its `within` from its own turn would answer late by that much, which is
+/// not the runner's doing).
+pub struct AtDeadline(
+    pub Vec<String>,
+    pub std::sync::Arc<std::sync::OnceLock<actix::clock::Instant>>,
+    pub Duration,
+);
 
 impl Actor for AtDeadline {
     type Context = Context<Self>;
@@ -428,8 +436,12 @@ impl Handler<Drain> for AtDeadline {
     type Result = ResponseFuture<DrainReport>;
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
         let items = std::mem::take(&mut self.0);
+        let due = *self
+            .1
+            .get_or_init(|| actix::clock::Instant::now() + drain.within)
+            + self.2;
         Box::pin(async move {
-            actix::clock::sleep(drain.within).await;
+            actix::clock::sleep_until(due).await;
             DrainReport::unfinished(items)
         })
     }
