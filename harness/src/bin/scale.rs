@@ -3,8 +3,10 @@
 //! ```sh
 //! cargo build --release
 //! [PLANNED_STOP_TEST_DATABASE_URL=postgres://…] \
-//!     cargo run --release -p planned-stop-harness --bin scale -- [N…]
+//!     cargo run --release -p planned-stop-harness --bin scale -- [--stores] [N…]
 //! ```
+//!
+//! `--stores` measures the record stores only (three rounds of each N, to show the spread).
 //!
 //! Two tables, for each N (default 10, 1,000, 10,000, 100,000):
 //!
@@ -329,10 +331,14 @@ fn main() {
     } else {
         sizes
     };
+    let stores_only = common::args().any(|a| a == "--stores");
+    let rounds = if stores_only { 3 } else { 1 };
+    // Each PostgreSQL round its own service name, so no round resumes another's items.
+    let mut round = 0..;
     let url = std::env::var("PLANNED_STOP_TEST_DATABASE_URL").ok();
     println!("| store | N | floor | persist | persist / floor | resume (lease all) |");
     println!("|---|---|---|---|---|---|");
-    for &n in &sizes {
+    for n in sizes.iter().flat_map(|&n| std::iter::repeat_n(n, rounds)) {
         let (floor, persist, resume) = file_store(n);
         println!(
             "| file store | {n} | {} | {} | {:.1}× | {} |",
@@ -342,7 +348,7 @@ fn main() {
             ms(resume)
         );
         if let Some(url) = &url {
-            let (floor, persist, resume) = postgres(url, n, 0);
+            let (floor, persist, resume) = postgres(url, n, round.next().unwrap_or(0));
             println!(
                 "| PostgreSQL | {n} | {} | {} | {:.1}× | {} |",
                 ms(floor),
@@ -351,6 +357,9 @@ fn main() {
                 ms(resume)
             );
         }
+    }
+    if stores_only {
+        return;
     }
     println!();
     println!("| one participant of N | N | the stop, persist included | next start's resume |");
