@@ -81,9 +81,6 @@ use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// The name [`CloseWhenStopping`] has among the pieces an `App` mounted.
-const CLOSE_WHEN_STOPPING: &str = "planned_stop::web::CloseWhenStopping";
-
 /// The name the HTTP server has in the stop record and the logs.
 pub const INGRESS_NAME: &str = "http";
 
@@ -242,7 +239,9 @@ pub struct CloseWhenStopping {
 impl CloseWhenStopping {
     /// The middleware for the runner of `service`.
     pub fn new(service: &ServiceHandle) -> Self {
-        service.integration.mounted(CLOSE_WHEN_STOPPING);
+        service
+            .integration
+            .mounted(crate::service::integration::CLOSE_WHEN_STOPPING);
         CloseWhenStopping {
             status: service.subscribe(),
         }
@@ -480,8 +479,7 @@ impl Handler<Drain> for Ingress {
 
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
         let server = self.server.clone();
-        if !self.integration.has_mounted(CLOSE_WHEN_STOPPING) {
-            // Judged at the stop: the `App` factories run when the workers start, after `serve`.
+        if self.integration.keeps_connections() {
             tracing::warn!(
                 "the application's App does not retire its keep-alive connections at a stop: \
                  a connection idle when the listener closes is closed while its client may be \

@@ -28,6 +28,16 @@ pub(crate) fn half_used(u: &Use) -> bool {
     u.ready && !u.mounted.is_empty() && !u.served && !u.warned
 }
 
+/// The name [`crate::web::CloseWhenStopping`] is mounted under.
+pub(crate) const CLOSE_WHEN_STOPPING: &str = "planned_stop::web::CloseWhenStopping";
+
+/// Whether a server under `web::serve` keeps its keep-alive connections through a stop: no `App`
+/// of `u`'s mounted `CloseWhenStopping`. Judged at the stop, since the `App` factories run when
+/// the workers start, after `serve`.
+pub(crate) fn keeps_connections(u: &Use) -> bool {
+    !u.mounted.contains(&CLOSE_WHEN_STOPPING)
+}
+
 /// The service's record of it, shared by every clone of the handle.
 #[derive(Debug, Default)]
 pub(crate) struct Integration(Mutex<Use>);
@@ -71,10 +81,11 @@ impl Integration {
         })
     }
 
-    /// Whether `what` has been mounted in an application's `App` so far.
+    /// Whether the application's server keeps its keep-alive connections through a stop
+    /// ([`keeps_connections`]).
     #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
-    pub(crate) fn has_mounted(&self, what: &str) -> bool {
-        self.0.lock().is_ok_and(|u| u.mounted.contains(&what))
+    pub(crate) fn keeps_connections(&self) -> bool {
+        self.0.lock().is_ok_and(|u| keeps_connections(&u))
     }
 
     /// A server runs under `web::serve`.
@@ -99,6 +110,16 @@ mod tests {
         let i = Integration::default();
         assert!(!i.mounted("CloseWhenStopping"));
         assert!(i.readied());
+    }
+
+    #[test]
+    fn only_an_app_that_mounted_close_when_stopping_retires_its_connections() {
+        let i = Integration::default();
+        assert!(i.keeps_connections());
+        i.mounted("readiness");
+        assert!(i.keeps_connections());
+        i.mounted(CLOSE_WHEN_STOPPING);
+        assert!(!i.keeps_connections());
     }
 
     #[test]
