@@ -4,8 +4,8 @@ use super::drain::Requester;
 use super::{
     AddParticipant, HeldStop, OsSignal, Participant, PlannedStop, Ready, RequestStop, RunnerActor,
 };
-use crate::lifecycle::{RunnerState, Step, StopCause, StopVerdict};
-use crate::outcome::{Outcome, Phase};
+use crate::lifecycle::{RunnerState, Step};
+use crate::outcome::Phase;
 use actix::prelude::*;
 
 impl Handler<HeldStop> for RunnerActor {
@@ -21,12 +21,7 @@ impl Handler<HeldStop> for RunnerActor {
             request_id = stop.request_id.as_deref(),
             "a planned stop is held until the application is ready (its handle's ready())"
         );
-        let now = self.clock.now();
-        let mut held =
-            Outcome::accepted(&self.own, StopCause::Marker, StopVerdict::Planned, now, now);
-        held.phase = Phase::Held;
-        held.request_id = stop.request_id;
-        held.action = stop.action;
+        let held = self.planned_outcome(&stop, Phase::Held);
         self.publish_outcome(held);
     }
 }

@@ -240,14 +240,22 @@ impl RunnerActor {
     }
 
     fn restart_outcome(&self, stop: &PlannedStop, phase: Phase, note: Option<String>) -> Outcome {
+        let mut outcome = self.planned_outcome(stop, phase);
+        outcome.finished_at = (phase == Phase::RestartFailed).then_some(outcome.accepted_at);
+        outcome.action = StopAction::Restart;
+        outcome.note = note;
+        outcome
+    }
+
+    /// The outcome of the planned stop `stop` a marker asked for, in `phase` from now: held
+    /// until ready, or handing over to a successor.
+    pub(super) fn planned_outcome(&self, stop: &PlannedStop, phase: Phase) -> Outcome {
         let now = self.clock.now();
         let mut outcome =
             Outcome::accepted(&self.own, StopCause::Marker, StopVerdict::Planned, now, now);
         outcome.phase = phase;
-        outcome.finished_at = (phase == Phase::RestartFailed).then_some(now);
         outcome.request_id = stop.request_id.clone();
-        outcome.action = StopAction::Restart;
-        outcome.note = note;
+        outcome.action = stop.action;
         outcome
     }
 }
