@@ -1502,15 +1502,9 @@ fn every_log_line_of_a_stop_is_inside_its_span() {
 /// The answers arrive spread from 60 to 130 ms past the runner's deadline, pinned to it (not to
 /// each participant's turn at its `Drain`, which a loaded machine delays by hundreds of ms): with
 /// the grace as a cliff, the later ones were unanswered (1,316 of 10,000).
-///
-/// Not under Wine: there timers fire late by more than the answer grace (with each participant
-/// counting from its own turn, 2 runs of 3 had 6,642 and 10,000 unanswered; not tried since the
-/// answers were pinned to the deadline).
+/// Under Wine too: with each participant counting from its own turn, 2 runs of 3 there had 6,642
+/// and 10,000 unanswered.
 #[test]
-#[cfg_attr(
-    windows,
-    ignore = "under Wine the participants' timers fire after the phase's graces"
-)]
 fn answers_at_the_deadline_all_count_however_many_participants_there_are() {
     const N: usize = 10_000;
     const EACH: usize = 10;
