@@ -76,12 +76,22 @@ fn the_admin_server_answers_through_the_drain_and_after_the_system_ended() {
         h.ready();
         until(port, "/status", state_is("running")).await;
         assert_eq!(get(port, "/ready").await.unwrap().0, 200);
+        // A pooled connection (a scraper's, a probe's): kept alive while the service runs.
+        let mut pooled =
+            std::io::BufReader::new(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+        let (code, close, _) = common::exchange(&mut pooled, "/status").unwrap();
+        assert_eq!((code, close), (200, false), "kept alive while running");
         h.request_stop(StopRequest::Planned);
         let mut asks = control.asks.clone();
         asks.wait_for(|n| *n > 0).await.unwrap();
         // The work phase runs: the application's ingress would be closed by now.
         let status = until(port, "/status", state_is("draining")).await;
         assert!(status.contains("\"work\""), "{status}");
+        // Retired after its next answer, as the application's are: a client reconnects (to the
+        // successor of a restart in place, which accepts from the same socket) instead of
+        // writing into a connection cut when this process ends.
+        let (code, close, _) = common::exchange(&mut pooled, "/status").unwrap();
+        assert_eq!((code, close), (200, true), "retired once stopping");
         assert_eq!(get(port, "/ready").await.unwrap().0, 503);
         assert_eq!(get(port, "/metrics").await.unwrap().0, 200);
         assert!(control.finish(&[]), "the participant was waiting");

@@ -140,7 +140,14 @@ impl Admin {
         } = self;
         let mut handed_over = service.subscribe();
         let server = HttpServer::new(move || {
-            let mut app = App::new();
+            // Its keep-alive connections are retired once the service stops, as the
+            // application's are ([`super::CloseWhenStopping`], not counted as the application
+            // mounting it): a scraper or probe reconnects, to the successor of a restart in
+            // place, instead of writing into a connection cut when this process ends.
+            let retire = super::CloseWhenStopping {
+                status: service.subscribe(),
+            };
+            let mut app = App::new().wrap(retire);
             if let Some(path) = &readiness {
                 app = app.service(super::readiness_resource(path, &service));
             }
