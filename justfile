@@ -55,7 +55,7 @@ mutants *args:
     cargo mutants {{args}} -o target/mutants-pure --file src/record.rs -- --lib --test store
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
     PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
-    cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs -- --lib --test metrics
+    cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs --file src/telemetry/on.rs -- --lib --test metrics
 
 # The watcher's tick without and with the `metrics` feature (a Prometheus recorder installed),
 # compared by criterion in one run (docs/performance.md).
