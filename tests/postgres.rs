@@ -157,6 +157,41 @@ fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
 /// 8 claimers, each with its own connection and identity, lease batches of 50 from 10,000 items
 /// and acknowledge each: no item is ever handed to a claimer while another holds it, and every
 /// item is acknowledged exactly once.
+/// New items are inserted where no row has their id, by an anti-join, and by `ON CONFLICT DO
+/// NOTHING` when that meets a unique violation: an id twice in one stop, or one another
+/// transaction inserted meanwhile. Either way the first version stands and the stop persists.
+#[test]
+#[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
+fn new_items_whose_id_is_taken_are_left_and_the_stop_persists() {
+    let url = database();
+    let service = unique_service("taken");
+    let rt = runtime();
+    let store = PgRecordStore::from_url(&url, service).unwrap();
+    let stopper = Owner::new("stopper-host", 1, 1);
+    rt.block_on(store.persist(&stopper, &record_with_items(3)))
+        .unwrap();
+    // Persisted again (a retried persist): every id is taken, nothing changes.
+    rt.block_on(store.persist(&stopper, &record_with_items(3)))
+        .unwrap();
+    // An id twice among the new items, beside one taken and one new.
+    let mut twice = record_with_items(4);
+    twice.unfinished[0].id = Some("item-000003".into());
+    twice.unfinished[0].item = serde_json::json!("first");
+    rt.block_on(store.persist(&stopper, &twice)).unwrap();
+    let listed = rt.block_on(store.list()).unwrap();
+    let ids: Vec<&str> = listed.iter().map(|s| s.item.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["item-000000", "item-000001", "item-000002", "item-000003"]
+    );
+    assert!(listed.iter().all(|s| s.item.attempts == 1));
+    assert_eq!(
+        listed[3].item.item,
+        serde_json::json!("first"),
+        "the first version stands"
+    );
+}
+
 #[test]
 #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn eight_concurrent_claimers_over_10_000_items_never_share_one_and_acknowledge_each_once() {

@@ -27,7 +27,7 @@ impl PgRecordStore {
                 // follows), so an acknowledgement or an operator's drop is never undone.
                 let (new, back) = columns_of(&record)?;
                 let by = (&stopper.host, as_i64(u64::from(stopper.pid)), as_i64(stopper.start));
-                let tx = client.transaction().await.map_err(|e| backend("begin", e))?;
+                let mut tx = client.transaction().await.map_err(|e| backend("begin", e))?;
                 // Items this process holds come back pending, their attempts counted up (saturating:
                 // a row with attempts at the top of `integer` must not fail the stop).
                 let handed_back = tx
@@ -46,17 +46,7 @@ impl PgRecordStore {
                     .await
                     .map_err(|e| backend("hand items back", e))?;
                 // New items: written once.
-                let inserted = tx
-                    .execute(
-                        "INSERT INTO planned_stop_items (service, id, participant, item, stopped_by_host, \
-                         stopped_by_pid, stopped_by_start, stopped_at, attempts, failures, last_failure) \
-                         SELECT $1, n.id, n.participant, n.item, $4, $5, $6, $7, 1, (n.failure IS NOT NULL)::int, n.failure \
-                         FROM unnest($2::text[], $3::text[], $8::jsonb[], $9::text[]) AS n(id, participant, item, failure) \
-                         ON CONFLICT DO NOTHING",
-                        &[&service, &new.ids, &new.participants, by.0, &by.1, &by.2, &record.finished_at, &new.values, &new.failures],
-                    )
-                    .await
-                    .map_err(|e| backend("insert the items", e))?;
+                let inserted = insert_new(&mut tx, &service, by, &record.finished_at, &new).await?;
                 let left_alone = (back.ids.len() as u64).saturating_sub(handed_back)
                     + (new.ids.len() as u64).saturating_sub(inserted);
                 if left_alone > 0 {
@@ -492,5 +482,65 @@ impl Offer<'_> {
         .await
         .map_err(|e| backend("lease the items", e))?;
         Ok(())
+    }
+}
+
+/// Inserts `new` items, each unless a row has its id already; returns how many were inserted.
+/// An anti-join (`NOT EXISTS`) in a savepoint first: `ON CONFLICT DO NOTHING`'s speculative
+/// insertion costs about a third more at 100,000 rows. A row with one of the ids inserted
+/// meanwhile by another transaction, or an id twice among `new`, makes it a unique violation;
+/// then `ON CONFLICT DO NOTHING` does the same work the slow way.
+async fn insert_new(
+    tx: &mut tokio_postgres::Transaction<'_>,
+    service: &str,
+    by: (&String, i64, i64),
+    at: &chrono::DateTime<chrono::Utc>,
+    new: &super::aside::Columns,
+) -> Result<u64, RecordError> {
+    const INSERT: &str = "INSERT INTO planned_stop_items (service, id, participant, item, \
+        stopped_by_host, stopped_by_pid, stopped_by_start, stopped_at, attempts, failures, \
+        last_failure) SELECT $1, n.id, n.participant, n.item, $4, $5, $6, $7, 1, \
+        (n.failure IS NOT NULL)::int, n.failure FROM unnest($2::text[], $3::text[], $8::jsonb[], \
+        $9::text[]) AS n(id, participant, item, failure)";
+    if new.ids.is_empty() {
+        return Ok(0);
+    }
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+        &service,
+        &new.ids,
+        &new.participants,
+        by.0,
+        &by.1,
+        &by.2,
+        at,
+        &new.values,
+        &new.failures,
+    ];
+    let fast = format!(
+        "{INSERT} WHERE NOT EXISTS (SELECT 1 FROM planned_stop_items i \
+         WHERE i.service = $1 AND i.id = n.id)"
+    );
+    let savepoint = tx
+        .savepoint("new_items")
+        .await
+        .map_err(|e| backend("insert the items", e))?;
+    match savepoint.execute(&fast, &params).await {
+        Ok(inserted) => {
+            savepoint
+                .commit()
+                .await
+                .map_err(|e| backend("insert the items", e))?;
+            Ok(inserted)
+        }
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+            savepoint
+                .rollback()
+                .await
+                .map_err(|e| backend("insert the items", e))?;
+            tx.execute(&format!("{INSERT} ON CONFLICT DO NOTHING"), &params)
+                .await
+                .map_err(|e| backend("insert the items", e))
+        }
+        Err(e) => Err(backend("insert the items", e)),
     }
 }
