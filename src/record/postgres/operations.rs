@@ -201,7 +201,12 @@ impl PgRecordStore {
                         break;
                     }
                     match offer.lease_batch(&tx, want, &mut examined).await? {
-                        Some(batch) => leased.extend(batch),
+                        Some((batch, more)) => {
+                            leased.extend(batch);
+                            if !more {
+                                break;
+                            }
+                        }
                         None => break,
                     }
                 }
@@ -385,15 +390,16 @@ struct Offer<'a> {
 }
 
 impl Offer<'_> {
-    /// Examines the next `want` rows not yet `examined` and leases those on offer; `None` when no
-    /// row is left. Rows the crate cannot accept are quarantined; an item taken over from a holder
-    /// that is gone counts one failed attempt.
+    /// Examines the next `want` rows not yet `examined` and leases those on offer, with whether
+    /// more rows may be left (all `want` were examined); `None` when no row is left. Rows the
+    /// crate cannot accept are quarantined; an item taken over from a holder that is gone counts
+    /// one failed attempt.
     async fn lease_batch(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
         want: i64,
         examined: &mut Vec<String>,
-    ) -> Result<Option<Vec<Leased>>, RecordError> {
+    ) -> Result<Option<(Vec<Leased>, bool)>, RecordError> {
         let dead: Vec<&String> = self
             .seen
             .iter()
@@ -415,6 +421,9 @@ impl Offer<'_> {
         if rows.is_empty() {
             return Ok(None);
         }
+        // Fewer than asked for: nothing else is on offer now (a row locked by another lease is
+        // skipped again), so no second look, which would send every id examined.
+        let more = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= want;
         let mut taken = Vec::new();
         let (mut failed, mut why) = (Vec::new(), Vec::new());
         for row in &rows {
@@ -443,15 +452,14 @@ impl Offer<'_> {
         }
         count_failures(tx, self.service, &failed, &why).await?;
         self.take(tx, &taken).await?;
-        Ok(Some(
-            taken
-                .into_iter()
-                .map(|item| Leased {
-                    item,
-                    lease: Lease::new(self.owner.clone(), self.now, self.expires_at),
-                })
-                .collect(),
-        ))
+        let leased = taken
+            .into_iter()
+            .map(|item| Leased {
+                item,
+                lease: Lease::new(self.owner.clone(), self.now, self.expires_at),
+            })
+            .collect();
+        Ok(Some((leased, more)))
     }
 
     /// Writes the lease of `taken` to this call's owner.
