@@ -22,9 +22,9 @@ pub(super) struct ItemFile {
 }
 
 /// An item file's JSON: the item's fields and `held_aside`, in one object. Spelled out rather
-/// than `#[serde(flatten)]`, which goes through serde's buffered map (ten times slower to read
-/// a batch of 100,000). Generic so a batch can write what its items share (their stopper and
-/// the stop's time) formatted once ([`serde_json::value::RawValue`]) and borrow the rest.
+/// than `#[serde(flatten)]`, which writes through serde's generic map and reads by buffering
+/// every field first. Generic so a batch can write what its items share (their stopper and the
+/// stop's time) formatted once ([`serde_json::value::RawValue`]) and borrow the rest.
 #[derive(Serialize, Deserialize)]
 pub(super) struct Line<B, T, S, V> {
     pub(super) id: S,
