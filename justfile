@@ -14,24 +14,24 @@ test:
 
 # The state-machine test with many more cases.
 proptest-long cases="10000":
-    PROPTEST_CASES={{cases}} cargo test --release --test state_machine
+    PROPTEST_CASES={{cases}} cargo test --release --test tests state_machine::
 
 # The model checker over deeper bounds than CI's (tests/model.rs; docs/reliability.md has the
 # state counts). Release build; several minutes and several GiB of memory.
 model:
-    PLANNED_STOP_MODEL=deep cargo test --release --test model -- --nocapture --test-threads 1
+    PLANNED_STOP_MODEL=deep cargo test --release --test tests -- --nocapture --test-threads 1 model::
 
 # The fleet in chaos for longer, e.g. `just chaos 600` (tests/chaos.rs; needs PostgreSQL's
 # binaries, which ci/postgres.sh installs, and libfaketime: `apt-get install faketime`): 5 replicas
 # on PostgreSQL and 3 on a shared state directory under random faults, a quiet phase, then the
 # checker; then the same with injected defects.
 chaos secs="300":
-    PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --release --features postgres --test chaos -- --ignored --nocapture --test-threads 1
+    PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --release --features postgres --test tests -- --ignored --nocapture --test-threads 1 chaos::
 
 # One injected defect of the chaos checker, e.g. `just chaos-defect ack-skips-lease 18`: the
 # checker must report it (tests/chaos.rs, DEFECTS).
 chaos-defect name secs="72":
-    PLANNED_STOP_CHAOS_DEFECT={{name}} PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --features postgres --test chaos -- --ignored --nocapture --test-threads 1 the_chaos_checker_reports_injected_defects
+    PLANNED_STOP_CHAOS_DEFECT={{name}} PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --features postgres --test tests -- --ignored --nocapture --test-threads 1 chaos::the_chaos_checker_reports_injected_defects
 
 # Fuzz one target for longer, e.g. `just fuzz verdict 600` (installs cargo-fuzz if missing).
 fuzz target secs="60":
@@ -52,10 +52,10 @@ windows:
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
     cargo mutants {{args}} -o target/mutants-protocol -p planned-stop-protocol --file protocol/src/schema.rs --file protocol/src/verdict.rs -- --lib --test marker_and_verdict
-    cargo mutants {{args}} -o target/mutants-pure --file src/record.rs -- --lib --test store
-    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test state_machine --test service --test watcher
-    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test records
-    cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs --file src/telemetry/on.rs -- --lib --test metrics
+    cargo mutants {{args}} -o target/mutants-pure --file src/record.rs -- --lib --test tests -- record:: store::
+    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test tests -- lifecycle:: watcher:: runner:: service:: state_machine::
+    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test tests -- record:: records::
+    cargo mutants {{args}} -o target/mutants-metrics --features actix-web,metrics --file src/telemetry.rs --file src/telemetry/on.rs -- --lib --test tests -- telemetry:: metrics::
 
 # The watcher's tick without and with the `metrics` feature (a Prometheus recorder installed),
 # compared by criterion in one run (docs/performance.md).

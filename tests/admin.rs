@@ -3,7 +3,7 @@
 //!
 //! Each test runs a real service in this process with real HTTP over 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use common::actors::{LogCapture, ParticipantControl};
 use common::http_get;

@@ -28,7 +28,7 @@
 
 #![cfg(all(unix, feature = "postgres"))]
 
-mod common;
+use crate::common;
 use common::Lcg;
 
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing};

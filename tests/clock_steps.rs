@@ -1,7 +1,7 @@
 //! Clock steps: the wall clock jumps back and forward (an NTP step, a suspended VM) while markers
 //! wait; no step makes a marker stop the wrong process or turns an old request into a stop.
 
-mod common;
+use crate::common;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use common::actors::*;

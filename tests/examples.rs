@@ -1,7 +1,7 @@
 //! The examples that no other test runs, as real processes: each does what its header says when
 //! stopped as its header says (`examples/README.md`). `prometheus.rs` is `metrics.rs`'s.
 
-mod common;
+use crate::common;
 
 use common::process::planned_stop;
 use common::{EVENT_TIMEOUT, http_get};

@@ -725,3 +725,41 @@ fn the_readmes_rust_blocks_are_the_compiled_doctests() {
     edited.push("// a line added to the README only".into());
     assert_ne!(edited, visible(&doctests[0]));
 }
+
+/// The files of `names` (the `.rs` files directly in `tests/`) that `tests_rs` does not declare
+/// as a module: with `autotests = false`, such a file is compiled by nothing and its tests never
+/// run. `tests.rs` itself and `systemd.rs` (a binary of its own, `Cargo.toml`) are not modules.
+fn undeclared_test_files(names: &[String], tests_rs: &str) -> Vec<String> {
+    let declared: BTreeSet<&str> = tests_rs
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
+        .collect();
+    names
+        .iter()
+        .filter_map(|n| n.strip_suffix(".rs"))
+        .filter(|n| !["tests", "systemd"].contains(n) && !declared.contains(n))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_test_file_is_a_module_of_the_one_test_binary() {
+    let dir = root().join("tests");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs"))
+        .collect();
+    let tests_rs = std::fs::read_to_string(dir.join("tests.rs")).unwrap();
+    assert_eq!(
+        undeclared_test_files(&names, &tests_rs),
+        Vec::<String>::new(),
+        "declare each in tests/tests.rs (`mod NAME;`, with a line saying what it tests)"
+    );
+    // The check sees a file left out, and a module behind a `cfg` counts as declared.
+    let names = ["a.rs", "b.rs", "tests.rs", "systemd.rs"].map(String::from);
+    assert_eq!(
+        undeclared_test_files(&names, "#[cfg(unix)]\nmod a;\n"),
+        ["b"]
+    );
+}

@@ -1,4 +1,4 @@
-//! The `metrics` feature end to end (`cargo test --features actix-web,metrics --test metrics`):
+//! The `metrics` feature end to end (`cargo test --features actix-web,metrics --test tests metrics::`):
 //! `examples/prometheus.rs`, built by this test with cargo and run as a real process, is scraped
 //! over HTTP at `/metrics` (its Prometheus exporter) across a planned stop, the resume of what it
 //! handed back in its next life, and an unexpected stop; the numbers are checked against what
@@ -8,7 +8,7 @@
 
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use actix::prelude::*;
 use common::actors::{Answering, TokioClock, advance, paused_system};

@@ -19,7 +19,7 @@
 //! Each injected defect (the `defect_*` tests) replaces one of those functions, or the atomicity
 //! of one step, and the checker must find a counterexample; the trace is printed.
 //!
-//! `cargo test --test model` runs the CI bounds (`-- --nocapture` prints states and time);
+//! `cargo test --test tests model::` runs the CI bounds (`-- --nocapture` prints states and time);
 //! `just model` runs the deeper ones (`PLANNED_STOP_MODEL=deep`). docs/design.md describes the
 //! model and docs/reliability.md records the state counts.
 

@@ -8,7 +8,7 @@
 //! `--include-ignored`, and there a missing server fails them. Each test scopes its items by a
 //! service name of its own.
 
-mod common;
+use crate::common;
 
 use planned_stop::internals::Clock;
 use planned_stop::record::{Owner, PgRecordStore, RecordStore, Sharing};
@@ -753,7 +753,7 @@ mod fleet {
         )
         .unwrap();
         use planned_stop::record::RecordStore;
-        crate::runtime().block_on(store.list()).unwrap().len()
+        super::runtime().block_on(store.list()).unwrap().len()
     }
 
     /// With the database at `url` unreachable, the operator still sees the two

@@ -2,7 +2,7 @@
 //! with real `serve` processes (kill -9 in the middle of a resume, services sharing a state
 //! directory, a record store that fails at the stop).
 
-mod common;
+use crate::common;
 
 use planned_stop::internals::Clock;
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing};

@@ -1,7 +1,7 @@
 //! The runner and the watcher together (through `ServiceBuilder`), on tokio's paused clock: the
 //! rules of docs/design.md, including hazards 1 and 7 of docs/protocol.md.
 
-mod common;
+use crate::common;
 
 use actix::prelude::*;
 use chrono::Utc;

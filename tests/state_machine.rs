@@ -25,10 +25,10 @@
 //! watcher that keeps delivering, one whose runner-state guards are all removed, and a lifecycle
 //! without the verdict latch.
 //!
-//! CI runs 1,000 cases of each; `PROPTEST_CASES=10000 cargo test --test state_machine` (or
+//! CI runs 1,000 cases of each; `PROPTEST_CASES=10000 cargo test --test tests state_machine::` (or
 //! `just proptest-long`) runs more.
 
-mod common;
+use crate::common;
 
 use actix::prelude::*;
 use chrono::TimeDelta;

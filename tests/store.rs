@@ -1,7 +1,7 @@
 //! The marker store against real files: hostile inputs, racing claimers, killed writers and the
 //! sweep, and the probe's first contract (its two tests at the end).
 
-mod common;
+use crate::common;
 
 use chrono::{TimeDelta, Utc};
 use common::*;

@@ -6,7 +6,7 @@
 
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use common::process::{json_of, run, s};
 use common::{EVENT_TIMEOUT, http_get, wait_until};

@@ -7,7 +7,7 @@
 //! and makes the drain not clean, a payload that cannot be recorded is refused at once, and a
 //! job offered once the drain has begun is given back to the caller.
 
-mod common;
+use crate::common;
 
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
 use planned_stop::{

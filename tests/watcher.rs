@@ -10,7 +10,7 @@
 //! Every test runs twice: polling only, and event-driven (real filesystem notifications on the
 //! marker's directory, with the poll as the safety net).
 
-mod common;
+use crate::common;
 
 use chrono::Utc;
 use common::actors::*;

@@ -1,5 +1,5 @@
 //! actix-web applications stopped for real: the layouts `main` is written in, and HTTP over
-//! 127.0.0.1 during a planned stop (feature `actix-web`: `cargo test --features actix-web --test web`).
+//! 127.0.0.1 during a planned stop (feature `actix-web`: `cargo test --features actix-web --test tests web::`).
 //!
 //! Each application runs as a child process: this test binary, re-run with `PLANNED_STOP_TEST_HELPER`
 //! set to the layout, which executes `helper_web_app` (ignored in normal runs). It prints
@@ -7,7 +7,7 @@
 
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use planned_stop::Layout;
 use planned_stop::marker::MarkerStore;
