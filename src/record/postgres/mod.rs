@@ -32,6 +32,7 @@
 mod acks;
 mod aside;
 mod config;
+mod offer;
 mod operations;
 mod rows;
 mod schema;

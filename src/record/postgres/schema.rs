@@ -6,9 +6,9 @@ use crate::record::RecordError;
 use tokio_postgres::Client;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
-pub(super) const MIGRATIONS: [&str; 4] = [
+pub(super) const MIGRATIONS: [&str; 5] = [
     // 1: items with their lease, acknowledgements, the last stop per service.
     "CREATE TABLE planned_stop_items (
         service text NOT NULL,
@@ -60,6 +60,11 @@ pub(super) const MIGRATIONS: [&str; 4] = [
     // (its reason in `quarantined`) rather than offered forever.
     "ALTER TABLE planned_stop_items ADD COLUMN failures integer NOT NULL DEFAULT 0,
         ADD COLUMN last_failure text;",
+    // 5: half of each page left free, so a lease, which rewrites every row it takes, writes the
+    // new version beside the old one without touching the indexes (a HOT update): leasing
+    // 100,000 items took 1.6 s of index writes on full pages, 0.4 s with room. Rows written
+    // before keep their full pages.
+    "ALTER TABLE planned_stop_items SET (fillfactor = 50);",
 ];
 
 /// Creates or upgrades the schema, once per database whatever the number of replicas starting.
