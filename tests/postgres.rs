@@ -166,7 +166,7 @@ fn new_items_whose_id_is_taken_are_left_and_the_stop_persists() {
     let url = database();
     let service = unique_service("taken");
     let rt = runtime();
-    let store = PgRecordStore::from_url(&url, service).unwrap();
+    let store = store_for(&url, &service);
     let stopper = Owner::new("stopper-host", 1, 1);
     rt.block_on(store.persist(&stopper, &record_with_items(3)))
         .unwrap();

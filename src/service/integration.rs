@@ -8,7 +8,7 @@
 //! start, which may be before or after `ready()`; whichever of "ready" and "mounted" comes last
 //! decides, and `serve` is called before the server runs, so a whole integration never warns.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// What the application did so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -43,12 +43,16 @@ pub(crate) fn keeps_connections(u: &Use) -> bool {
 pub(crate) struct Integration(Mutex<Use>);
 
 impl Integration {
+    /// What was recorded; a few flags and names stay meaningful whatever panicked while holding
+    /// them, so a poisoned lock neither silences a warning nor hides a missing piece.
+    fn lock(&self) -> MutexGuard<'_, Use> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Applies `change`; warns (once) when the integration is now half used. Returns whether it
     /// warned.
     fn note(&self, change: impl FnOnce(&mut Use)) -> bool {
-        let Ok(mut u) = self.0.lock() else {
-            return false;
-        };
+        let mut u = self.lock();
         change(&mut u);
         if !half_used(&u) {
             return false;
@@ -85,7 +89,7 @@ impl Integration {
     /// ([`keeps_connections`]).
     #[cfg_attr(not(feature = "actix-web"), allow(dead_code))]
     pub(crate) fn keeps_connections(&self) -> bool {
-        self.0.lock().is_ok_and(|u| keeps_connections(&u))
+        keeps_connections(&self.lock())
     }
 
     /// A server runs under `web::serve`.
@@ -120,6 +124,21 @@ mod tests {
         assert!(i.keeps_connections());
         i.mounted(CLOSE_WHEN_STOPPING);
         assert!(!i.keeps_connections());
+    }
+
+    #[test]
+    fn a_poisoned_record_still_warns_and_still_tells_what_was_mounted() {
+        let i = std::sync::Arc::new(Integration::default());
+        let poisoner = i.clone();
+        let _ = std::thread::spawn(move || {
+            let _held = poisoner.0.lock();
+            panic!("poison the lock");
+        })
+        .join();
+        assert!(i.0.is_poisoned());
+        assert!(i.keeps_connections(), "nothing mounted: it keeps them");
+        assert!(!i.readied());
+        assert!(i.mounted("readiness"), "the half-used integration is told");
     }
 
     #[test]
