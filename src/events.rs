@@ -1,35 +1,16 @@
 //! Filesystem notifications for the marker slot: event-driven delivery.
 //!
-//! Polling costs a probe per interval and a marker waits up to one interval to be seen. With
-//! notifications (inotify on Linux, through the `inotify` crate; FSEvents on macOS and
-//! `ReadDirectoryChangesW` on Windows, through the `notify` crate) the watcher probes as soon as
-//! the slot changes, typically within a millisecond. Notifications are an accelerator, never the
-//! only path: events can be missed (a queue overflow, a network file system, a directory replaced
-//! under the watch), so the watcher keeps polling as a safety net and a missed event costs at most
-//! one poll interval.
+//! Polling waits up to one interval to see a marker; with notifications (inotify on Linux through
+//! the `inotify` crate, FSEvents and `ReadDirectoryChangesW` elsewhere through `notify`) the
+//! watcher probes as soon as the slot changes. Events can be missed (an overflow, a network file
+//! system, a replaced directory), so they only accelerate: the watcher keeps polling.
 //!
-//! [`SlotEvents`] watches the slot's directory (not the slot itself, which comes and goes) and
-//! sends a wake-up for every event that touches the slot's name, and for every overflow or error
-//! (after which the truth is unknown, so the watcher should look).
-//!
-//! On Linux it uses inotify itself rather than the generic watcher, asking only for what can
-//! bring a marker — a file renamed into the directory (`IN_MOVED_TO`, how every writer of this
-//! crate delivers one) or a file written in place and closed (`IN_CLOSE_WRITE`) — and compares
-//! the name before anything else runs. Many services share one directory, and every marker
-//! written for one of them is an event for all: through the generic watcher each cost every other
-//! service about 70 µs of CPU (opens, modifications and temporary files included), so stopping N
-//! services one by one cost O(N²).
-//!
-//! **Ending the watch.** Once a stop is delivered the watch has nothing left to do, and how it
-//! ends decides how fast the process can exit. Closing an inotify instance that still has a watch
-//! makes the kernel tear the watch down and wait until it is reaped, which ends with an SRCU grace
-//! period: about 14 ms here. A process that exits with the instance open waits for it too, between
-//! its final outcome and the moment its stopper sees it gone. Removing the watch alone never waits
-//! (the kernel reaps it in the background, within milliseconds), and a close after that has nothing
-//! to wait for. So dropping [`SlotEvents`] removes the watch at once, and the reader thread closes
-//! the instance a second later; a process that exits meanwhile closes it with nothing left to wait
-//! for. `stop --wait` of a target that drains nothing went from 22.6 to 4.3 ms at p99, in one run
-//! (docs/performance.md).
+//! [`SlotEvents`] watches the slot's directory and sends a wake-up for every event that touches the
+//! slot's name, and for every overflow or error. On Linux it asks only for what can bring a marker
+//! (a rename into the directory, a file closed after writing) and compares the name first, since
+//! every marker written for one of many services in a directory is an event for all of them.
+//! Dropping it removes the watch at once and closes the instance a second later: closing (or
+//! exiting with) an instance that still has a watch waits for a kernel grace period.
 
 #[cfg(not(target_os = "linux"))]
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};

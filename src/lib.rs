@@ -1,85 +1,38 @@
 //! # planned-stop
 //!
-//! A *planned stop* for actix applications: a stopper (an operator's shell, a service manager's
-//! `ExecStop`, a deploy tool, a Kubernetes `preStop` hook) tells one specific running process "stop
-//! now, on purpose"; the process acts on that request once, drains its work within a deadline,
-//! records what was left so the next start can resume it, and exits 0. A termination nobody planned
-//! exits non-zero, so supervisors revive it.
+//! A *planned stop* for actix applications: a stopper (a shell, systemd's `ExecStop`, a deploy
+//! tool, a Kubernetes `preStop` hook) asks one specific running process to stop on purpose, and
+//! the process drains its work within a deadline, records what was left for the next start, and
+//! exits 0. A stop nobody planned exits non-zero, so supervisors start it again.
 //!
-//! ## Why a marker file
+//! Guarantees:
 //!
-//! Signals cannot carry "this is planned": a SIGTERM from a deploy and one from an OOM-killing
-//! supervisor look the same, and on Windows there is no SIGTERM handler at all. A small JSON
-//! [`Marker`](marker::Marker) in a directory works on every OS. It names its target by pid *and*
-//! start fingerprint ([`ProcessIdentity`]), so it can never stop a later process that inherited
-//! the pid.
+//! - a request stops only the process it names, by pid *and* start fingerprint
+//!   ([`ProcessIdentity`]), once, on every OS (a JSON [`marker`](marker::Marker) file, since
+//!   signals cannot say "planned" and Windows has no SIGTERM handler);
+//! - no stale, foreign, forged or malformed file stops, wedges or crashes the process;
+//! - every item a stop leaves unfinished is durable before the stop reports success, or the stop
+//!   says `record_lost` with the items; the next start resumes each, acknowledged once;
+//! - `main` returns the exit code of the verdict ([`ServiceHandle::stopped`]).
 //!
-//! ## What you use
+//! [`ServiceBuilder::new`] starts the runner and the watcher on the current actix `System`; actors
+//! with work take part in the drain by handling [`Drain`] and answering a [`DrainReport`] (a
+//! [`WorkSet`] or a [`TaskGroup`] keeps the books). Everything else sits in a module named for
+//! what it is: [`marker`], [`record`], [`stopper`], `web` (feature `actix-web`), `testing`
+//! (feature `testing`). `docs/api.md` maps the surface; `docs/design.md` explains it. The marker
+//! files and the stopper's side are the crate `planned-stop-protocol`, re-exported here.
 //!
-//! The crate root holds what an application's `main` and its actors use:
-//!
-//! - [`ServiceBuilder::new`] starts the runner and the marker watcher on the current actix
-//!   `System`; the [`ServiceHandle`] says when the application is ready, leases what earlier stops
-//!   left ([`ServiceHandle::resume`]), and resolves to the exit code `main` returns.
-//! - Actors with work to finish take part in the drain: they handle [`Drain`] and answer with a
-//!   [`DrainReport`] (a [`WorkSet`] keeps the bookkeeping), in the [`DrainPhase`] they belong to.
-//! - The runner's life as values: [`RunnerStatus`], [`RunnerState`], [`StopCause`],
-//!   [`StopVerdict`], [`StopRequest`], [`SignalKind`], [`ExitCodes`]; the errors of a start
-//!   ([`StartError`], [`IdentityError`]).
-//!
-//! Everything else lives in a module named for what it is:
-//!
-//! - [`marker`]: the marker, its slot directory ([`marker::MarkerStore`]), the one decision
-//!   ([`marker::Verdict`]) and its [`marker::Policy`]; the size limits a stopper must respect.
-//! - [`record`]: what a stop leaves for the next start — the [`record::StopRecord`], the resume
-//!   items, the [`record::RecordStore`] trait and its stores ([`record::FileRecordStore`], and
-//!   with `postgres` the fleet's `PgRecordStore`).
-//! - [`stopper`]: the other side — [`stopper::request`] writes a marker for exactly one
-//!   [`ProcessIdentity`], and [`stopper::wait`] follows that process to its
-//!   [`stopper::Outcome`].
-//! - `web` (with `actix-web`): the `HttpServer` as the ingress drain participant, readiness that
-//!   says `draining`.
-//! - `testing` (with `testing`): the conformance suite for a third-party record store, and the
-//!   test seams (a clock, a liveness probe) the crate's stores and builder accept.
-//!
-//! `docs/api.md` in the repository lists the whole surface by module.
-//!
-//! Backend rules, the runner's own messages and the test seams are not part of it:
+//! Backend rules, the runner's messages and the test seams are not part of the API:
 //!
 //! ```compile_fail,E0432
 //! use planned_stop::{Clock, PlannedStop, RunnerActor, is_offered};
 //! ```
 //!
-//! ## Cargo features
-//!
-//! None is on by default, and none needs turning off: the `planned-stop` command-line tool is a
-//! crate of its own (`planned-stop-cli`), so an application compiles none of clap, indicatif or
-//! tracing-subscriber. The features, each off until asked for:
-//!
-//! - `systemd`: `READY=1`, `STOPPING=1` and status notifications through `$NOTIFY_SOCKET` (Unix).
-//! - `actix-web`: `web` — the `HttpServer` as the ingress drain participant,
-//!   readiness that says `draining`, and the exit code `main` returns.
-//! - `postgres`: `record::PgRecordStore`, the record store every replica of a fleet reaches.
-//! - `metrics`: stops by cause and verdict, drain durations per phase, the fate of every
-//!   handed-back item, leases and the runner's state, recorded through the `metrics` facade into
-//!   the exporter the application installs (the names are in `docs/operations.md`). Nothing of it
-//!   is compiled without the feature.
-//! - `testing`: `testing`, the conformance suite a third-party [`record::RecordStore`] runs to
-//!   show it follows the same rules as the crate's own stores, and the test seams: the builder's
-//!   and the stores' `clock`, the stores' `liveness`, the builder's `identity`.
-//!
-//! ## How the pieces fit
-//!
-//! The file protocol — the marker, the verdict, process identity, the marker, outcome and
-//! presence files, and the stopper's side — is the crate `planned-stop-protocol`, which has no
-//! actix and no async runtime; this crate re-exports it whole ([`marker`], [`stopper`],
-//! [`ProcessIdentity`], [`Layout`]). Inside, dependencies point one way. The marker schema and its bounded parser, and the **one**
-//! verdict function, are pure; the store and the process identity read the file system and the OS
-//! and hold no policy of their own; the runner's rules (states, causes, the verdict latch, the
-//! drain phases) are pure too, and two actors, the runner and the watcher, act on them; the service
-//! wires everything together, and the stopper is the other side. Only what is listed above is
-//! public, so every other piece can change without breaking an application. `docs/design.md` in
-//! the repository walks through each piece.
+//! Features, none on by default: `systemd` (notifications through `$NOTIFY_SOCKET`), `actix-web`
+//! (the `HttpServer` as the ingress participant, readiness, the exit code `main` returns),
+//! `postgres` (`record::PgRecordStore` for a fleet), `metrics` (stops, drains and items through
+//! the `metrics` facade; nothing compiled without it), `testing` (the conformance suite for a
+//! third-party [`record::RecordStore`], and the test seams).
 //!
 //! ```
 //! use chrono::Utc;

@@ -1,31 +1,17 @@
 //! systemd's notification protocol (`sd_notify(3)`), behind the `systemd` cargo feature.
 //!
-//! With `Type=notify` (or `notify-reload`) systemd waits for `READY=1` before it considers the
-//! service started, and kills it when `TimeoutStopSec` runs out after the stop began. This module
-//! follows the runner's status and tells systemd:
+//! Follows the runner's status and tells systemd `READY=1` when running; `STOPPING=1` and a
+//! `STATUS=` naming the verdict when the drain starts; `EXTEND_TIMEOUT_USEC=` once a second until
+//! the final outcome, each covering the rest of the stop's bound, so a drain longer than
+//! `TimeoutStopSec` is honoured while the event loop runs (a wedged one stops renewing, and the
+//! overrun watchdog ends it first); a final `STATUS=` with the exit code; and `WATCHDOG=1` every
+//! half of `WatchdogSec=`, from the `System`'s own event loop, so a blocked loop stops the
+//! heartbeat.
 //!
-//! - `READY=1` and `STATUS=running` when the runner is `Running`;
-//! - `STOPPING=1` and a `STATUS=` line naming the verdict when it starts draining;
-//! - `EXTEND_TIMEOUT_USEC=` from the drain's start until the final outcome, once a second, each
-//!   time covering the rest of the stop's bound (the drain, its answer graces, the persist
-//!   deadline, and the overrun or exit grace, whichever is longer) plus a second: a drain deadline
-//!   longer than the unit's `TimeoutStopSec` is honoured instead of ending in SIGKILL, and so is
-//!   the record's write after it; a process whose event loop wedges stops renewing, and its own
-//!   overrun watchdog (which logs the items not yet recorded) ends it before systemd's SIGKILL
-//!   (systemd expects a new message within each extension);
-//! - a final `STATUS=` line with the exit code;
-//! - `WATCHDOG=1` every half of `WatchdogSec=` when the unit sets it (`$WATCHDOG_USEC`, for this
-//!   pid when `$WATCHDOG_PID` says which), sent from a task on the actix `System`'s own event loop:
-//!   a loop that is blocked or wedged stops the heartbeat, and systemd kills and restarts the
-//!   service (`Restart=on-watchdog` or `on-failure`) instead of leaving a process that ignores
-//!   stops.
-//!
-//! Once a restart in place has handed over (the successor sent `MAINPID=`), this process says
-//! nothing more, not even its heartbeat: with `NotifyAccess=all` systemd reads any message from the
-//! unit as the unit's, and a `STOPPING=1` from the predecessor would make it take the whole unit
-//! (successor included) as stopping.
-//!
-//! Without `$NOTIFY_SOCKET` (not started by systemd) every call is a no-op.
+//! Once a restart in place has handed over (the successor sent `MAINPID=`) this process says
+//! nothing more: with `NotifyAccess=all` systemd reads any message of the unit as the unit's, and a
+//! `STOPPING=1` from the predecessor would stop the successor too. Without `$NOTIFY_SOCKET` every
+//! call is a no-op.
 
 use crate::lifecycle::{RunnerState, StopVerdict};
 use crate::runner::RunnerStatus;

@@ -1,43 +1,16 @@
 //! [`FileRecordStore`]: the record store in a local state directory.
 //!
-//! Layout, all private to the service's user (directories 0700, files 0600):
+//! The layout and its rules are docs/protocol.md's "The state directory": a stop's items in one
+//! batch file, leases in lease files, an item's own file only when it is held aside or released,
+//! acknowledgements in their own directory, every operation under one `flock` (a lock held longer
+//! than [`LOCK_WAIT`] is an error, never a wedge). Every write is a new exclusive temporary file,
+//! fsync, rename and directory fsync; nothing is opened through a symlink, FIFO or device, and
+//! another user's file is never read.
 //!
-//! - `DIR/planned-stop-record.json` — the most recent stop's summary, for people (`status`); the
-//!   last writer wins, which loses nothing, because the work itself is in the item files;
-//! - `DIR/planned-stop-batches/<name>.batch.json` — the unfinished items of one stop, written and
-//!   synced once however many there are (see [`batch`] for which version of an item counts);
-//! - `DIR/planned-stop-batches/<n>.leases.json` — the leases one lease or renewal gave, or the
-//!   end of the leases of the items a stop hands back (see [`leases`]);
-//! - `DIR/planned-stop-items/<id>.item.json` — an item's own file, written when a failed attempt
-//!   is counted, and when it is held aside for a person (the reason is in the file) or released;
-//! - `DIR/planned-stop-items/<id>.lease.json` — one item's own lease, or the end of a lease a
-//!   batch gave (a release, a hold aside);
-//! - `DIR/planned-stop-acked/<id>.item.json` — an acknowledged item (the rename of its own file,
-//!   or a new file for an item only a batch holds: atomic either way), and `<id>.dropped` an
-//!   operator's drop; kept a day (for `records` and the tests) and while a batch holds the item,
-//!   then swept;
-//! - `DIR/.planned-stop.lock` — every operation holds an exclusive lock on it (`flock`,
-//!   `LockFileEx`), so several processes sharing the directory never interleave. The OS drops the
-//!   lock of a process that dies; a lock held longer than [`LOCK_WAIT`] is an error, never a wedge.
-//!
-//! Every write goes through a new temporary file with a unique name (created exclusively, retried
-//! on a collision with a leftover), fsync, rename and a directory fsync; every removal that must
-//! not come back (an operator's drop) is followed by a directory fsync. Nothing is ever opened
-//! through a symlink, a FIFO, a device or a directory, and a file owned by another user is never
-//! read: such a file is skipped with one warning (its path, size and why, never its contents), and
-//! the operator sees it with `records list`. The directories must belong to this process's user or
-//! root (whoever owns them can rename what they hold).
-//!
-//! Leases are judged on this host's wall clock (the clock the service reads): the
-//! directory is one host's, so every process sharing it reads the same clock, and a lease's owner
-//! on this host is looked up by its pid and start fingerprint rather than by its expiry. A
-//! directory shared by several hosts (a network file system) is not supported: their clocks would
-//! judge each other's leases, and their process tables cannot be read. Use [`crate::record::PgRecordStore`]
-//! for a fleet.
-//!
-//! The work is blocking file I/O and, while another process holds the lock, a wait of up to
-//! [`LOCK_WAIT`]: inside a tokio runtime (the actix `System`) it runs on the runtime's blocking
-//! threads, so the event loop never waits on a disk or a lock.
+//! Leases are judged on this host's wall clock, their owners looked up by pid and start
+//! fingerprint: the directory is one host's (use [`crate::record::PgRecordStore`] for a fleet).
+//! The work is blocking, so inside a runtime it runs on the blocking threads, never on the event
+//! loop.
 
 mod ack;
 mod aside;
