@@ -44,6 +44,10 @@ fi
 # (without it every .exe exits 53 before main): put a stand-in into the prefix.
 x86_64-w64-mingw32-gcc -shared -O2 -o "$WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll" \
   ci/bcryptprimitives.c ci/bcryptprimitives.def -ladvapi32
+# A wineserver an earlier run left for this prefix (interrupted, or a developer's own) would make
+# the persistent one below refuse to start: end it first.
+"$WINESERVER" -k 2>/dev/null || true
+"$WINESERVER" -w 2>/dev/null || true
 "$WINESERVER" -p
 trap '"$WINESERVER" -k 2>/dev/null || true' EXIT
 # Start Wine's own services now, detached from this script's output: started later by a test
