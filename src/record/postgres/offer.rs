@@ -100,8 +100,9 @@ impl Offer<'_> {
 
     /// Writes the lease of the rows at `addresses` (their `ctid`, as this transaction's look read
     /// them) to this call's owner. By address rather than by id: the rows are locked by this
-    /// transaction (`FOR UPDATE`), so they cannot move, and a TID scan finds 100,000 of them in a
-    /// fraction of what 100,000 primary-key lookups cost (docs/performance.md).
+    /// transaction (`FOR UPDATE`), so they cannot move, and matching 100,000 addresses costs a
+    /// fraction of 100,000 primary-key lookups (the planner scans the service's rows and filters
+    /// them by address). Most of the time left is writing the rows (docs/performance.md).
     async fn take(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
