@@ -82,7 +82,7 @@ fn leased_items(dir: &std::path::Path) -> (FileRecordStore, Owner, Vec<String>) 
         .map(|i| serde_json::json!(format!("job-{i}")))
         .collect();
     plain()
-        .block_on(store.persist(&Owner::new("bench-host", 9, 9), &stop_record(items)))
+        .block_on(store.persist(&Owner::new("bench-host", 9, 9), stop_record(items).into()))
         .unwrap();
     let ids: Vec<String> = plain()
         .block_on(store.lease(&owner, usize::MAX, Duration::from_secs(600)))

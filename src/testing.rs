@@ -121,7 +121,7 @@ impl Sut {
         }
         let record = stop_record(stopper.pid, now, items);
         self.runtime
-            .block_on(self.store.persist(&stopper, &record))
+            .block_on(self.store.persist(&stopper, record.clone().into()))
             .unwrap();
     }
 

@@ -105,8 +105,11 @@ fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
             .operation_timeout(Duration::from_secs(120))
     };
     let rt = runtime();
-    rt.block_on(open().persist(&Owner::new("stopper-host", 1, 1), &record_with_items(N)))
-        .unwrap();
+    rt.block_on(open().persist(
+        &Owner::new("stopper-host", 1, 1),
+        record_with_items(N).into(),
+    ))
+    .unwrap();
     // The summary for people names a few and counts the rest; the items are all in the store.
     let summary = rt.block_on(open().last_stop()).unwrap().unwrap();
     assert_eq!(
@@ -134,7 +137,8 @@ fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
             .unwrap()
         })
         .collect();
-    rt.block_on(store.persist(&next, &back)).unwrap();
+    rt.block_on(store.persist(&next, back.clone().into()))
+        .unwrap();
     let third = Owner::new("third-host", 3, 1);
     let again = rt
         .block_on(open().lease(&third, usize::MAX, Duration::from_secs(600)))
@@ -154,12 +158,9 @@ fn a_stop_of_100_000_items_is_resumed_each_exactly_once() {
     assert!(rt.block_on(store.list()).unwrap().is_empty());
 }
 
-/// 8 claimers, each with its own connection and identity, lease batches of 50 from 10,000 items
-/// and acknowledge each: no item is ever handed to a claimer while another holds it, and every
-/// item is acknowledged exactly once.
-/// New items are inserted where no row has their id, by an anti-join, and by `ON CONFLICT DO
-/// NOTHING` when that meets a unique violation: an id twice in one stop, or one another
-/// transaction inserted meanwhile. Either way the first version stands and the stop persists.
+/// New items are written by one `COPY`, and by `INSERT … ON CONFLICT DO NOTHING` when that meets
+/// a unique violation: an id taken already, twice in one stop, or one another transaction
+/// inserted meanwhile. Either way the first version stands and the stop persists.
 #[test]
 #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn new_items_whose_id_is_taken_are_left_and_the_stop_persists() {
@@ -168,16 +169,17 @@ fn new_items_whose_id_is_taken_are_left_and_the_stop_persists() {
     let rt = runtime();
     let store = store_for(&url, &service);
     let stopper = Owner::new("stopper-host", 1, 1);
-    rt.block_on(store.persist(&stopper, &record_with_items(3)))
+    rt.block_on(store.persist(&stopper, record_with_items(3).into()))
         .unwrap();
     // Persisted again (a retried persist): every id is taken, nothing changes.
-    rt.block_on(store.persist(&stopper, &record_with_items(3)))
+    rt.block_on(store.persist(&stopper, record_with_items(3).into()))
         .unwrap();
     // An id twice among the new items, beside one taken and one new.
     let mut twice = record_with_items(4);
     twice.unfinished[0].id = Some("item-000003".into());
     twice.unfinished[0].item = serde_json::json!("first");
-    rt.block_on(store.persist(&stopper, &twice)).unwrap();
+    rt.block_on(store.persist(&stopper, twice.clone().into()))
+        .unwrap();
     let listed = rt.block_on(store.list()).unwrap();
     let ids: Vec<&str> = listed.iter().map(|s| s.item.id.as_str()).collect();
     assert_eq!(
@@ -192,6 +194,9 @@ fn new_items_whose_id_is_taken_are_left_and_the_stop_persists() {
     );
 }
 
+/// 8 claimers, each with its own connection and identity, lease batches of 50 from 10,000 items
+/// and acknowledge each: no item is ever handed to a claimer while another holds it, and every
+/// item is acknowledged exactly once.
 #[test]
 #[ignore = "needs PostgreSQL: PLANNED_STOP_TEST_DATABASE_URL and --include-ignored (.ci/run)"]
 fn eight_concurrent_claimers_over_10_000_items_never_share_one_and_acknowledge_each_once() {
@@ -202,7 +207,7 @@ fn eight_concurrent_claimers_over_10_000_items_never_share_one_and_acknowledge_e
         .unwrap()
         .operation_timeout(Duration::from_secs(60));
     runtime()
-        .block_on(store.persist(&stopper, &record_with_items(10_000)))
+        .block_on(store.persist(&stopper, record_with_items(10_000).into()))
         .unwrap();
     let held: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Default::default();
     let claimers: Vec<_> = (0..8)
@@ -878,7 +883,7 @@ fn two_items_leased(
 ) {
     let rt = runtime();
     let store = store_for(url, service);
-    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
+    rt.block_on(store.persist(&Owner::new("h", 1, 1), record_with_items(2).into()))
         .unwrap();
     let holder = Owner::new("replica", 10, 1);
     let leased = rt
@@ -919,7 +924,7 @@ fn hostile_rows_are_quarantined_and_attempts_saturate() {
     let store = store_for(&url, &service);
     rt.block_on(store.persist(
         &Owner::new("h", 1, 1),
-        &record_with_items(1), // item-000000
+        record_with_items(1).into(), // item-000000
     ))
     .unwrap();
     let client = rt.block_on(raw(&url));
@@ -957,7 +962,8 @@ fn hostile_rows_are_quarantined_and_attempts_saturate() {
             }))
             .unwrap()
         }));
-        rt.block_on(store.persist(&me, &back)).unwrap();
+        rt.block_on(store.persist(&me, back.clone().into()))
+            .unwrap();
     }
     let listed = rt.block_on(store.list()).unwrap();
     assert_eq!(listed.len(), 3, "nothing multiplied: {listed:?}");
@@ -999,7 +1005,9 @@ fn a_spilled_hand_back_replaces_the_stale_row_it_held() {
         }))
         .unwrap()
     }));
-    let how = rt.block_on(unreachable.persist(&holder, &back)).unwrap();
+    let how = rt
+        .block_on(unreachable.persist(&holder, back.clone().into()))
+        .unwrap();
     assert!(
         matches!(how, planned_stop::record::Persisted::Spilled { .. }),
         "{how:?}"
@@ -1047,11 +1055,11 @@ fn a_dropped_item_is_not_brought_back_by_its_holder_directly_or_through_the_spil
         back
     };
     assert_eq!(leased.len(), 2);
-    rt.block_on(store.persist(&holder, &back_of(&["item-000000"])))
+    rt.block_on(store.persist(&holder, back_of(&["item-000000"]).into()))
         .unwrap();
     // The other one through a spill.
     let (_dir, spill, unreachable) = unreachable_with_spill(&service);
-    rt.block_on(unreachable.persist(&holder, &back_of(&["item-000001"])))
+    rt.block_on(unreachable.persist(&holder, back_of(&["item-000001"]).into()))
         .unwrap();
     let next = store_for(&url, &service).spill_to(spill);
     let leased = rt
@@ -1071,7 +1079,7 @@ fn what_a_timed_out_lease_took_is_released_again() {
     let service = unique_service("slow-commit");
     let rt = runtime();
     let store = store_for(&url, &service);
-    rt.block_on(store.persist(&Owner::new("h", 1, 1), &record_with_items(2)))
+    rt.block_on(store.persist(&Owner::new("h", 1, 1), record_with_items(2).into()))
         .unwrap();
     let client = rt.block_on(raw(&url));
     let trigger = format!("slow_{}", std::process::id());

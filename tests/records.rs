@@ -126,9 +126,9 @@ mod outside {
         fn persist<'a>(
             &'a self,
             stopper: &'a Owner,
-            record: &'a StopRecord,
+            record: std::sync::Arc<StopRecord>,
         ) -> RecordFuture<'a, Persisted> {
-            self.persist_now(stopper, record);
+            self.persist_now(stopper, &record);
             Box::pin(async { Ok(Persisted::Durable) })
         }
 

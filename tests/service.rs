@@ -1591,7 +1591,8 @@ fn work_finishing_together_is_acknowledged_together() {
         .unwrap();
     let stopper = planned_stop::record::Owner::new("another-host", 1, 1);
     let record = planned_stop::testing::stop_record(1, Utc::now(), items);
-    rt.block_on(store.inner.persist(&stopper, &record)).unwrap();
+    rt.block_on(store.inner.persist(&stopper, record.clone().into()))
+        .unwrap();
     let sys = actix::System::new();
     let (acked, left) = sys.block_on(async {
         let h = ServiceBuilder::new(Layout::Slots(f.markers()))

@@ -373,7 +373,7 @@ impl RecordStore for Gate {
     fn persist<'a>(
         &'a self,
         s: &'a planned_stop::record::Owner,
-        r: &'a StopRecord,
+        r: std::sync::Arc<StopRecord>,
     ) -> planned_stop::record::RecordFuture<'a, planned_stop::record::Persisted> {
         self.inner.persist(s, r)
     }

@@ -27,7 +27,7 @@ use summary::read_record_file;
 pub(crate) use summary::record_path;
 
 use super::lease::{self, Lease, Liveness, Owner};
-use super::store::{ItemState, Leased, ResumeItem, lease_end, oldest_first};
+use super::store::{ItemState, Leased, lease_end, oldest_first};
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files as fsx;
@@ -324,8 +324,15 @@ impl FileRecordStore {
         let Ok(entries) = fs::read_dir(&self.acked) else {
             return Ok(());
         };
+        let old: Vec<fs::DirEntry> = (entries.flatten())
+            .filter(|entry| older_than(entry, ACK_KEEP))
+            .collect();
+        if old.is_empty() {
+            // Nothing to sweep: the batches are not read for it.
+            return Ok(());
+        }
         let batches = self.batches()?;
-        for entry in entries.flatten() {
+        for entry in old {
             let name = entry.file_name();
             let name = name.to_string_lossy();
             let id = name
@@ -335,16 +342,14 @@ impl FileRecordStore {
             if id.is_some_and(|id| batches.holds(id)) {
                 continue;
             }
-            if older_than(&entry, ACK_KEEP) {
-                self.remove_file(&entry.path())?;
-            }
+            self.remove_file(&entry.path())?;
         }
         Ok(())
     }
 
-    /// Takes the record whole, so its items move into the store's versions of them rather than
-    /// being copied (100,000 items are 100,000 JSON values).
-    fn persist_now(&self, stopper: &Owner, mut record: StopRecord) -> Result<(), RecordError> {
+    /// Writes the items from the record as it is, never copying them (100,000 items are
+    /// 100,000 JSON values, and the runner keeps the record for the stop's outcome).
+    fn persist_now(&self, stopper: &Owner, record: &StopRecord) -> Result<(), RecordError> {
         self.refuse_read_only()?;
         // Again at the stop: the directories may have been removed, opened up or given away.
         self.prepare()?;
@@ -353,52 +358,52 @@ impl FileRecordStore {
         } else {
             self.states()?
         };
-        // The summary for people, made while the record still has its items (written last).
+        // The summary for people, made now; written last.
         let summary = serde_json::to_vec(&record.summary());
-        let stopped_at = record.finished_at;
-        let mut files = Vec::new();
+        let mut kept = Vec::with_capacity(record.unfinished.len());
         let mut handed_back = Vec::new();
-        for unfinished in std::mem::take(&mut record.unfinished) {
-            let id = super::store::checked_item(&unfinished)
-                .map_err(|reason| RecordError::Invalid {
+        for unfinished in &record.unfinished {
+            let id =
+                super::store::checked_item(unfinished).map_err(|reason| RecordError::Invalid {
                     path: self.items.clone(),
                     reason,
-                })?
-                .to_owned();
+                })?;
             let Some(counts) =
-                super::store::counts_after_persist(stopper, &unfinished, existing.get(&id))
+                super::store::counts_after_persist(stopper, unfinished, existing.get(id))
             else {
                 continue;
             };
             if unfinished.resumed {
-                handed_back.push(id.clone());
+                handed_back.push(id.to_owned());
             }
-            let item = ResumeItem::new(
-                id,
-                unfinished.participant,
-                unfinished.item,
-                stopper.clone(),
-                stopped_at,
-                counts.attempts,
-            )
-            .with_failures(counts.failures, counts.last_failure);
-            files.push(aside::ItemFile {
-                item,
-                held_aside: None,
-            });
+            kept.push((id, unfinished, counts));
         }
-        // Every item in one write and one sync (a few, for very many): durable before anything
-        // else changes. A handed-back item's batch version counts over its older ones (one
-        // attempt more), so its own file and lease can go, all made durable by one sync: a
-        // lease that came back after a power loss would count a failure that never happened.
-        self.write_batches(files)?;
-        let leased_in_batches: Vec<String> = {
+        // A handed-back item's lease in a lease batch ends by a release (lease batches only:
+        // the items written below change none of them).
+        let leased_in_batches: Vec<String> = if handed_back.is_empty() {
+            Vec::new()
+        } else {
             let batches = self.batches()?;
             (handed_back.iter())
                 .filter(|id| batches.best_lease(id).is_some())
                 .cloned()
                 .collect()
         };
+        // Every item in one write and one sync (a few, for very many): durable before anything
+        // else changes. A handed-back item's batch version counts over its older ones (one
+        // attempt more), so its own file and lease can go, all made durable by one sync: a
+        // lease that came back after a power loss would count a failure that never happened.
+        self.write_batches(kept.iter().map(|(id, unfinished, counts)| aside::Line {
+            id: *id,
+            participant: unfinished.participant.as_str(),
+            item: &unfinished.item,
+            stopped_by: stopper,
+            stopped_at: record.finished_at,
+            attempts: counts.attempts,
+            failures: counts.failures,
+            last_failure: counts.last_failure.as_deref(),
+            held_aside: None,
+        }))?;
         let release = Lease::new(stopper.clone(), self.clock.now(), self.clock.now());
         self.write_leases(release, leased_in_batches, true)?;
         for id in &handed_back {
@@ -454,7 +459,7 @@ impl FileRecordStore {
             items = record.unfinished.len(),
             "importing the items of an earlier version's stop record"
         );
-        self.persist_now(&stopper, record)
+        self.persist_now(&stopper, &record)
     }
 
     fn lease_now(
@@ -511,7 +516,11 @@ impl FileRecordStore {
         let ids = leased.iter().map(|l| l.item.id.clone()).collect();
         // The lease first: a crash between the two leaves this life's own failure to count.
         self.write_leases(lease, ids, false)?;
-        self.write_batches(failed)?;
+        self.write_batches(
+            failed
+                .iter()
+                .map(|f| f.line(&f.item.stopped_by, f.item.stopped_at)),
+        )?;
         for (mut state, why) in failed_own {
             self.count_failure(&mut state, why)?;
         }

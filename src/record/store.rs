@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a [`RecordStore`] method returns.
@@ -162,10 +163,13 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     /// counted up (saturating) only while `stopper` holds its lease; one that was acknowledged, dropped or
     /// released by an operator, or taken by someone else, is left as it is. Returns only once
     /// everything is durable; an error means the items may not be.
+    ///
+    /// The record is shared, not lent: the runner keeps it for the stop's outcome, and a store
+    /// that does its work on another thread takes it there without copying every item.
     fn persist<'a>(
         &'a self,
         stopper: &'a Owner,
-        record: &'a StopRecord,
+        record: Arc<StopRecord>,
     ) -> RecordFuture<'a, Persisted>;
 
     /// Leases to `owner` up to `max` of the items on offer, oldest first, until `lease_for` from

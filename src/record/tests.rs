@@ -87,7 +87,7 @@ fn owner(pid: u32) -> Owner {
 fn persisted_items_are_leased_once_and_gone_once_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let (store, dead) = store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     assert_eq!(
         FileRecordStore::read_last_stop(store.dir()).unwrap(),
         Some(record())
@@ -132,7 +132,7 @@ fn the_summary_of_a_stop_of_many_items_names_a_few_and_counts_the_rest() {
             ..one.clone()
         })
         .collect();
-    block_on(store.persist(&owner(42), &many)).unwrap();
+    block_on(store.persist(&owner(42), many.clone().into())).unwrap();
     let summary = FileRecordStore::read_last_stop(store.dir())
         .unwrap()
         .unwrap();
@@ -150,14 +150,14 @@ fn the_summary_of_a_stop_of_many_items_names_a_few_and_counts_the_rest() {
 fn an_item_handed_back_by_its_holder_is_pending_again_with_its_attempts_counted() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     // Someone else handing it back changes nothing: it is not theirs.
-    block_on(store.persist(&owner(9), &handed_back(record()))).unwrap();
+    block_on(store.persist(&owner(9), handed_back(record()).into())).unwrap();
     let listed = block_on(store.list()).unwrap();
     assert_eq!(listed[0].lease.as_ref().unwrap().owner, owner(1));
     assert_eq!(listed[0].item.attempts, 1);
-    block_on(store.persist(&owner(1), &handed_back(record()))).unwrap();
+    block_on(store.persist(&owner(1), handed_back(record()).into())).unwrap();
     let listed = block_on(store.list()).unwrap();
     assert_eq!(listed[0].lease, None);
     assert_eq!(listed[0].item.attempts, 2);
@@ -257,7 +257,7 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
         resumed: false,
         failure: None,
     });
-    block_on(store.persist(&owner(42), &two)).unwrap();
+    block_on(store.persist(&owner(42), two.clone().into())).unwrap();
     let fifo = |path: &std::path::Path| {
         fs::remove_file(path).unwrap();
         rustix::fs::mknodat(
@@ -273,7 +273,7 @@ fn a_fifo_at_the_record_or_an_item_path_never_blocks_and_is_skipped() {
     let batch = the_batch(&store);
     let mut one = record();
     one.unfinished[0].id = Some("item-3".into());
-    block_on(store.persist(&owner(42), &one)).unwrap();
+    block_on(store.persist(&owner(42), one.clone().into())).unwrap();
     fifo(&file::record_path(store.dir()));
     fifo(&batch);
     assert!(matches!(
@@ -301,7 +301,7 @@ fn a_leftover_temporary_file_never_stops_a_write() {
         b"x",
     )
     .unwrap();
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     assert_eq!(block_on(store.list()).unwrap().len(), 1);
 }
 
@@ -330,7 +330,7 @@ fn the_state_directory_is_created_private_and_a_shared_one_is_refused() {
 fn operators_release_and_drop_items() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     assert!(block_on(store.release(None, "item-1")).unwrap());
     assert!(
@@ -369,7 +369,7 @@ fn a_lock_held_too_long_is_an_error_never_a_wedge() {
 fn a_refusal_names_the_holder() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     let err = block_on(store.acknowledge(&owner(2), "item-1")).unwrap_err();
     assert_eq!(
@@ -393,7 +393,7 @@ fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release()
             failure: None,
         });
     }
-    block_on(store.persist(&owner(42), &three)).unwrap();
+    block_on(store.persist(&owner(42), three.clone().into())).unwrap();
     let holder = owner(1);
     assert_eq!(
         block_on(store.lease(&holder, 10, Duration::from_secs(60)))
@@ -408,7 +408,7 @@ fn a_hand_back_never_undoes_an_acknowledgement_or_an_operators_drop_or_release()
     let taken = block_on(store.lease(&other, 10, Duration::from_secs(60))).unwrap();
     assert_eq!(taken.len(), 1, "item-3 is someone else's now");
     // The holder's planned stop hands back all three.
-    block_on(store.persist(&holder, &handed_back(three))).unwrap();
+    block_on(store.persist(&holder, handed_back(three).into())).unwrap();
     let listed = block_on(store.list()).unwrap();
     let ids: Vec<&str> = listed.iter().map(|s| s.item.id.as_str()).collect();
     assert_eq!(
@@ -427,7 +427,7 @@ fn a_summary_that_cannot_be_written_does_not_fail_the_persist() {
     let (store, _) = store(dir.path());
     fs::create_dir(store.dir().join(RECORD_FILE_NAME)).unwrap();
     assert_eq!(
-        block_on(store.persist(&owner(42), &record())).unwrap(),
+        block_on(store.persist(&owner(42), record().into())).unwrap(),
         Persisted::Durable
     );
     let listed = block_on(store.list()).unwrap();
@@ -469,7 +469,7 @@ fn leftovers_and_acknowledgements_older_than_a_day_are_swept_and_younger_ones_ke
     block_on(store.list()).unwrap();
     assert!(!old_temp.exists(), "a leftover older than a day is removed");
     assert!(young_temp.exists(), "two hours is younger than a day");
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     assert!(
         !old_ack.exists(),
         "an acknowledgement older than a day is removed"

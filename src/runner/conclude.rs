@@ -10,6 +10,7 @@ use crate::record::{
     Note, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id, item_id, unstorable,
 };
 use actix::prelude::*;
+use std::sync::Arc;
 
 impl RunnerActor {
     /// Every phase has answered or run out of time: the stop's exit code, its items (new work
@@ -136,9 +137,10 @@ impl RunnerActor {
             return self.conclude(record, Ok(Persisted::Durable), ctx);
         };
         let budget = self.config.persist_deadline;
+        let record = Arc::new(record);
         let persisting = async move {
             let recording = async {
-                let persisted = store.persist(&stopper, &record).await?;
+                let persisted = store.persist(&stopper, Arc::clone(&record)).await?;
                 give_back(store.as_ref(), &stopper, &given_back).await;
                 Ok(persisted)
             };
@@ -149,6 +151,9 @@ impl RunnerActor {
                      deadline); is it reachable?"
                 ))),
             };
+            // The store is done with it, unless it is still at work past the deadline.
+            let record =
+                Arc::try_unwrap(record).unwrap_or_else(|shared| StopRecord::clone(&shared));
             (record, result)
         };
         // The store's own log lines (a retry, a spill) belong to this stop too.

@@ -46,7 +46,7 @@ impl RecordStore for Faulty {
     fn persist<'a>(
         &'a self,
         s: &'a planned_stop::record::Owner,
-        r: &'a StopRecord,
+        r: std::sync::Arc<StopRecord>,
     ) -> planned_stop::record::RecordFuture<'a, planned_stop::record::Persisted> {
         match self.fault {
             Fault::PersistHangs => Box::pin(std::future::pending()),
@@ -55,7 +55,7 @@ impl RecordStore for Faulty {
                 Ok(planned_stop::record::Persisted::Durable)
             }),
             Fault::FirstRenewalFails | Fault::None => self.inner.persist(s, r),
-            Fault::PersistSpills => Box::pin(async {
+            Fault::PersistSpills => Box::pin(async move {
                 self.inner.persist(s, r).await?;
                 Ok(planned_stop::record::Persisted::Spilled {
                     reason: "the database is unreachable".into(),
@@ -140,7 +140,7 @@ pub fn left_by_another_process(store: &dyn RecordStore, items: Vec<serde_json::V
         .unwrap()
         .block_on(store.persist(
             &planned_stop::record::Owner::new("elsewhere", 1, 1),
-            &record,
+            record.clone().into(),
         ))
         .unwrap();
 }

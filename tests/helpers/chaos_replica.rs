@@ -78,10 +78,14 @@ impl Defective {
 }
 
 impl RecordStore for Defective {
-    fn persist<'a>(&'a self, s: &'a Owner, r: &'a StopRecord) -> RecordFuture<'a, Persisted> {
+    fn persist<'a>(
+        &'a self,
+        s: &'a Owner,
+        r: std::sync::Arc<StopRecord>,
+    ) -> RecordFuture<'a, Persisted> {
         Box::pin(async move {
-            let record = self.defective_record(s, r).await;
-            self.inner.persist(s, &record).await
+            let record = self.defective_record(s, &r).await;
+            self.inner.persist(s, record.into()).await
         })
     }
     fn lease<'a>(&'a self, o: &'a Owner, m: usize, d: Duration) -> RecordFuture<'a, Vec<Leased>> {

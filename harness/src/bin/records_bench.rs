@@ -22,7 +22,7 @@ type Open = Arc<dyn Fn() -> Arc<dyn RecordStore> + Send + Sync>;
 fn throughput(name: &str, open: &Open, claimers: usize, items: usize) {
     let stopper = Owner::new("bench-stopper", 1, 1);
     runtime()
-        .block_on(open().persist(&stopper, &record(items, &format!("t{claimers}"))))
+        .block_on(open().persist(&stopper, record(items, &format!("t{claimers}")).into()))
         .unwrap();
     let started = Instant::now();
     let threads: Vec<_> = (0..claimers)
@@ -64,7 +64,7 @@ fn resume_latency(name: &str, open: &Open) {
     let stopper = Owner::new("bench-stopper", 1, 1);
     let (mut leases, mut acks) = (Vec::new(), Vec::new());
     for run in 0..20 {
-        rt.block_on(store.persist(&stopper, &record(100, &format!("r{run}"))))
+        rt.block_on(store.persist(&stopper, record(100, &format!("r{run}")).into()))
             .unwrap();
         let started = Instant::now();
         let leased = rt

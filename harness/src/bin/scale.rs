@@ -13,7 +13,8 @@
 //! - **the record stores**: N unfinished items persisted in one stop (one `StopRecord`, what a
 //!   `WorkSet` or `TaskGroup` of N hands back), beside the floor measured in the same run — for the
 //!   file store the same bytes written to one file and synced once, for PostgreSQL the same rows
-//!   in one `COPY` — then the next start's resume (every item leased in one call, by a new handle);
+//!   in one `COPY` — then the next start's resume (every item leased in one call, by a new handle)
+//!   and its own stop, which hands every item back;
 //! - **the reference service** (`planned-stop serve --jobs N --job-ms 6000000 --drain-ms 2000`, each
 //!   job a drain participant holding one item it hands back at the deadline; the file store): the
 //!   stop's time past the drain, whether it was clean and how many items were handed back, the
@@ -57,14 +58,14 @@ fn file_floor(dir: &std::path::Path, state: &std::path::Path) -> Duration {
     started.elapsed()
 }
 
-fn file_store(n: usize) -> (Duration, Duration, Duration) {
+fn file_store(n: usize) -> (Duration, Duration, Duration, Duration) {
     let dir = tempfile::tempdir().unwrap();
-    let record = common::record(n, "f");
+    let record = std::sync::Arc::new(common::record(n, "f"));
     let state = dir.path().join("state");
     let store = FileRecordStore::open(&state, Sharing::Refused).unwrap();
     let rt = common::runtime();
     let started = Instant::now();
-    rt.block_on(store.persist(&Owner::new("stopper", 1, 1), &record))
+    rt.block_on(store.persist(&Owner::new("stopper", 1, 1), std::sync::Arc::clone(&record)))
         .unwrap();
     let persist = started.elapsed();
     let floor = file_floor(dir.path(), &state);
@@ -79,13 +80,29 @@ fn file_store(n: usize) -> (Duration, Duration, Duration) {
         .unwrap();
     let resume = started.elapsed();
     assert_eq!(leased.len(), n, "every item resumed");
-    (floor, persist, resume)
+    let again = rt.block_on(hand_back(&next, &record, 2));
+    (floor, persist, resume, again)
 }
 
-fn postgres(url: &str, n: usize, round: usize) -> (Duration, Duration, Duration) {
+/// The next start's stop, handing every item it resumed back: its persist time.
+async fn hand_back(store: &dyn RecordStore, record: &StopRecord, pid: u32) -> Duration {
+    let mut back = record.clone();
+    for item in &mut back.unfinished {
+        item.resumed = true;
+    }
+    let back = std::sync::Arc::new(back);
+    let started = Instant::now();
+    store
+        .persist(&Owner::new("next", pid, 1), back)
+        .await
+        .unwrap();
+    started.elapsed()
+}
+
+fn postgres(url: &str, n: usize, round: usize) -> (Duration, Duration, Duration, Duration) {
     let rt = common::runtime();
     let service = format!("scale-{}-{n}-{round}", std::process::id());
-    let record = common::record(n, "p");
+    let record = std::sync::Arc::new(common::record(n, "p"));
     let open = || {
         PgRecordStore::from_url(url, service.clone())
             .unwrap()
@@ -93,7 +110,7 @@ fn postgres(url: &str, n: usize, round: usize) -> (Duration, Duration, Duration)
     };
     let store = open();
     let started = Instant::now();
-    rt.block_on(store.persist(&Owner::new("stopper", 1, 1), &record))
+    rt.block_on(store.persist(&Owner::new("stopper", 1, 1), std::sync::Arc::clone(&record)))
         .unwrap();
     let persist = started.elapsed();
     let floor = rt.block_on(copy_floor(url, &record));
@@ -108,7 +125,8 @@ fn postgres(url: &str, n: usize, round: usize) -> (Duration, Duration, Duration)
         .unwrap();
     let resume = started.elapsed();
     assert_eq!(leased.len(), n, "every item resumed");
-    (floor, persist, resume)
+    let again = rt.block_on(hand_back(&next, &record, 2));
+    (floor, persist, resume, again)
 }
 
 /// The same rows in one `COPY` into a table like the store's own (its columns, keys and
@@ -336,25 +354,29 @@ fn main() {
     // Each PostgreSQL round its own service name, so no round resumes another's items.
     let mut round = 0..;
     let url = std::env::var("PLANNED_STOP_TEST_DATABASE_URL").ok();
-    println!("| store | N | floor | persist | persist / floor | resume (lease all) |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| store | N | floor | persist | persist / floor | resume (lease all) | all handed back again |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for n in sizes.iter().flat_map(|&n| std::iter::repeat_n(n, rounds)) {
-        let (floor, persist, resume) = file_store(n);
+        let (floor, persist, resume, again) = file_store(n);
         println!(
-            "| file store | {n} | {} | {} | {:.1}× | {} |",
+            "| file store | {n} | {} | {} | {:.1}× | {} | {} |",
             ms(floor),
             ms(persist),
             persist.as_secs_f64() / floor.as_secs_f64().max(1e-6),
-            ms(resume)
+            ms(resume),
+            ms(again)
         );
         if let Some(url) = &url {
-            let (floor, persist, resume) = postgres(url, n, round.next().unwrap_or(0));
+            let (floor, persist, resume, again) = postgres(url, n, round.next().unwrap_or(0));
             println!(
-                "| PostgreSQL | {n} | {} | {} | {:.1}× | {} |",
+                "| PostgreSQL | {n} | {} | {} | {:.1}× | {} | {} |",
                 ms(floor),
                 ms(persist),
                 persist.as_secs_f64() / floor.as_secs_f64().max(1e-6),
-                ms(resume)
+                ms(resume),
+                ms(again)
             );
         }
     }

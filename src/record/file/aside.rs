@@ -62,6 +62,27 @@ impl ItemFile {
     }
 }
 
+impl<'i, B, T> Line<B, T, &'i str, &'i serde_json::Value> {
+    /// The same line with its stopper and time replaced (by the forms a batch formatted once).
+    pub(super) fn sharing<B2, T2>(
+        self,
+        stopped_by: B2,
+        stopped_at: T2,
+    ) -> Line<B2, T2, &'i str, &'i serde_json::Value> {
+        Line {
+            id: self.id,
+            participant: self.participant,
+            item: self.item,
+            stopped_by,
+            stopped_at,
+            attempts: self.attempts,
+            failures: self.failures,
+            last_failure: self.last_failure,
+            held_aside: self.held_aside,
+        }
+    }
+}
+
 impl Serialize for ItemFile {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.line(&self.item.stopped_by, &self.item.stopped_at)

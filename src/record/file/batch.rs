@@ -20,7 +20,7 @@
 //! item, so nothing comes back). Batches are immutable, so a store keeps each one it has read in
 //! memory, keyed by its name.
 
-use super::aside::ItemFile;
+use super::aside::{ItemFile, Line};
 use super::leases::{LEASES, LeaseBatch};
 use super::{FileRecordStore, ITEM};
 use crate::record::RecordError;
@@ -64,6 +64,10 @@ pub(super) struct Batches {
     index: HashMap<String, Places>,
     /// Item id → the lease batches naming it.
     lease_index: HashMap<String, Vec<Arc<str>>>,
+    /// Batches of items this store wrote and has not read back: a stop's items are written
+    /// from the record it was lent, not copied into the cache, and are read only when a later
+    /// call needs them (most processes exit after their stop).
+    unread: HashSet<String>,
     /// The highest sequence number among the names listed: the next file is numbered after it.
     top: u64,
 }
@@ -105,7 +109,7 @@ impl Batches {
 
     /// How many batch files (of items and of leases) there are.
     pub(super) fn len(&self) -> usize {
-        self.files.len() + self.leases.len()
+        self.files.len() + self.leases.len() + self.unread.len()
     }
 
     /// Every item id the batches hold.
@@ -218,6 +222,16 @@ impl FileRecordStore {
     /// The batches as they are on disk now: new ones read (each once in this store's life), gone
     /// ones forgotten. A batch that cannot be read is skipped with a warning, as an item file is.
     pub(super) fn batches(&self) -> Result<std::sync::MutexGuard<'_, Batches>, RecordError> {
+        self.refresh(true)
+    }
+
+    /// [`Self::batches`] for what only needs their names and number ([`Batches::len`],
+    /// [`Batches::top`]): a batch this store wrote is not read back for it.
+    pub(super) fn batch_names(&self) -> Result<std::sync::MutexGuard<'_, Batches>, RecordError> {
+        self.refresh(false)
+    }
+
+    fn refresh(&self, read: bool) -> Result<std::sync::MutexGuard<'_, Batches>, RecordError> {
         let mut cache = self
             .batches
             .lock()
@@ -239,15 +253,18 @@ impl FileRecordStore {
         let before = cache.files.len() + cache.leases.len();
         cache.files.retain(|name, _| listed.contains(name));
         cache.leases.retain(|name, _| listed.contains(name));
+        cache.unread.retain(|name| listed.contains(name));
         let mut changed = cache.files.len() + cache.leases.len() != before;
         cache.top = names.iter().filter_map(|n| sequence(n)).max().unwrap_or(0);
         for name in names {
             let path = self.batches_dir.join(&name);
             let now = stamp(&path);
+            let unread = cache.unread.contains(&name);
             let known = cache.files.contains_key(&name) || cache.leases.contains_key(&name);
-            if known && cache.stamps.get(&name) == now.as_ref() {
+            if (known || unread && !read) && cache.stamps.get(&name) == now.as_ref() {
                 continue;
             }
+            cache.unread.remove(&name);
             changed |= cache.files.remove(&name).is_some() | cache.leases.remove(&name).is_some();
             if name.ends_with(LEASES) {
                 if let Some(batch) = self.read_leases(&path) {
@@ -264,6 +281,7 @@ impl FileRecordStore {
             };
         }
         let kept: HashSet<String> = (cache.files.keys().chain(cache.leases.keys()))
+            .chain(&cache.unread)
             .cloned()
             .collect();
         cache.stamps.retain(|name, _| kept.contains(name));
@@ -276,7 +294,7 @@ impl FileRecordStore {
     /// The name of the next batch file of `kind` (its suffix): numbered after every one listed,
     /// so a later file sorts after an earlier one (names are compared when versions tie).
     pub(super) fn next_name(&self, kind: &str) -> Result<String, RecordError> {
-        let mut batches = self.batches()?;
+        let mut batches = self.batch_names()?;
         batches.top += 1;
         Ok(format!("{:020}{kind}", batches.top))
     }
@@ -308,10 +326,12 @@ impl FileRecordStore {
     }
 
     /// Writes `items` as one batch (or several, [`BATCH_BYTES`] each at most), each durable
-    /// before this returns, or nothing when an item is too large to be read back; each item is
-    /// serialised once, and a batch written here is not read
-    /// back (the store keeps it as written).
-    pub(super) fn write_batches(&self, items: Vec<ItemFile>) -> Result<(), RecordError> {
+    /// before this returns, or nothing when an item is too large to be read back. Each item is
+    /// serialised once from what it borrows, and read back only when a later call needs it.
+    pub(super) fn write_batches<'i>(
+        &self,
+        items: impl IntoIterator<Item = Line<&'i Owner, DateTime<Utc>, &'i str, &'i serde_json::Value>>,
+    ) -> Result<(), RecordError> {
         // Each chunk's bytes and how many items it holds.
         let mut chunks: Vec<(Vec<u8>, usize)> = Vec::new();
         let invalid = |reason: String| RecordError::Invalid {
@@ -321,20 +341,21 @@ impl FileRecordStore {
         // What a stop's items share (their stopper and the stop's time), formatted once.
         let mut shared: Option<Shared> = None;
         let mut bytes = Vec::new();
-        for file in &items {
-            let (by, at) = (&file.item.stopped_by, file.item.stopped_at);
+        for line in items {
+            let (by, at) = (line.stopped_by, line.stopped_at);
             if !shared.as_ref().is_some_and(|s| s.by == *by && s.at == at) {
                 shared = Some(Shared::of(by, at).map_err(|e| invalid(e.to_string()))?);
             }
             let s = shared.as_ref().expect("set just above");
             bytes.clear();
-            serde_json::to_writer(&mut bytes, &file.line(&s.by_json, &s.at_json))
+            let id = line.id;
+            serde_json::to_writer(&mut bytes, &line.sharing(&s.by_json, &s.at_json))
                 .map_err(|e| invalid(e.to_string()))?;
             // What is written can be read back, in a batch or (later) in a file of its own.
             if bytes.len() > super::MAX_FILE_BYTES {
                 return Err(invalid(format!(
                     "item {} would take {} bytes, over the {} this store reads back",
-                    file.item.id,
+                    id,
                     bytes.len(),
                     super::MAX_FILE_BYTES
                 )));
@@ -352,9 +373,7 @@ impl FileRecordStore {
             chunk.extend_from_slice(&bytes);
             *count += 1;
         }
-        let mut items = items.into_iter();
-        for (mut bytes, count) in chunks {
-            let files: Vec<ItemFile> = items.by_ref().take(count).collect();
+        for (mut bytes, _) in chunks {
             bytes.extend_from_slice(b"]}");
             let name = self.next_name(BATCH)?;
             let path = self.batches_dir.join(&name);
@@ -365,8 +384,7 @@ impl FileRecordStore {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(now) = stamp(&path) {
                 cache.stamps.insert(name.clone(), now);
-                index_batch(&mut cache.index, &Arc::from(name.as_str()), &files);
-                cache.files.insert(name, Arc::new(files));
+                cache.unread.insert(name);
             }
         }
         Ok(())
@@ -376,7 +394,7 @@ impl FileRecordStore {
     /// acknowledgements older than [`ACK_KEEP`] no batch holds any more.
     pub(super) fn collect_garbage(&self) -> Result<(), RecordError> {
         // One batch and no leases (a first stop): nothing can be spent.
-        if self.batches()?.len() <= 1 {
+        if self.batch_names()?.len() <= 1 {
             return self.sweep_acked();
         }
         let (own, _) = self.scan()?;

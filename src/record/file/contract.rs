@@ -11,10 +11,13 @@ impl RecordStore for FileRecordStore {
     fn persist<'a>(
         &'a self,
         stopper: &'a Owner,
-        record: &'a StopRecord,
+        record: std::sync::Arc<StopRecord>,
     ) -> RecordFuture<'a, Persisted> {
-        let (stopper, record) = (stopper.clone(), record.clone());
-        self.off_thread(move |s| s.persist_now(&stopper, record).map(|()| Persisted::Durable))
+        let stopper = stopper.clone();
+        self.off_thread(move |s| {
+            s.persist_now(&stopper, &record)
+                .map(|()| Persisted::Durable)
+        })
     }
 
     fn lease<'a>(

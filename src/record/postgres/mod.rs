@@ -307,10 +307,10 @@ impl RecordStore for PgRecordStore {
     fn persist<'a>(
         &'a self,
         stopper: &'a Owner,
-        record: &'a StopRecord,
+        record: std::sync::Arc<StopRecord>,
     ) -> RecordFuture<'a, Persisted> {
         Box::pin(async move {
-            match self.persist_db(stopper, record).await {
+            match self.persist_db(stopper, &record).await {
                 Ok(()) => Ok(Persisted::Durable),
                 Err(e @ RecordError::Backend { .. }) => match &self.spill {
                     Some(spill) => {
@@ -318,11 +318,11 @@ impl RecordStore for PgRecordStore {
                             "PostgreSQL is unreachable at the stop: the items are kept on this host and pushed at the next start");
                         // The spill keeps every item as this host's own: the lease of a handed-back
                         // item is in the database, and the push decides there (see push_spilled).
-                        let mut own = record.clone();
+                        let mut own = StopRecord::clone(&record);
                         for item in &mut own.unfinished {
                             item.resumed = false;
                         }
-                        spill.persist(stopper, &own).await?;
+                        spill.persist(stopper, own.into()).await?;
                         Ok(Persisted::Spilled {
                             reason: e.to_string(),
                         })

@@ -16,11 +16,11 @@ impl PgRecordStore {
     pub(super) async fn persist_db(
         &self,
         stopper: &Owner,
-        record: &StopRecord,
+        record: &std::sync::Arc<StopRecord>,
     ) -> Result<(), RecordError> {
         let service = self.service.clone();
         let stopper = stopper.clone();
-        let record = record.clone();
+        let record = std::sync::Arc::clone(record);
         self.run(move |client| {
             Box::pin(async move {
                 // New work and handed-back items apart: a handed-back item is written again only

@@ -7,7 +7,7 @@ use super::*;
 /// Leases the one item of `record()` to owner 1; returns the batch that holds it and the
 /// acknowledged items' directory.
 fn leased(store: &FileRecordStore) -> (std::path::PathBuf, std::path::PathBuf) {
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     assert_eq!(leased.len(), 1);
     (the_batch(store), store.dir().join(file::ACKED_DIR_NAME))
@@ -60,7 +60,7 @@ fn many_acknowledgements_are_each_answered_and_only_the_holders_are_made() {
     let mut two = record();
     two.unfinished.push(Unfinished::new("jobs", "job-2".into()));
     two.unfinished.last_mut().unwrap().id = Some("item-2".into());
-    block_on(store.persist(&owner(42), &two)).unwrap();
+    block_on(store.persist(&owner(42), two.clone().into())).unwrap();
     block_on(store.lease(&owner(1), 1, Duration::from_secs(60))).unwrap();
     block_on(store.lease(&owner(2), 1, Duration::from_secs(60))).unwrap();
     let ids = ["item-1", "item-2", "item-9", "../x"].map(String::from);

@@ -194,7 +194,7 @@ fn three_items() -> StopRecord {
 }
 
 fn leased_to_1(store: &FileRecordStore) {
-    block_on(store.persist(&owner(42), &three_items())).unwrap();
+    block_on(store.persist(&owner(42), three_items().into())).unwrap();
     block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
 }
 
@@ -294,7 +294,7 @@ fn a_persist_loses_no_item_at_any_step_and_all_are_durable_once_it_returned() {
             both.unfinished
                 .push(Unfinished::new("jobs", "job-9".into()));
             both.unfinished.last_mut().unwrap().id = Some("item-9".into());
-            block_on(s.persist(&owner(1), &both)).unwrap();
+            block_on(s.persist(&owner(1), both.clone().into())).unwrap();
         },
         |k, n, listed, _| {
             let ids = ids(listed);

@@ -6,7 +6,7 @@ use super::*;
 fn any_lease_duration_saturates_instead_of_overflowing() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     let leased = block_on(store.lease(&owner(1), 1, Duration::MAX)).unwrap();
     assert_eq!(leased[0].lease.expires_at, DateTime::<Utc>::MAX_UTC);
     assert!(

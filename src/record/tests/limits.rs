@@ -6,13 +6,13 @@ use super::*;
 fn an_item_file_past_the_size_limit_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     // Item 1's own file (held aside), then grown past the limit by hand.
     block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     block_on(store.hold_aside(&owner(1), "item-1", "too many failures")).unwrap();
     let mut two = record();
     two.unfinished[0].id = Some("item-2".into());
-    block_on(store.persist(&owner(42), &two)).unwrap();
+    block_on(store.persist(&owner(42), two.clone().into())).unwrap();
     let path = store.dir().join("planned-stop-items/item-1.item.json");
     let mut bytes = fs::read(&path).unwrap();
     bytes.resize(file::MAX_FILE_BYTES + 1, b' ');
@@ -36,7 +36,7 @@ fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
     // A long participant name too: the envelope has room for it (64 KiB past the item).
     at_limit.unfinished[0].participant = "p".repeat(10_000);
     assert_eq!(oversized(&at_limit.unfinished[0].item), None);
-    block_on(store.persist(&owner(42), &at_limit)).unwrap();
+    block_on(store.persist(&owner(42), at_limit.clone().into())).unwrap();
     let leased = block_on(store.lease(&owner(1), 10, Duration::from_secs(60))).unwrap();
     assert_eq!(leased.len(), 1, "written, so read back");
     assert_eq!(leased[0].item.item, at_limit.unfinished[0].item);
@@ -48,7 +48,7 @@ fn an_item_at_the_size_limit_is_read_back_and_one_over_it_is_never_written() {
         oversized(&over.unfinished[0].item),
         Some(MAX_ITEM_BYTES + 1)
     );
-    let err = block_on(store.persist(&owner(42), &over)).unwrap_err();
+    let err = block_on(store.persist(&owner(42), over.clone().into())).unwrap_err();
     assert!(
         matches!(&err, RecordError::Invalid { reason, .. } if reason.contains("over the limit")),
         "{err}"
@@ -89,11 +89,11 @@ fn an_item_file_of_exactly_the_file_limit_is_written_and_read_back() {
         fs::metadata(newest).unwrap().len() - 12
     };
     // Measure the envelope with a one-character name, then size the name to fill the file.
-    block_on(store.persist(&owner(42), &with_name("item-a", 1))).unwrap();
+    block_on(store.persist(&owner(42), with_name("item-a", 1).into())).unwrap();
     let len = 1 + file::MAX_FILE_BYTES - size("item-a") as usize;
-    block_on(store.persist(&owner(42), &with_name("item-b", len))).unwrap();
+    block_on(store.persist(&owner(42), with_name("item-b", len).into())).unwrap();
     assert_eq!(size("item-b") as usize, file::MAX_FILE_BYTES);
-    let err = block_on(store.persist(&owner(42), &with_name("item-c", len + 1))).unwrap_err();
+    let err = block_on(store.persist(&owner(42), with_name("item-c", len + 1).into())).unwrap_err();
     assert!(
         matches!(&err, RecordError::Invalid { reason, .. } if reason.contains("reads back")),
         "{err}"

@@ -32,7 +32,7 @@ fn a_store_opened_to_look_creates_and_removes_nothing() {
     );
     // With a service's items there: listed, and an orphaned lease left where it is.
     let (store, _) = self::store(dir.path());
-    block_on(store.persist(&owner(42), &record())).unwrap();
+    block_on(store.persist(&owner(42), record().into())).unwrap();
     let orphan = state.join("planned-stop-items/gone.lease.json");
     fs::write(&orphan, b"{}").unwrap();
     assert_eq!(block_on(look.list()).unwrap().len(), 1);
@@ -50,7 +50,7 @@ fn a_store_opened_to_look_creates_and_removes_nothing() {
         ))
         .map(drop),
         block_on(look.acknowledge(&owner(43), &id)).map(drop),
-        block_on(look.persist(&owner(43), &record())).map(drop),
+        block_on(look.persist(&owner(43), record().into())).map(drop),
     ] {
         let e = refused.expect_err("a store opened to look does not write");
         assert!(e.to_string().contains("opened to look only"), "{e}");
