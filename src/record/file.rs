@@ -31,7 +31,7 @@ use super::store::{ItemState, Leased, lease_end, oldest_first};
 use super::{RecordError, StopRecord};
 use crate::clock::{Clock, SystemClock};
 use crate::store::files as fsx;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -353,10 +353,11 @@ impl FileRecordStore {
         self.refuse_read_only()?;
         // Again at the stop: the directories may have been removed, opened up or given away.
         self.prepare()?;
-        let existing = if record.unfinished.is_empty() {
-            HashMap::new()
+        // What is stored, and which ids have an item or a lease file of their own.
+        let (existing, own_items, own_leases) = if record.unfinished.is_empty() {
+            Default::default()
         } else {
-            self.states()?
+            self.states_and_files()?
         };
         // The summary for people, made now; written last.
         let summary = serde_json::to_vec(&record.summary());
@@ -406,9 +407,14 @@ impl FileRecordStore {
         }))?;
         let release = Lease::new(stopper.clone(), self.clock.now(), self.clock.now());
         self.write_leases(release, leased_in_batches, true)?;
+        // Only the files there are: 100,000 removals of files that do not exist cost seconds.
         for id in &handed_back {
-            self.remove_file(&self.path(id, ITEM))?;
-            self.remove_file(&self.path(id, LEASE))?;
+            if own_items.contains(id) {
+                self.remove_file(&self.path(id, ITEM))?;
+            }
+            if own_leases.contains(id) {
+                self.remove_file(&self.path(id, LEASE))?;
+            }
         }
         if let Some(id) = handed_back.first() {
             fsx::sync_dir_of(&self.path(id, LEASE), &*self.observer)?;

@@ -22,7 +22,7 @@
 
 use super::aside::{ItemFile, Line};
 use super::leases::{LEASES, LeaseBatch};
-use super::{FileRecordStore, ITEM};
+use super::{FileRecordStore, ITEM, LEASE};
 use crate::record::RecordError;
 use crate::record::lease::Owner;
 use crate::store::files::{self as fsx, Found};
@@ -127,21 +127,58 @@ impl Batches {
         self.files.iter()
     }
 
-    fn reindex(&mut self) {
-        self.lease_index.clear();
-        for (name, batch) in &self.leases {
-            let name: Arc<str> = Arc::from(name.as_str());
-            for id in &batch.ids {
-                self.lease_index
-                    .entry(id.clone())
-                    .or_default()
-                    .push(name.clone());
+    /// Holds the batch of items `name`, indexed; the indexes change by this batch only, so a
+    /// stop that writes one batch beside 100,000 items does not index them all again.
+    fn insert_items(&mut self, name: String, items: Vec<ItemFile>) {
+        self.forget(&name);
+        index_batch(&mut self.index, &Arc::from(name.as_str()), &items);
+        self.files.insert(name, Arc::new(items));
+    }
+
+    /// Holds the batch of leases `name`, indexed.
+    fn insert_leases(&mut self, name: String, batch: LeaseBatch) {
+        self.forget(&name);
+        let shared: Arc<str> = Arc::from(name.as_str());
+        for id in &batch.ids {
+            (self.lease_index.entry(id.clone()).or_default()).push(shared.clone());
+        }
+        self.leases.insert(name, Arc::new(batch));
+    }
+
+    /// Forgets the batch `name` (of items or of leases) and its places in the indexes.
+    fn forget(&mut self, name: &str) {
+        if let Some(items) = self.files.remove(name) {
+            for (at, file) in items.iter().enumerate() {
+                unindex(&mut self.index, &file.item.id, name, at);
             }
         }
-        self.index.clear();
-        for (name, items) in &self.files {
-            index_batch(&mut self.index, &Arc::from(name.as_str()), items);
+        if let Some(batch) = self.leases.remove(name) {
+            for id in &batch.ids {
+                if let Some(names) = self.lease_index.get_mut(id) {
+                    names.retain(|n| &**n != name);
+                    if names.is_empty() {
+                        self.lease_index.remove(id);
+                    }
+                }
+            }
         }
+    }
+}
+
+/// Removes the place (`name`, `at`) of `id` from `index`.
+fn unindex(index: &mut HashMap<String, Places>, id: &str, name: &str, at: usize) {
+    let Some(places) = index.get_mut(id) else {
+        return;
+    };
+    if &*places.first.0 == name && places.first.1 == at {
+        match places.more.pop() {
+            Some(next) => places.first = next,
+            None => {
+                index.remove(id);
+            }
+        }
+    } else {
+        places.more.retain(|(n, a)| !(&**n == name && *a == at));
     }
 }
 
@@ -250,11 +287,14 @@ impl FileRecordStore {
                 .collect(),
         };
         let listed: HashSet<&String> = names.iter().collect();
-        let before = cache.files.len() + cache.leases.len();
-        cache.files.retain(|name, _| listed.contains(name));
-        cache.leases.retain(|name, _| listed.contains(name));
+        let gone: Vec<String> = (cache.files.keys().chain(cache.leases.keys()))
+            .filter(|name| !listed.contains(name))
+            .cloned()
+            .collect();
+        for name in &gone {
+            cache.forget(name);
+        }
         cache.unread.retain(|name| listed.contains(name));
-        let mut changed = cache.files.len() + cache.leases.len() != before;
         cache.top = names.iter().filter_map(|n| sequence(n)).max().unwrap_or(0);
         for name in names {
             let path = self.batches_dir.join(&name);
@@ -265,15 +305,13 @@ impl FileRecordStore {
                 continue;
             }
             cache.unread.remove(&name);
-            changed |= cache.files.remove(&name).is_some() | cache.leases.remove(&name).is_some();
+            cache.forget(&name);
             if name.ends_with(LEASES) {
                 if let Some(batch) = self.read_leases(&path) {
-                    cache.leases.insert(name.clone(), Arc::new(batch));
-                    changed = true;
+                    cache.insert_leases(name.clone(), batch);
                 }
             } else if let Some(items) = self.read_batch(&path) {
-                cache.files.insert(name.clone(), Arc::new(items));
-                changed = true;
+                cache.insert_items(name.clone(), items);
             }
             match now {
                 Some(now) => cache.stamps.insert(name, now),
@@ -285,9 +323,6 @@ impl FileRecordStore {
             .cloned()
             .collect();
         cache.stamps.retain(|name, _| kept.contains(name));
-        if changed {
-            cache.reindex();
-        }
         Ok(cache)
     }
 
@@ -416,8 +451,22 @@ impl FileRecordStore {
                 .collect()
         };
         self.remove_spent_batches(|id, name| winners.get(id).is_some_and(|w| w == name))?;
-        let (states, _, own_leases) = self.states_and_files()?;
-        let known: HashSet<String> = states.into_keys().collect();
+        // The ids stored (own files and batches, less what is retired), without every item's
+        // state: building 100,000 states cost more than the rest of the sweep.
+        let (own, own_leases) = self.scan()?;
+        let retired = self.retired_ids();
+        let known: HashSet<String> = {
+            let batches = self.batches()?;
+            (own.into_iter())
+                .chain(batches.ids().map(str::to_owned))
+                .filter(|id| !retired.contains(id))
+                .collect()
+        };
+        if self.writable {
+            for orphan in own_leases.iter().filter(|id| !known.contains(*id)) {
+                self.remove_file(&self.path(orphan, LEASE))?;
+            }
+        }
         self.tidy_leases(&known, &own_leases)?;
         self.sweep_acked()
     }
@@ -512,3 +561,6 @@ impl FileRecordStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
