@@ -2,7 +2,7 @@
 """Fails when a repository path cited in README.md, docs/ or a crate's README does not exist.
 
 A citation is a `code span` that names a file of this repository: a path under a top-level
-directory (`src/runner/guard.rs`, `cli/tests/cli.rs`), which must exist as written, or a path or
+directory (`src/runner/guard.rs`, `tests/cli.rs`), which must exist as written, or a path or
 bare file name ending in .rs, .md, .py, .sh or .toml (`runner/process_end.rs`, `handover.rs`),
 which must be the end of some tracked file's path. Relative links and `../` paths count from the document's own directory. Spans with
 placeholders or absolute paths are not citations.

@@ -330,7 +330,7 @@ fn fates(sorted: &[&Value], end: &End) -> Vec<String> {
 // The harness.
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ci/postgres.sh")
+    common::repository().join("ci/postgres.sh")
 }
 
 /// A private PostgreSQL server this run may pause and restart.
@@ -470,7 +470,7 @@ impl Run {
         let jobs = if quiet { 0 } else { 1 + self.rng.below(5) };
         self.lives += 1;
         slot.stderr = self.base.path().join(format!("stderr-{}", self.lives));
-        let mut cmd = Command::new(common::helper_program("chaos_replica", "postgres"));
+        let mut cmd = Command::new(common::helper_program("chaos_replica"));
         cmd.stdin(Stdio::null());
         cmd.stdout(Stdio::null())
             .stderr(std::fs::File::create(&slot.stderr).unwrap());

@@ -25,7 +25,7 @@ impl Example {
     /// Starts example `name` in `dir` and reads its address from the line that starts with
     /// `prefix`.
     fn start(name: &str, dir: &Path, prefix: &str) -> Example {
-        let mut child = Command::new(common::example_binary(name, "actix-web"))
+        let mut child = Command::new(common::example_binary(name))
             .env("EXAMPLE_DIR", dir)
             .env("EXAMPLE_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "warn")
@@ -352,7 +352,7 @@ const SERVICES: [&str; 5] = [
 /// Runs example `name` with `args` in `base` and a free port until it ends, or kills it after
 /// the event timeout (an example that ignores its arguments serves instead).
 fn run_briefly(name: &str, args: &[&str], base: &Path) -> std::process::Output {
-    let mut child = Command::new(common::example_binary(name, "actix-web"))
+    let mut child = Command::new(common::example_binary(name))
         .args(args)
         .env("EXAMPLE_DIR", base)
         .env("EXAMPLE_ADDR", "127.0.0.1:0")
@@ -431,7 +431,7 @@ fn served_and_stopped(name: &str, dir: &Path, stdout: Stdio) -> (Option<i32>, St
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new(common::example_binary(name, "actix-web"))
+    let child = Command::new(common::example_binary(name))
         .env("EXAMPLE_DIR", dir)
         .env("EXAMPLE_ADDR", format!("127.0.0.1:{port}"))
         .env("RUST_LOG", "info")

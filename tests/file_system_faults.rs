@@ -171,7 +171,7 @@ fn a_marker_directory_that_fills_during_the_drain_still_gets_the_final_outcome()
     let fs = Tmpfs::mount(&base.path().join("m"), "64k");
     let run_dir = fs.0.join("run");
     let (state, go) = (base.path().join("state"), base.path().join("go"));
-    let mut cmd = Command::new(common::helper_program("slow_drain_service", ""));
+    let mut cmd = Command::new(common::helper_program("slow_drain_service"));
     cmd.env("FS_RUN", &run_dir)
         .env("FS_STATE", &state)
         .env("FS_GO", &go)

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 const MAX_LINES_OF_CODE: usize = 500;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::repository()
 }
 
 /// Every `.rs` file under `dir`, sorted.

@@ -34,7 +34,7 @@ struct Example {
 impl Example {
     /// Starts the example on free ports, under `base`, with jobs that take `job_secs`.
     fn start(base: &Path, job_secs: u64) -> Example {
-        let mut child = Command::new(common::example_binary("prometheus", "actix-web,metrics"))
+        let mut child = Command::new(common::example_binary("prometheus"))
             .env("EXAMPLE_DIR", base)
             .env("EXAMPLE_ADDR", "127.0.0.1:0")
             .env("EXAMPLE_METRICS_ADDR", "127.0.0.1:0")
@@ -462,7 +462,7 @@ fn an_item_held_aside_is_counted() {
 fn the_example_answers_help_without_serving() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base");
-    let example = common::example_binary("prometheus", "actix-web,metrics");
+    let example = common::example_binary("prometheus");
     // An example that ignores its arguments serves instead: ended after the event timeout.
     let run = |arg: &str| {
         let mut child = Command::new(&example)
@@ -509,7 +509,7 @@ fn the_example_with_a_closed_stdout_serves_and_stops_as_planned() {
         .local_addr()
         .unwrap()
         .port();
-    let mut child = Command::new(common::example_binary("prometheus", "actix-web,metrics"))
+    let mut child = Command::new(common::example_binary("prometheus"))
         .env("EXAMPLE_DIR", base)
         .env("EXAMPLE_ADDR", format!("127.0.0.1:{port}"))
         .env("EXAMPLE_METRICS_ADDR", "127.0.0.1:0")

@@ -61,10 +61,7 @@ impl Backend for Postgres {
 use common::cases;
 
 /// The seeds of past failures, run first every time (proptest's file, committed).
-const REGRESSIONS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/postgres.proptest-regressions"
-);
+const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/postgres.proptest-regressions");
 
 /// The same suite as the file store's (`tests/records.rs`), unchanged.
 #[test]
@@ -747,7 +744,7 @@ mod fleet {
     }
 
     fn script() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("ci/postgres.sh")
+        crate::common::repository().join("ci/postgres.sh")
     }
 
     /// How many items the state directory `dir` keeps (a spill).

@@ -25,10 +25,7 @@ impl Backend for Files {
 use common::cases;
 
 /// The seeds of past failures, run first every time (proptest's file, committed).
-const REGRESSIONS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/records.proptest-regressions"
-);
+const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/records.proptest-regressions");
 
 /// Every answer of the file store is the model's, and it lists exactly the model's items.
 #[test]

@@ -89,7 +89,7 @@ impl Fixture {
 /// (a directory of its own when `None`).
 fn run_service_process(role: &str, dir: Option<&std::path::Path>) -> std::process::Output {
     let own = tempfile::tempdir().unwrap();
-    std::process::Command::new(common::helper_program("service_processes", ""))
+    std::process::Command::new(common::helper_program("service_processes"))
         .arg(role)
         .env("PLANNED_STOP_TEST_DIR", dir.unwrap_or(own.path()))
         .stdin(std::process::Stdio::null())
@@ -1289,7 +1289,7 @@ fn a_failed_renewal_is_retried_soon() {
 fn work_is_acknowledged_on_completion_and_handed_back_whatever_its_origin() {
     let dir = tempfile::tempdir().unwrap();
     let life = |job_ms: u64, new: &str| {
-        let mut child = std::process::Command::new(common::helper_program("service_processes", ""))
+        let mut child = std::process::Command::new(common::helper_program("service_processes"))
             .arg("work-life")
             .stdin(std::process::Stdio::null())
             .env("PLANNED_STOP_TEST_DIR", dir.path())

@@ -692,7 +692,7 @@ fn killed_writer_never_leaves_a_partial_slot() {
     let dir = tempfile::tempdir().unwrap();
     let store = slots_store(dir.path());
     for round in 0..20u64 {
-        let mut child = spawn_helper_program("marker_processes", "", &["writer"], dir.path());
+        let mut child = spawn_helper_program("marker_processes", &["writer"], dir.path());
         let mut out = BufReader::new(child.stdout.take().unwrap());
         wait_for_line(&mut out, "started");
         // Vary the moment of the kill across rounds.
@@ -756,7 +756,7 @@ fn two_processes_claiming_one_marker_exactly_one_wins() {
     let store = slots_store(&dir.path().join("slots"));
     write_round_markers(&store);
     let mut children: Vec<_> = (0..2)
-        .map(|_| spawn_helper_program("marker_processes", "", &["claimer"], dir.path()))
+        .map(|_| spawn_helper_program("marker_processes", &["claimer"], dir.path()))
         .collect();
     let mut outputs: Vec<_> = children
         .iter_mut()

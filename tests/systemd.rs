@@ -107,7 +107,7 @@ fn the_watchdog_is_fed_from_the_event_loop_and_starves_while_it_is_blocked() {
     let socket_path = dir.path().join("watchdog.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_nonblocking(true).unwrap();
-    let mut cmd = std::process::Command::new(common::helper_program("watchdog_service", "systemd"));
+    let mut cmd = std::process::Command::new(common::helper_program("watchdog_service"));
     cmd.env("NOTIFY_SOCKET", &socket_path)
         .env("WATCHDOG_USEC", "200000") // WatchdogSec=200ms: a heartbeat every 100 ms
         .env_remove("WATCHDOG_PID")

@@ -1,8 +1,8 @@
-//! A real application whose jobs are tasks (the helper program `tests/helpers/task_app.rs`, built by this
-//! test and run as real processes), stopped under load across lives with a journal of finished
-//! jobs: every job is done exactly once; a panicking job makes each stop not clean and is held
-//! aside after its attempts; a payload that cannot be recorded is refused at once; and, on
-//! PostgreSQL, a second replica takes over what the first one's stop left while it runs.
+//! A real application whose jobs are tasks (the helper program `tests/helpers/task_app.rs`, run
+//! as real processes), stopped under load across lives with a journal of finished jobs: every job
+//! is done exactly once; a panicking job makes each stop not clean and is held aside after its
+//! attempts; a payload that cannot be recorded is refused at once; and, on PostgreSQL, a second
+//! replica takes over what the first one's stop left while it runs.
 
 #![cfg(unix)]
 
@@ -20,14 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-fn features() -> &'static str {
-    if cfg!(feature = "postgres") {
-        "actix-web,postgres"
-    } else {
-        "actix-web"
-    }
-}
-
 /// One life of the example, killed when dropped.
 struct Life {
     child: Child,
@@ -39,7 +31,7 @@ struct Life {
 
 impl Life {
     fn start(base: &Path, env: &[(&str, &str)]) -> Life {
-        let command = Command::new(common::helper_program("task_app", features()));
+        let command = Command::new(common::helper_program("task_app"));
         Life::spawn(command, base, env)
     }
 
@@ -50,7 +42,7 @@ impl Life {
         let mut command = Command::new("/bin/sh");
         command
             .args(["-c", "export LISTEN_PID=$$; exec \"$0\""])
-            .arg(common::helper_program("task_app", features()))
+            .arg(common::helper_program("task_app"))
             .env("LISTEN_FDS", "1")
             .env("LISTEN_FDNAMES", "http");
         let fd = socket.try_clone().unwrap().into();
@@ -887,7 +879,7 @@ fn the_environment_cannot_make_ready_close_a_descriptor_it_does_not_own() {
         let mut command = Command::new("/bin/sh");
         command
             .args(["-c", "export PLANNED_STOP_READY_PID=$$; exec \"$0\""])
-            .arg(common::helper_program("task_app", features()))
+            .arg(common::helper_program("task_app"))
             .env("PLANNED_STOP_READY_FD", &fd);
         let mut life = Life::spawn(command, base, &[]);
         assert_eq!(
@@ -1290,7 +1282,7 @@ fn a_socket_from_systemd_socket_activate_is_served() {
         .arg("--fdname=http")
         .arg(format!("--setenv=EXAMPLE_DIR={}", base.display()))
         .arg("--setenv=EXAMPLE_ADMIN_ADDR=127.0.0.1:0")
-        .arg(common::helper_program("task_app", features()));
+        .arg(common::helper_program("task_app"));
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::null())

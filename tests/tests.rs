@@ -1,6 +1,7 @@
-//! The library's integration tests, one binary (as ripgrep's `tests/tests.rs`): each module is a
+//! The workspace's integration tests, one binary (as ripgrep's `tests/tests.rs`): each module is a
 //! file of this directory, named for what it tests; `README.md` says which one a new test joins.
-//! `systemd.rs` alone is a binary of its own: it sets `$NOTIFY_SOCKET` for the whole process.
+//! `systemd.rs` alone is a binary of its own: it sets `$NOTIFY_SOCKET` for the whole process. The
+//! programs they start are binaries of this package (`Cargo.toml`).
 
 /// What the tests share: processes, the paused actix system, HTTP, waits.
 mod common;
@@ -10,6 +11,8 @@ mod common;
 mod admin;
 /// The fleet in chaos on PostgreSQL and a shared directory, and the checker's injected defects.
 mod chaos;
+/// The command line's verbs with real processes: `serve`, `stop`, `status`, `clear`, `inspect`.
+mod cli;
 /// A wall clock that jumps while markers wait.
 mod clock_steps;
 /// The examples no other module runs, stopped as their headers say.

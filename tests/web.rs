@@ -50,8 +50,7 @@ struct App {
 impl App {
     fn start(layout: AppLayout, options: &AppOptions) -> App {
         let base = tempfile::tempdir().unwrap();
-        let mut command =
-            std::process::Command::new(common::helper_program("web_app", "actix-web"));
+        let mut command = std::process::Command::new(common::helper_program("web_app"));
         command.arg(layout.role()).stdin(Stdio::null());
         if options.h2c {
             command.env("H2C", "1");

@@ -212,42 +212,65 @@ pub fn exchange(
     Ok((code, close, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// The helper program `name` (`tests/helpers/NAME.rs`, built as an example with `features`): a
-/// real process a test starts, which is neither a test nor an example for users. Under Wine no
-/// `cargo` can run: there it is the example the same `cargo test` built beside this test.
-pub fn helper_program(name: &str, features: &str) -> PathBuf {
+/// The program `name` of this package (`Cargo.toml`: a helper of `helpers/`, an example as
+/// `example-NAME`, or `planned-stop-under-test`), as cargo built it for this test run.
+///
+/// `env!` needs a literal, so each binary is named once here; one that needs a feature this build
+/// lacks is not built, and asking for it is a test's mistake. Under Wine the path cargo gave is
+/// the host's, and the program is found by its file name beside the test's own executable.
+pub fn helper_program(name: &str) -> PathBuf {
+    let built = match name {
+        "planned-stop-under-test" => env!("CARGO_BIN_EXE_planned-stop-under-test"),
+        "marker_processes" => env!("CARGO_BIN_EXE_marker_processes"),
+        "service_processes" => env!("CARGO_BIN_EXE_service_processes"),
+        "slow_drain_service" => env!("CARGO_BIN_EXE_slow_drain_service"),
+        #[cfg(feature = "systemd")]
+        "watchdog_service" => env!("CARGO_BIN_EXE_watchdog_service"),
+        #[cfg(feature = "postgres")]
+        "chaos_replica" => env!("CARGO_BIN_EXE_chaos_replica"),
+        #[cfg(feature = "actix-web")]
+        "web_app" => env!("CARGO_BIN_EXE_web_app"),
+        #[cfg(feature = "actix-web")]
+        "task_app" => env!("CARGO_BIN_EXE_task_app"),
+        #[cfg(feature = "actix-web")]
+        "example-actix_web" => env!("CARGO_BIN_EXE_example-actix_web"),
+        #[cfg(feature = "actix-web")]
+        "example-websocket" => env!("CARGO_BIN_EXE_example-websocket"),
+        #[cfg(feature = "actix-web")]
+        "example-task_service" => env!("CARGO_BIN_EXE_example-task_service"),
+        #[cfg(feature = "actix-web")]
+        "example-restart_in_place" => env!("CARGO_BIN_EXE_example-restart_in_place"),
+        #[cfg(feature = "actix-web")]
+        "example-wire_up" => env!("CARGO_BIN_EXE_example-wire_up"),
+        #[cfg(all(feature = "actix-web", feature = "metrics"))]
+        "example-prometheus" => env!("CARGO_BIN_EXE_example-prometheus"),
+        other => panic!("no program {other} in this build (tests/Cargo.toml, its features)"),
+    };
+    let built = PathBuf::from(built);
     if cfg!(windows) {
-        return built_beside_this_test(&format!("examples/{name}.exe"));
+        let exe = std::env::current_exe().unwrap();
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/…/debug/deps/");
+        return profile.join(built.file_name().expect("a program's file name"));
     }
-    example_binary(name, features)
+    built
 }
 
-/// The `planned-stop` binary of the command-line crate (`cli/`): in that crate's own tests the
-/// one cargo built for them; in the library's, built once per test run with this build's
-/// features (under Wine, the one the same `cargo test` at the workspace root built).
+/// The `planned-stop` command line, built by this package from the command-line crate's source.
 pub fn command_line_binary() -> PathBuf {
-    if let Some(path) = option_env!("CARGO_BIN_EXE_planned-stop") {
-        return PathBuf::from(path);
-    }
-    if cfg!(windows) {
-        return built_beside_this_test("planned-stop.exe");
-    }
-    built(Target::CommandLine, "")
+    helper_program("planned-stop-under-test")
 }
 
-/// `relative` (`examples/NAME.exe`) under the profile directory of this test's own executable.
-fn built_beside_this_test(relative: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let debug = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/…/debug/deps/");
-    debug.join(relative)
+/// The example `name` (`examples/NAME.rs`), built by this package.
+pub fn example_binary(name: &str) -> PathBuf {
+    helper_program(&format!("example-{name}"))
 }
 
 /// Starts helper program `name` with `args`, `DIR` set to `dir`, stdin closed and stdout piped.
-pub fn spawn_helper_program(name: &str, features: &str, args: &[&str], dir: &Path) -> Helper {
-    let mut cmd = Command::new(helper_program(name, features));
+pub fn spawn_helper_program(name: &str, args: &[&str], dir: &Path) -> Helper {
+    let mut cmd = Command::new(helper_program(name));
     cmd.args(args)
         .env("DIR", dir)
         .stdin(Stdio::null())
@@ -256,82 +279,12 @@ pub fn spawn_helper_program(name: &str, features: &str, args: &[&str], dir: &Pat
     Helper(cmd.spawn().unwrap(), None)
 }
 
-/// The optional features this test binary was built with: an example built with the same ones
-/// shares this build's library instead of compiling another. (The command-line crate's tests
-/// share this file, and that crate has no `actix-web` or `metrics` feature of its own.)
-#[allow(unexpected_cfgs)]
-fn features_of_this_build() -> Vec<&'static str> {
-    [
-        ("systemd", cfg!(feature = "systemd")),
-        ("actix-web", cfg!(feature = "actix-web")),
-        ("postgres", cfg!(feature = "postgres")),
-        ("metrics", cfg!(feature = "metrics")),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect()
-}
-
-/// The executable of example `name`, built once per test run with `features` and those of this
-/// test build (a no-op when it is up to date).
-pub fn example_binary(name: &str, features: &str) -> PathBuf {
-    built(Target::Example(name), features)
-}
-
-/// A program of this workspace that a test runs.
-#[derive(Clone, Copy)]
-enum Target<'a> {
-    /// An example (or helper program) of the library crate.
-    Example(&'a str),
-    /// The `planned-stop` binary of the command-line crate.
-    CommandLine,
-}
-
-/// The executable of `target`, built once per test run with `features` and those of this test
-/// build (a no-op when it is up to date).
-fn built(target: Target, features: &str) -> PathBuf {
-    use std::sync::{Mutex, OnceLock};
-    static BUILT: OnceLock<Mutex<std::collections::HashMap<String, PathBuf>>> = OnceLock::new();
-    let mut all: Vec<&str> = features.split(',').filter(|f| !f.is_empty()).collect();
-    all.extend(features_of_this_build());
-    all.sort_unstable();
-    all.dedup();
-    let features = all.join(",");
-    let (kind, name) = match target {
-        Target::Example(name) => ("example", name),
-        Target::CommandLine => ("bin", "planned-stop"),
-    };
-    let key = format!("{kind} {name} {features}");
-    let mut built = BUILT.get_or_init(Mutex::default).lock().unwrap();
-    if let Some(path) = built.get(&key) {
-        return path.clone();
-    }
-    // Both crates and an example of the library, as `cargo test` at the root builds them: cargo
-    // then resolves the features of every dependency the same way (dev-dependencies included),
-    // and the binary is the one that run built rather than a second build of the library.
-    let out = Command::new(env!("CARGO"))
-        .args(["build", "-p", "planned-stop", "-p", "planned-stop-cli"])
-        .args([&format!("--{kind}"), name, "--example", "marker_processes"])
-        .args(["--features", &features])
-        .args(["--message-format", "json-render-diagnostics"])
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cannot build the {kind} {name}");
-    let path = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|m| {
-            m["reason"] == "compiler-artifact"
-                && m["target"]["name"] == name
-                && m["target"]["kind"][0] == kind
-        })
-        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-        .unwrap_or_else(|| panic!("cargo names the {kind} {name}'s executable"));
-    built.insert(key, path.clone());
-    path
+/// The repository's root (this package is its `tests/`).
+pub fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// How many cases a property test runs: 1,000, or `PLANNED_STOP_RECORD_CASES` (the Windows run

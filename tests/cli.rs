@@ -3,11 +3,7 @@
 //!
 //! The tests that send Unix signals are `#[cfg(unix)]`; `inspect` runs everywhere (and under Wine).
 
-// The test helpers the library's tests use (processes, markers, waiting for events), shared
-// rather than copied: the command line is tested with the same real processes.
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
+use crate::common;
 use chrono::Utc;
 use common::process::*;
 use planned_stop::ProcessIdentity;
