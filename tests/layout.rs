@@ -763,3 +763,53 @@ fn every_test_file_is_a_module_of_the_one_test_binary() {
         ["b"]
     );
 }
+
+/// The places in `code` where a test would run cargo itself (the `CARGO` variable, a `Command` of
+/// `cargo`): a build inside a test, with features and a target of its own, instead of the
+/// program the same `cargo test` built (`CARGO_BIN_EXE_*`).
+fn cargo_runs(code: &str) -> Vec<usize> {
+    // Spelled in pieces, so this file does not find itself.
+    let patterns = [
+        concat!("env!(\"CARGO", "\")"),
+        concat!("Command::new(\"car", "go\")"),
+    ];
+    code.lines()
+        .enumerate()
+        .filter(|(_, line)| patterns.iter().any(|p| line.contains(p)))
+        .map(|(n, _)| n + 1)
+        .collect()
+}
+
+#[test]
+fn no_test_runs_cargo_and_no_published_package_holds_the_tests() {
+    let found: Vec<String> = rust_files(&root().join("tests"))
+        .into_iter()
+        .flat_map(|path| {
+            let code = std::fs::read_to_string(&path).unwrap();
+            cargo_runs(&code)
+                .into_iter()
+                .map(move |n| format!("{}:{n}", path.display()))
+        })
+        .collect();
+    assert_eq!(
+        found,
+        Vec::<String>::new(),
+        "a program a test starts is a binary of tests/Cargo.toml, found with common::helper_program"
+    );
+    // The published manifests name no file of tests/ (their targets, their `include`).
+    for manifest in ["Cargo.toml", "cli/Cargo.toml", "protocol/Cargo.toml"] {
+        let text = std::fs::read_to_string(root().join(manifest)).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter(|l| l.contains("\"tests/") || l.contains("\"/tests"))
+            .collect();
+        assert_eq!(lines, Vec::<&str>::new(), "{manifest} publishes tests");
+    }
+    // The check sees both ways of running cargo.
+    let code = format!(
+        "let a = 1;\nCommand::new({}CARGO{});\nCommand::new(\"{}\");\n",
+        "env!(\"", "\")", "cargo"
+    );
+    assert_eq!(cargo_runs(&code), [2, 3]);
+}
