@@ -1,5 +1,8 @@
 # Tasks for planned-stop. `just --list` shows them.
 
+# A mutation scope of the library runs its unit tests and the test package's (see `mutants`).
+both := "--baseline=skip --test-package planned-stop,planned-stop-tests"
+
 # Everything CI runs.
 ci:
     bash .ci/run
@@ -47,16 +50,22 @@ windows:
 # property tests; the lifecycle, the watcher and the runner against the actor tests (the state
 # machine at 200 cases a mutant); the record store's lease rules and file store against its
 # tests; the metrics against tests/metrics.rs. About three hours on 2 cores; the report is in
-# docs/reliability.md. The library's integration tests are the package planned-stop-tests, so its
-# scopes test both packages (`--test-package`).
+# docs/reliability.md. The library's integration tests are the package planned-stop-tests, so a
+# scope tests both packages (`--test-package`). cargo-mutants' own baseline would run only the
+# mutated package's tests, so each scope runs its tests here first, unmutated, and names its
+# timeout itself (`--baseline=skip --timeout`).
 # `just mutants-iterate` re-tests only what the last run missed.
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
     cargo mutants {{args}} -o target/mutants-protocol -p planned-stop-protocol --file protocol/src/schema.rs --file protocol/src/verdict.rs -- --lib --test marker_and_verdict
-    cargo mutants {{args}} -o target/mutants-pure --test-package planned-stop --test-package planned-stop-tests --file src/record.rs -- --lib --test tests -- record:: store::
-    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors --test-package planned-stop --test-package planned-stop-tests --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test tests -- lifecycle:: watcher:: runner:: service:: state_machine::
-    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records --test-package planned-stop --test-package planned-stop-tests --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test tests -- record:: records::
-    cargo mutants {{args}} -o target/mutants-metrics --test-package planned-stop --test-package planned-stop-tests --features actix-web,metrics --file src/telemetry.rs --file src/telemetry/on.rs -- --lib --test tests -- telemetry:: metrics::
+    cargo test -p planned-stop -p planned-stop-tests --lib --test tests -- record:: store::
+    cargo mutants {{args}} -o target/mutants-pure {{both}} --timeout 60 --file src/record.rs -- --lib --test tests -- record:: store::
+    PROPTEST_CASES=200 cargo test -p planned-stop -p planned-stop-tests --lib --test tests -- lifecycle:: watcher:: runner:: service:: state_machine::
+    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-actors {{both}} --timeout 40 --file src/lifecycle.rs --file src/watcher.rs --file 'src/runner/*.rs' -- --lib --test tests -- lifecycle:: watcher:: runner:: service:: state_machine::
+    PROPTEST_CASES=200 cargo test -p planned-stop -p planned-stop-tests --lib --test tests -- record:: records::
+    PROPTEST_CASES=200 cargo mutants {{args}} -o target/mutants-records {{both}} --timeout 60 --file src/record/lease.rs --file src/record/host.rs --file src/record/file.rs --file 'src/record/file/*.rs' -- --lib --test tests -- record:: records::
+    cargo test -p planned-stop -p planned-stop-tests --features actix-web,metrics --lib --test tests -- telemetry:: metrics::
+    cargo mutants {{args}} -o target/mutants-metrics {{both}} --timeout 60 --features actix-web,metrics --file src/telemetry.rs --file src/telemetry/on.rs -- --lib --test tests -- telemetry:: metrics::
 
 # The watcher's tick without and with the `metrics` feature (a Prometheus recorder installed),
 # compared by criterion in one run (docs/performance.md).
