@@ -22,7 +22,8 @@
 //! (feature `testing`). `docs/api.md` maps the surface; `docs/design.md` explains it. The marker
 //! files and the stopper's side are the crate `planned-stop-protocol`, re-exported here.
 //!
-//! Backend rules, the runner's messages and the test seams are not part of the API:
+//! The runner's messages and the test seams are not part of the API, and a store's lease rules
+//! live in [`record::rules`], not at the root:
 //!
 //! ```compile_fail,E0432
 //! use planned_stop::{Clock, PlannedStop, RunnerActor, is_offered};
@@ -30,9 +31,10 @@
 //!
 //! Features, none on by default: `systemd` (notifications through `$NOTIFY_SOCKET`), `actix-web`
 //! (the `HttpServer` as the ingress participant, readiness, the exit code `main` returns),
-//! `postgres` (`record::PgRecordStore` for a fleet), `metrics` (stops, drains and items through
-//! the `metrics` facade; nothing compiled without it), `testing` (the conformance suite for a
-//! third-party [`record::RecordStore`], and the test seams).
+//! `metrics` (stops, drains and items through the `metrics` facade; nothing compiled without
+//! it), `testing` (the conformance suite for a third-party [`record::RecordStore`], and the test
+//! seams). A fleet keeps its work in PostgreSQL through the crate `planned-stop-postgres`, a store
+//! built on this crate's surface.
 //!
 //! ```
 //! use chrono::Utc;

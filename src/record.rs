@@ -16,8 +16,6 @@
 pub(crate) mod file;
 pub(crate) mod host;
 pub(crate) mod lease;
-#[cfg(feature = "postgres")]
-mod postgres;
 mod store;
 
 pub use file::{FileRecordStore, Sharing};
@@ -25,9 +23,17 @@ pub use host::owner_running;
 pub(crate) use lease::is_valid_item_id;
 pub(crate) use lease::item_id;
 pub use lease::{Lease, Owner};
-#[cfg(feature = "postgres")]
-pub use postgres::{Connector, PgRecordStore, SCHEMA_VERSION, pg_config};
 pub use store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, ResumeItem};
+
+/// The rules every record store follows, for a store written outside this crate (as the
+/// PostgreSQL store, `planned-stop-postgres`, is): who may take an item and what a takeover
+/// counts as, when a lease ends, which ids and items may be stored, and whether an owner on this
+/// host still runs. `testing::check_conformance` holds a store to the same rules.
+pub mod rules {
+    pub use super::host::liveness_here;
+    pub use super::lease::{Liveness, failure_at_takeover, is_offered, is_valid_item_id};
+    pub use super::store::{checked_item, lease_end};
+}
 
 use crate::lifecycle::{StopCause, StopVerdict};
 use crate::outcome::DrainSummary;
@@ -299,9 +305,10 @@ impl StopRecord {
             .saturating_add(self.unfinished_omitted)
     }
 
-    /// The record as every store keeps it for people: the first [`SUMMARY_ITEMS`] unfinished
-    /// items named, the others counted.
-    pub(crate) fn summary(&self) -> StopRecord {
+    /// The record as every store keeps it for people (what [`RecordStore::last_stop`] answers):
+    /// the first [`SUMMARY_ITEMS`] unfinished items named, the others counted.
+    #[must_use]
+    pub fn summary(&self) -> StopRecord {
         let shown = self.unfinished.len().min(SUMMARY_ITEMS);
         StopRecord {
             pid: self.pid,

@@ -11,8 +11,9 @@
 use crate::common;
 
 use planned_stop::internals::Clock;
-use planned_stop::record::{Owner, PgRecordStore, RecordStore, Sharing};
+use planned_stop::record::{Owner, RecordStore, Sharing};
 use planned_stop::testing::{Backend, Probe, check_conformance};
+use planned_stop_postgres::PgRecordStore;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -1176,7 +1177,7 @@ fn the_upgrade_to_schema_3_knows_the_services_of_schema_2() {
         .block_on(upgraded.query_one("SELECT version FROM planned_stop_schema", &[]))
         .unwrap()
         .get(0);
-    assert_eq!(version, planned_stop::record::SCHEMA_VERSION);
+    assert_eq!(version, planned_stop_postgres::SCHEMA_VERSION);
     drop(upgraded);
     rt.block_on(admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")))
         .unwrap();

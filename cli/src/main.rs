@@ -344,7 +344,7 @@ fn record_store(
         None => Ok(files.map(|f| std::sync::Arc::new(f) as _)),
         #[cfg(feature = "postgres")]
         Some(url) => {
-            let mut store = planned_stop::record::PgRecordStore::from_url(url, service)
+            let mut store = planned_stop_postgres::PgRecordStore::from_url(url, service)
                 .map_err(|e| chain(&e))?;
             if let Some(files) = files {
                 store = store.spill_to(files);

@@ -158,7 +158,7 @@ pub fn run(args: RecordsArgs) -> u8 {
 #[cfg(feature = "postgres")]
 fn unknown_service(runtime: &tokio::runtime::Runtime, state: &StateArgs) -> Option<Vec<String>> {
     let url = state.records.as_deref()?;
-    let store = planned_stop::record::PgRecordStore::from_url(url, &state.service).ok()?;
+    let store = planned_stop_postgres::PgRecordStore::from_url(url, &state.service).ok()?;
     let known = runtime.block_on(store.services()).ok()?;
     (!known.contains(&state.service)).then_some(known)
 }

@@ -8,7 +8,7 @@
 //! another user's file is never read.
 //!
 //! Leases are judged on this host's wall clock, their owners looked up by pid and start
-//! fingerprint: the directory is one host's (use [`crate::record::PgRecordStore`] for a fleet).
+//! fingerprint: the directory is one host's (a fleet uses `planned-stop-postgres`).
 //! The work is blocking, so inside a runtime it runs on the blocking threads, never on the event
 //! loop.
 

@@ -37,7 +37,7 @@ pub(crate) fn this_process(identity: &ProcessIdentity) -> Owner {
 
 /// Whether `owner` still runs, as far as this host can tell: a process on this host is looked up
 /// by pid and start fingerprint, one on another host is [`Liveness::Unknown`].
-pub(crate) fn liveness_here(owner: &Owner) -> Liveness {
+pub fn liveness_here(owner: &Owner) -> Liveness {
     if owner.host != local_host() {
         return Liveness::Unknown;
     }

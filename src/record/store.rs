@@ -249,7 +249,7 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
 /// ([`crate::record::lease::is_valid_item_id`]) and an item every store can hold
 /// ([`crate::record::unstorable`]). Every store calls
 /// it before writing anything, so no store holds what another would refuse or could not read back.
-pub(crate) fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
+pub fn checked_item(unfinished: &Unfinished) -> Result<&str, String> {
     let id = unfinished
         .id
         .as_deref()
@@ -328,7 +328,7 @@ pub(crate) fn counts_after_persist(
 }
 
 /// The end of a lease taken or renewed at `now` for `lease_for`: saturates at the end of time.
-pub(crate) fn lease_end(now: DateTime<Utc>, lease_for: Duration) -> DateTime<Utc> {
+pub fn lease_end(now: DateTime<Utc>, lease_for: Duration) -> DateTime<Utc> {
     chrono::TimeDelta::from_std(lease_for)
         .ok()
         .and_then(|d| now.checked_add_signed(d))

@@ -11,10 +11,11 @@ use chaos_log::{Log, seed};
 use planned_stop::Layout;
 use planned_stop::internals::SystemClock;
 use planned_stop::record::{
-    FileRecordStore, ItemState, Leased, Owner, Persisted, PgRecordStore, RecordError, RecordFuture,
-    RecordStore, Sharing, StopRecord,
+    FileRecordStore, ItemState, Leased, Owner, Persisted, RecordError, RecordFuture, RecordStore,
+    Sharing, StopRecord,
 };
 use planned_stop::{Drain, DrainPhase, DrainReport, ServiceBuilder, ServiceHandle};
+use planned_stop_postgres::PgRecordStore;
 use program::Lcg;
 use serde_json::json;
 use std::path::{Path, PathBuf};

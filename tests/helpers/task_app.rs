@@ -187,7 +187,7 @@ fn with_records(
 ) -> std::io::Result<ServiceBuilder> {
     #[cfg(feature = "postgres")]
     if let Ok(url) = std::env::var("EXAMPLE_RECORDS") {
-        let store = planned_stop::record::PgRecordStore::from_url(
+        let store = planned_stop_postgres::PgRecordStore::from_url(
             &url,
             env("EXAMPLE_SERVICE", "task-service"),
         )

@@ -11,8 +11,9 @@
 //! each), median and p95 of 20 runs. Without the variable only the file store is measured.
 //! Results go to `docs/performance.md` by hand.
 
-use planned_stop::record::{FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing};
+use planned_stop::record::{FileRecordStore, Owner, RecordStore, Sharing};
 use planned_stop_harness::{record, runtime};
+use planned_stop_postgres::PgRecordStore;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

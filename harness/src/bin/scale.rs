@@ -27,10 +27,9 @@
 //!
 //! docs/performance.md has the figures.
 
-use planned_stop::record::{
-    FileRecordStore, Owner, PgRecordStore, RecordStore, Sharing, StopRecord,
-};
+use planned_stop::record::{FileRecordStore, Owner, RecordStore, Sharing, StopRecord};
 use planned_stop_harness as common;
+use planned_stop_postgres::PgRecordStore;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -473,14 +473,16 @@ impl FileRecordStore {
 
     /// Removes every item of `ids` for good, whatever its lease, with a fixed number of syncs
     /// however many there are: a batch all of whose items go is removed whole; an item of a
-    /// batch that keeps others gets a drop of its own. What a PostgreSQL store does with the
-    /// items it pushed from its spill.
-    #[cfg(feature = "postgres")]
-    pub(crate) async fn remove_all(&self, ids: Vec<String>) -> Result<(), RecordError> {
+    /// batch that keeps others gets a drop of its own. What a store that spills into this one
+    /// (the PostgreSQL store) does with the items it pushed on.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError`] when the state directory cannot be changed (read-only, locked out).
+    pub async fn remove_all(&self, ids: Vec<String>) -> Result<(), RecordError> {
         self.off_thread(move |s| s.remove_all_now(&ids)).await
     }
 
-    #[cfg(feature = "postgres")]
     fn remove_all_now(&self, ids: &[String]) -> Result<(), RecordError> {
         self.refuse_read_only()?;
         let gone: HashSet<&str> = ids.iter().map(String::as_str).collect();

@@ -4,9 +4,9 @@
 use super::aside::count_failures;
 use super::backend;
 use super::rows::{COLUMNS, as_i64, item_of, owner_key, quarantine};
-use crate::record::RecordError;
-use crate::record::lease::{self, Lease, Liveness, Owner};
-use crate::record::store::Leased;
+use planned_stop::record::RecordError;
+use planned_stop::record::rules::{self, Liveness};
+use planned_stop::record::{Lease, Leased, Owner};
 use std::collections::HashMap;
 
 /// One lease call's terms: whose items, to whom, on the database's clock, and what is known of
@@ -69,9 +69,9 @@ impl Offer<'_> {
                     .get(&owner_key(&l.owner))
                     .unwrap_or(&Liveness::Unknown)
             });
-            if lease::is_offered(state.lease.as_ref(), self.now, holder) {
+            if rules::is_offered(state.lease.as_ref(), self.now, holder) {
                 let mut item = state.item;
-                if let Some(failure) = lease::failure_at_takeover(state.lease.as_ref(), holder) {
+                if let Some(failure) = rules::failure_at_takeover(state.lease.as_ref(), holder) {
                     item.failures = item.failures.saturating_add(1);
                     item.last_failure = Some(failure.clone());
                     failed.push(item.id.clone());
@@ -90,9 +90,11 @@ impl Offer<'_> {
         count_failures(tx, self.service, &failed, &why).await?;
         let leased = taken
             .into_iter()
-            .map(|item| Leased {
-                item,
-                lease: Lease::new(self.owner.clone(), self.now, self.expires_at),
+            .map(|item| {
+                Leased::new(
+                    item,
+                    Lease::new(self.owner.clone(), self.now, self.expires_at),
+                )
             })
             .collect();
         Ok(Some((leased, more)))

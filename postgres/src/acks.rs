@@ -3,8 +3,8 @@
 
 use super::rows::owner_key;
 use super::{PgRecordStore, backend, db_now};
-use crate::record::RecordError;
-use crate::record::lease::Owner;
+use planned_stop::record::Owner;
+use planned_stop::record::RecordError;
 use std::collections::HashMap;
 
 impl PgRecordStore {

@@ -2,7 +2,7 @@
 //! `psql` would complete it, so an operator's usual settings reach the store.
 
 use super::backend;
-use crate::record::RecordError;
+use planned_stop::record::RecordError;
 use std::time::Duration;
 use tokio_postgres::Config;
 
@@ -11,9 +11,9 @@ use tokio_postgres::Config;
 /// empty `url` takes everything from the environment).
 ///
 /// ```
-/// let config = planned_stop::record::pg_config("postgres://app@db.internal:6432/jobs").unwrap();
+/// let config = planned_stop_postgres::pg_config("postgres://app@db.internal:6432/jobs").unwrap();
 /// assert_eq!(config.get_dbname(), Some("jobs"));
-/// assert!(planned_stop::record::pg_config("postgres://[::1").is_err());
+/// assert!(planned_stop_postgres::pg_config("postgres://[::1").is_err());
 /// ```
 pub fn pg_config(url: &str) -> Result<Config, RecordError> {
     let mut config: Config = if url.trim().is_empty() {

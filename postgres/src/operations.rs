@@ -6,9 +6,9 @@ use super::aside::columns_of;
 use super::offer::Offer;
 use super::rows::{as_i64, col, owner_key, pid_of};
 use super::{PgRecordStore, backend, db_now};
-use crate::record::lease::{Liveness, Owner};
-use crate::record::store::{Leased, RecordStore, ResumeItem, lease_end};
-use crate::record::{RecordError, StopRecord};
+use planned_stop::record::rules::{Liveness, lease_end};
+use planned_stop::record::{Leased, Owner, RecordStore, ResumeItem};
+use planned_stop::record::{RecordError, StopRecord};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -283,7 +283,7 @@ impl PgRecordStore {
                         return;
                     }
                     Err(e) => {
-                        tracing::debug!(error = %crate::error_chain::ErrorChain(&e),
+                        tracing::debug!(error = %planned_stop_protocol::error_chain::ErrorChain(&e),
                             "cannot release what a failed lease may have taken yet; retrying");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(Duration::from_secs(10));

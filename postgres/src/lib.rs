@@ -5,7 +5,7 @@
 //! scoped by a service name, so several services can share one database. The crate creates and
 //! versions its own schema at the first connection (idempotent, serialised by an advisory lock).
 //!
-//! Leases follow the same rules as every backend ([`crate::record::lease::is_offered`]): an item's lease names
+//! Leases follow the same rules as every backend ([`planned_stop::record::rules::is_offered`]): an item's lease names
 //! its owner (host, pid, start fingerprint). An owner on *this* host is looked up, so the items of
 //! a dead one are offered again at once; an owner on another host keeps its items until its lease
 //! expires. Expiry is judged on one clock, the database's (`clock_timestamp()`): every lease, renewal
@@ -29,6 +29,11 @@
 //! is released only once that process is done. With a pool these rules would still be written
 //! here, around its checkout.
 
+/// The README's example, compiled.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod acks;
 mod aside;
 mod config;
@@ -40,11 +45,20 @@ mod schema;
 pub use config::pg_config;
 pub use schema::SCHEMA_VERSION;
 
-use super::file::FileRecordStore;
-use super::lease::{Liveness, Owner};
-use super::store::{ItemState, Leased, Persisted, RecordFuture, RecordStore, lease_end};
-use super::{RecordError, StopRecord};
-use crate::clock::Clock;
+use planned_stop::record::FileRecordStore;
+use planned_stop::record::Owner;
+use planned_stop::record::rules::Liveness;
+use planned_stop::record::rules::lease_end;
+use planned_stop::record::{ItemState, Leased, Persisted, RecordFuture, RecordStore};
+use planned_stop::record::{RecordError, StopRecord};
+#[cfg(feature = "testing")]
+use planned_stop::testing::Clock;
+/// Without the `testing` feature nothing stands in for the database's clock: the store's
+/// `clock` is always `None`, and this private trait only names its type.
+#[cfg(not(feature = "testing"))]
+trait Clock: Send + Sync {
+    fn now(&self) -> chrono::DateTime<chrono::Utc>;
+}
 use rows::{COLUMNS, item_of, owner_key};
 use schema::migrate;
 use std::future::Future;
@@ -54,7 +68,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Config, NoTls};
 
 /// How long any one database operation may take before it fails (and a stop spills).
-pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
+const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A function that opens a connection: connects with `config`, spawns the connection task, and
 /// returns the client (see [`PgRecordStore::connector`]).
@@ -77,7 +91,8 @@ type LivenessProbe = Arc<dyn Fn(&Owner) -> Liveness + Send + Sync>;
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), planned_stop::record::RecordError> {
-/// use planned_stop::record::{FileRecordStore, PgRecordStore, RecordStore, Sharing};
+/// use planned_stop::record::{FileRecordStore, RecordStore, Sharing};
+/// use planned_stop_postgres::PgRecordStore;
 /// let store = PgRecordStore::from_url("postgres://app@db/app", "billing-worker")?
 ///     .spill_to(FileRecordStore::open("/var/lib/billing", Sharing::Refused)?);
 /// store.connect().await?; // optional: fail early, create the schema now
@@ -159,7 +174,7 @@ impl PgRecordStore {
             client: Arc::new(tokio::sync::Mutex::new(None)),
             backends: Arc::default(),
             clock: None,
-            liveness: Arc::new(crate::record::host::liveness_here),
+            liveness: Arc::new(planned_stop::record::rules::liveness_here),
             spill: None,
             timeout: DEFAULT_OPERATION_TIMEOUT,
         }
@@ -314,7 +329,7 @@ impl RecordStore for PgRecordStore {
                 Ok(()) => Ok(Persisted::Durable),
                 Err(e @ RecordError::Backend { .. }) => match &self.spill {
                     Some(spill) => {
-                        tracing::warn!(error = %crate::error_chain::ErrorChain(&e), dir = %spill.dir().display(),
+                        tracing::warn!(error = %planned_stop_protocol::error_chain::ErrorChain(&e), dir = %spill.dir().display(),
                             "PostgreSQL is unreachable at the stop: the items are kept on this host and pushed at the next start");
                         // The spill keeps every item as this host's own: the lease of a handed-back
                         // item is in the database, and the push decides there (see push_spilled).
@@ -342,7 +357,7 @@ impl RecordStore for PgRecordStore {
     ) -> RecordFuture<'a, Vec<Leased>> {
         Box::pin(async move {
             if let Err(e) = self.push_spilled().await {
-                tracing::warn!(error = %crate::error_chain::ErrorChain(&e), "cannot push the spilled items yet; they stay on this host");
+                tracing::warn!(error = %planned_stop_protocol::error_chain::ErrorChain(&e), "cannot push the spilled items yet; they stay on this host");
             }
             // Each call's leases carry its own `leased_at` (the database's time when the call
             // began): what a failed call may have taken (a commit that outlasted the timeout) can

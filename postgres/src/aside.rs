@@ -8,9 +8,9 @@
 
 use super::rows::owner_key;
 use super::{PgRecordStore, backend};
-use crate::record::lease::Owner;
-use crate::record::store::checked_item;
-use crate::record::{RecordError, StopRecord};
+use planned_stop::record::Owner;
+use planned_stop::record::rules::checked_item;
+use planned_stop::record::{RecordError, StopRecord};
 
 /// One kind of a stop's items (new or handed back), as parallel columns for `unnest`.
 #[derive(Default)]

@@ -2,7 +2,7 @@
 //! one transaction under an advisory lock, so replicas starting together migrate once.
 
 use super::backend;
-use crate::record::RecordError;
+use planned_stop::record::RecordError;
 use tokio_postgres::Client;
 
 /// The schema version this build creates and understands.

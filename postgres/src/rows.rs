@@ -2,9 +2,9 @@
 //! quarantined, never a panic), and the encodings the queries compare.
 
 use super::backend;
-use crate::record::RecordError;
-use crate::record::lease::{self, Lease, Owner};
-use crate::record::store::{ItemState, ResumeItem};
+use planned_stop::record::RecordError;
+use planned_stop::record::rules;
+use planned_stop::record::{ItemState, Lease, Owner, ResumeItem};
 use tokio_postgres::Row;
 
 /// The encoded owner, one column the queries compare: `host|pid|start`.
@@ -52,7 +52,7 @@ pub(super) fn item_of(row: &Row) -> (ItemState, Option<String>) {
     let mut problems = Vec::new();
     let p = &mut problems;
     let id: String = col(row, "id", p);
-    if !lease::is_valid_item_id(&id) {
+    if !rules::is_valid_item_id(&id) {
         p.push(format!(
             "{id:?} is not an item id (1 to 128 of A-Z a-z 0-9 - _)"
         ));
@@ -72,20 +72,19 @@ pub(super) fn item_of(row: &Row) -> (ItemState, Option<String>) {
             None
         });
     let by_pid: i64 = col(row, "stopped_by_pid", p);
-    let item = ResumeItem {
-        participant: col(row, "participant", p),
-        item: col(row, "item", p),
-        stopped_by: Owner::new(
+    let item = ResumeItem::new(
+        id,
+        col::<String>(row, "participant", p),
+        col(row, "item", p),
+        Owner::new(
             col::<String>(row, "stopped_by_host", p),
             pid_of(by_pid, "stopped_by_pid", p),
             col::<i64>(row, "stopped_by_start", p) as u64,
         ),
-        stopped_at: col(row, "stopped_at", p),
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        failures: u32::try_from(failures).unwrap_or(0),
-        last_failure,
-        id,
-    };
+        col(row, "stopped_at", p),
+        u32::try_from(attempts).unwrap_or(0),
+    )
+    .with_failures(u32::try_from(failures).unwrap_or(0), last_failure);
     let lease = match row.try_get::<_, Option<String>>("lease_owner") {
         Ok(None) => None,
         Ok(Some(_)) => {
@@ -110,14 +109,12 @@ pub(super) fn item_of(row: &Row) -> (ItemState, Option<String>) {
         .ok()
         .flatten();
     let problem = recorded.or_else(|| (!problems.is_empty()).then(|| problems.join("; ")));
-    (
-        ItemState {
-            item,
-            lease,
-            quarantined: problem.clone(),
-        },
-        problem,
-    )
+    let state = ItemState::new(item, lease);
+    let state = match &problem {
+        Some(reason) => state.with_quarantine(reason.clone()),
+        None => state,
+    };
+    (state, problem)
 }
 
 pub(super) const COLUMNS: &str = "id, participant, item, stopped_by_host, stopped_by_pid, stopped_by_start, \
