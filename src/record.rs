@@ -19,7 +19,6 @@ pub(crate) mod lease;
 mod store;
 
 pub use file::{FileRecordStore, Sharing};
-pub use host::owner_running;
 pub(crate) use lease::is_valid_item_id;
 pub(crate) use lease::item_id;
 pub use lease::{Lease, Owner};

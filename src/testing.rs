@@ -32,7 +32,7 @@
 //! the store must list exactly what the model holds, and every answer must be the model's.
 
 pub use crate::clock::Clock;
-pub use crate::record::lease::Liveness;
+use crate::record::lease::Liveness;
 use crate::record::{Owner, RecordError, RecordStore, StopRecord};
 use chrono::{DateTime, TimeDelta, Utc};
 use proptest_state_machine::StateMachineTest;

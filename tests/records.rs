@@ -654,6 +654,34 @@ mod with_processes {
         );
     }
 
+    /// `records list` says whether an item's holder runs: alive while the service that leased it
+    /// runs, gone once it was killed (and then offered again at the next lease).
+    #[test]
+    fn records_list_tells_a_running_holder_from_a_gone_one() {
+        let d = dirs();
+        let ids = leave_items(&d, 1);
+        let holder = serve(&d, &["--jobs", "0", "--job-ms", "600000"]);
+        assert_eq!(strings(&holder.seen("resumed").unwrap()["ids"]), ids);
+        let items = listed(&d);
+        assert_eq!(items.len(), 1, "{items:?}");
+        assert_eq!(items[0]["holder_alive"], Value::Bool(true), "{items:?}");
+        let text = run(&["records", "list", "--state", s(&d.state)]);
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains("(running)"),
+            "{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
+        drop(holder); // SIGKILL, reaped
+        let items = listed(&d);
+        assert_eq!(items[0]["holder_alive"], Value::Bool(false), "{items:?}");
+        let text = run(&["records", "list", "--state", s(&d.state)]);
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains("gone: offered again"),
+            "{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
+    }
+
     /// Kill -9 at random points of a resume, 20 rounds: two resumers lease together (never the
     /// same item), one is killed; what it held and had not acknowledged is resumed by the next
     /// start. Every item is acknowledged exactly once in all.

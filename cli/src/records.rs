@@ -14,7 +14,8 @@ use super::{
     fail, record_store,
 };
 use clap::{Args, Subcommand};
-use planned_stop::record::{ItemState, RecordError, RecordStore, owner_running};
+use planned_stop::record::rules::{Liveness, liveness_here};
+use planned_stop::record::{ItemState, RecordError, RecordStore};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -268,7 +269,11 @@ fn item_error(runtime: &tokio::runtime::Runtime, state: &StateArgs, e: &RecordEr
 /// Whether the item's holder runs: `None` for a pending item or one whose holder runs on another
 /// host (its lease's expiry decides).
 fn holder_alive(state: &ItemState) -> Option<bool> {
-    state.lease.as_ref().and_then(|l| owner_running(&l.owner))
+    match liveness_here(&state.lease.as_ref()?.owner) {
+        Liveness::Alive => Some(true),
+        Liveness::Dead => Some(false),
+        _ => None, // another host: its lease's expiry decides
+    }
 }
 
 /// Prints the list; `unknown` holds the services the database knows when the one asked for is

@@ -47,14 +47,3 @@ pub fn liveness_here(owner: &Owner) -> Liveness {
         Liveness::Dead
     }
 }
-
-/// Whether `owner` still runs, as far as this host can tell: `Some(true)` or `Some(false)` for a
-/// process on this host (looked up by pid and start fingerprint), `None` for one on another host,
-/// whose lease's expiry decides instead. What `planned-stop records list` shows of each holder.
-pub fn owner_running(owner: &Owner) -> Option<bool> {
-    match liveness_here(owner) {
-        Liveness::Alive => Some(true),
-        Liveness::Dead => Some(false),
-        Liveness::Unknown => None,
-    }
-}

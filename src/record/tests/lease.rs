@@ -35,25 +35,6 @@ fn a_lease_holder_is_alive_only_as_the_same_process_life_on_this_host() {
     );
 }
 
-/// What `records list` shows of a holder: running, gone, or on another host (its lease decides).
-#[test]
-fn a_holder_runs_here_is_gone_or_cannot_be_checked() {
-    let me = crate::identity::ProcessIdentity::current().unwrap();
-    let here = local_host();
-    assert_eq!(
-        owner_running(&Owner::new(here.clone(), me.pid, me.start)),
-        Some(true)
-    );
-    assert_eq!(
-        owner_running(&Owner::new(here, me.pid, me.start.wrapping_add(1))),
-        Some(false)
-    );
-    assert_eq!(
-        owner_running(&Owner::new("another-host", me.pid, me.start)),
-        None
-    );
-}
-
 #[test]
 fn item_ids_are_short_safe_names() {
     assert!(is_valid_item_id("a"));
