@@ -54,14 +54,8 @@ pub(crate) const MAX_RECORD_BYTES: u64 = 16 << 20;
 pub const MAX_ITEM_BYTES: usize = 1 << 20;
 
 /// The size of `item`'s compact JSON encoding when it is over [`MAX_ITEM_BYTES`], `None` when it
-/// fits. The one size rule: the runner and every store call it.
-///
-/// ```
-/// assert_eq!(planned_stop::record::oversized(&serde_json::json!("job-7")), None);
-/// let big = serde_json::Value::String("x".repeat(planned_stop::record::MAX_ITEM_BYTES));
-/// assert_eq!(planned_stop::record::oversized(&big), Some(planned_stop::record::MAX_ITEM_BYTES + 2));
-/// ```
-pub fn oversized(item: &serde_json::Value) -> Option<usize> {
+/// fits: the size half of [`unstorable`], which everything outside calls.
+pub(crate) fn oversized(item: &serde_json::Value) -> Option<usize> {
     /// Counts bytes without keeping them.
     struct Count(usize);
     impl io::Write for Count {
