@@ -64,4 +64,7 @@ echo "== cargo test --target $TARGET (under Wine)"
 PLANNED_STOP_RECORD_CASES=100 CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER="$WINE" cargo test --target "$TARGET" \
   -- --skip holds_over_every_bounded_interleaving
 echo "== Windows end-to-end scenarios (under Wine)"
+# The command line itself: `cargo test` builds only the test package's copy of it
+# (planned-stop-under-test.exe), so a fresh clone has no planned-stop.exe until this.
+cargo build --quiet --target "$TARGET" -p planned-stop-cli --bin planned-stop
 bash ci/windows-e2e.sh
