@@ -2113,13 +2113,19 @@ fn kill_kills_a_target_that_a_forced_drain_does_not_end() {
 
     // A program that is no planned-stop service ends on the Ctrl-C itself: forced, not killed,
     // and the answer does not pretend anything was recorded.
-    let mut plain = common::Helper::new(
-        std::process::Command::new("sleep")
-            .arg("600")
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut sleep = std::process::Command::new("sleep");
+    sleep.arg("600").stdin(std::process::Stdio::null());
+    // A test run started in the background by a script (no job control) inherits SIGINT ignored,
+    // and exec keeps it ignored: give `sleep` the default action this case is about.
+    // SAFETY: signal(2) is async-signal-safe and changes only the child.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        sleep.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut plain = common::Helper::new(sleep.spawn().unwrap());
     let out = stop(&d, &plain.id().to_string(), &["--wait", "0.3", "--kill"]);
     let report = json_of(&out);
     assert_eq!(
