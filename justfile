@@ -36,7 +36,7 @@ chaos secs="300":
 chaos-defect name secs="72":
     PLANNED_STOP_CHAOS_DEFECT={{name}} PLANNED_STOP_CHAOS_SECS={{secs}} cargo test --features postgres --test tests -- --ignored --nocapture --test-threads 1 chaos::the_chaos_checker_reports_injected_defects
 
-# Fuzz one target for longer, e.g. `just fuzz verdict 600` (installs cargo-fuzz if missing).
+# Fuzz one target for longer, e.g. `just fuzz judgement 600` (installs cargo-fuzz if missing).
 fuzz target secs="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
     mkdir -p /tmp/planned-stop-fuzz/{{target}}
@@ -57,7 +57,7 @@ windows:
 # `just mutants-iterate` re-tests only what the last run missed.
 mutants *args:
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants {{args}} -o target/mutants-protocol -p planned-stop-protocol --file protocol/src/schema.rs --file protocol/src/verdict.rs -- --lib --test marker_and_verdict
+    cargo mutants {{args}} -o target/mutants-protocol -p planned-stop-protocol --file protocol/src/schema.rs --file protocol/src/judgement.rs -- --lib --test marker_and_judgement
     cargo test -p planned-stop -p planned-stop-tests --lib --test tests -- record:: store::
     cargo mutants {{args}} -o target/mutants-pure {{both}} --timeout 60 --file src/record.rs -- --lib --test tests -- record:: store::
     PROPTEST_CASES=200 cargo test -p planned-stop -p planned-stop-tests --lib --test tests -- lifecycle:: watcher:: runner:: service:: state_machine::

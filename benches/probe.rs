@@ -9,7 +9,7 @@ use chrono::Utc;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use planned_stop::Layout;
 use planned_stop::internals::{MarkerProbe, OwnSlot, PlannedStop, WatchStep, next_step};
-use planned_stop::marker::{Marker, MarkerStore, Verdict};
+use planned_stop::marker::{Judgement, Marker, MarkerStore};
 use planned_stop::{ProcessIdentity, RunnerState};
 use std::hint::black_box;
 
@@ -38,13 +38,13 @@ fn probe(c: &mut Criterion) {
     let now = Utc::now();
     assert!(matches!(
         store.probe(&me, now).unwrap(),
-        Verdict::ForSelf(_)
+        Judgement::ForSelf(_)
     ));
     g.bench_function("for_self", |b| {
         b.iter(|| black_box(store.probe(&me, now).unwrap()))
     });
     assert!(
-        matches!(store.probe(&me, now).unwrap(), Verdict::ForSelf(_)),
+        matches!(store.probe(&me, now).unwrap(), Judgement::ForSelf(_)),
         "still there"
     );
 
@@ -52,7 +52,7 @@ fn probe(c: &mut Criterion) {
     std::fs::write(store.slot_path(me.pid), foreign.to_json().unwrap()).unwrap();
     assert!(matches!(
         store.probe(&me, now).unwrap(),
-        Verdict::Foreign(_)
+        Judgement::Foreign(_)
     ));
     g.bench_function("foreign", |b| {
         b.iter(|| black_box(store.probe(&me, now).unwrap()))

@@ -39,7 +39,7 @@
 //! ```
 //! use chrono::Utc;
 //! use planned_stop::{Layout, ProcessIdentity};
-//! use planned_stop::marker::{Marker, MarkerStore, Verdict};
+//! use planned_stop::marker::{Marker, MarkerStore, Judgement};
 //!
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let dir = dir.path().join("run");
@@ -48,7 +48,7 @@
 //! // A stopper (normally another process) asks us to stop.
 //! store.write(&Marker::new(me.pid, Some(me.start), Utc::now()).with_reason("deploy"))?;
 //! // The watcher probes without consuming; the runner claims.
-//! assert!(matches!(store.probe(&me, Utc::now())?, Verdict::ForSelf(_)));
+//! assert!(matches!(store.probe(&me, Utc::now())?, Judgement::ForSelf(_)));
 //! let marker = store.claim(&me, Utc::now())?.expect("the marker is ours");
 //! assert_eq!(marker.reason.as_deref(), Some("deploy"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -93,7 +93,7 @@ mod work;
 pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use planned_stop_protocol::Layout;
 pub use planned_stop_protocol::{IdentityError, ProcessIdentity};
-use planned_stop_protocol::{error_chain, identity, outcome, schema, store, verdict};
+use planned_stop_protocol::{error_chain, identity, judgement, outcome, schema, store};
 pub use planned_stop_protocol::{marker, stopper};
 pub use resume::{DEFAULT_RESUME_BATCH, ResumeLoop};
 pub use runner::{Drain, DrainReport, ExitCodes, RunnerStatus};
@@ -120,6 +120,7 @@ pub mod internals {
     pub use crate::events::{SlotEvents, Wakeups};
     pub use crate::handover::{RestartMode, restart_mode};
     pub use crate::identity::{parse_proc_stat, parse_status_uids};
+    pub use crate::judgement::{SlotContent, decide, decide_as_owner};
     pub use crate::lifecycle::{Lifecycle, Step};
     pub use crate::outcome::may_speak_for;
     pub use crate::record::host::{HOST_ENV, local_host};
@@ -128,7 +129,6 @@ pub mod internals {
     };
     pub use crate::runner::{OsSignal, PlannedStop, RunnerActor};
     pub use crate::runner::{Ready, RequestStop, RunnerConfig};
-    pub use crate::verdict::{SlotContent, decide, decide_as_owner};
     pub use crate::watcher::{
         MarkerProbe, MarkerWatcherActor, OwnSlot, Watch, WatchSend, WatchStep, next_step,
     };

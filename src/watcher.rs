@@ -27,10 +27,10 @@ use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
 use crate::events::{SlotEvents, Wakeups};
 use crate::identity::ProcessIdentity;
+use crate::judgement::Judgement;
 use crate::lifecycle::{RunnerState, StopRequest};
 use crate::runner::{HeldStop, PlannedStop, RequestStop, RunnerStatus};
 use crate::store::{MarkerStore, StoreError};
-use crate::verdict::Verdict;
 use actix::clock::Instant;
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
@@ -44,7 +44,7 @@ pub(crate) const PROBE_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// What the watcher probes: normally [`OwnSlot`], this process's slot in a [`MarkerStore`].
 pub trait MarkerProbe: 'static {
     /// Judges the slot at `now` (see [`MarkerStore::probe`]).
-    fn probe(&self, now: DateTime<Utc>) -> Result<Verdict, StoreError>;
+    fn probe(&self, now: DateTime<Utc>) -> Result<Judgement, StoreError>;
 }
 
 /// This process's slot in a store.
@@ -57,12 +57,12 @@ pub struct OwnSlot {
 }
 
 impl MarkerProbe for OwnSlot {
-    fn probe(&self, now: DateTime<Utc>) -> Result<Verdict, StoreError> {
+    fn probe(&self, now: DateTime<Utc>) -> Result<Judgement, StoreError> {
         self.store.probe(&self.own, now)
     }
 }
 
-/// What the watcher does with one probe's verdict while the runner is in `state`.
+/// What the watcher does with one probe's judgement while the runner is in `state`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchStep {
     /// Send this planned stop now and stop watching.
@@ -77,12 +77,12 @@ pub enum WatchStep {
 
 /// The watcher's rule, pure: a marker for us that asks the watcher to act is delivered when the
 /// runner runs, held while it starts, and dropped once it is stopping.
-pub fn next_step(verdict: &Verdict, state: RunnerState) -> WatchStep {
-    match (state, verdict) {
+pub fn next_step(judgement: &Judgement, state: RunnerState) -> WatchStep {
+    match (state, judgement) {
         (RunnerState::Draining | RunnerState::Stopped, _) => WatchStep::Exit,
-        (_, Verdict::ForSelf(m)) if !m.trigger_watcher => WatchStep::Continue,
-        (RunnerState::Running, Verdict::ForSelf(m)) => WatchStep::Deliver(m.into()),
-        (RunnerState::Starting, Verdict::ForSelf(m)) => WatchStep::Hold(m.into()),
+        (_, Judgement::ForSelf(m)) if !m.trigger_watcher => WatchStep::Continue,
+        (RunnerState::Running, Judgement::ForSelf(m)) => WatchStep::Deliver(m.into()),
+        (RunnerState::Starting, Judgement::ForSelf(m)) => WatchStep::Hold(m.into()),
         _ => WatchStep::Continue,
     }
 }
@@ -286,17 +286,17 @@ impl MarkerWatcherActor {
         }
     }
 
-    /// Probes and acts on the verdict. Returns whether watching goes on.
+    /// Probes and acts on the judgement. Returns whether watching goes on.
     fn check(&mut self, ctx: &mut Context<Self>) -> bool {
         if !self.watch.is_looking() {
             return false;
         }
         let state = self.runner_state();
         let step = match self.probe.probe(self.clock.now()) {
-            Ok(verdict) => {
-                tracing::trace!(verdict = verdict.kind(), "marker probed");
+            Ok(judgement) => {
+                tracing::trace!(verdict = judgement.kind(), "marker probed");
                 self.errors.succeeded();
-                next_step(&verdict, state)
+                next_step(&judgement, state)
             }
             Err(e) if state >= RunnerState::Draining => {
                 tracing::debug!(error = %ErrorChain(&e), "probe failed while the runner stops");

@@ -7,7 +7,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use common::actors::*;
 use planned_stop::Layout;
 use planned_stop::internals::{Clock, OwnSlot};
-use planned_stop::marker::{Marker, MarkerStore, Verdict};
+use planned_stop::marker::{Judgement, Marker, MarkerStore};
 use planned_stop::{ProcessIdentity, RunnerState};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -101,7 +101,7 @@ proptest! {
         for offset in now_offsets {
             std::fs::write(store.slot_path(me.pid), &bytes).unwrap();
             let now = base + TimeDelta::seconds(offset);
-            prop_assert!(!matches!(store.probe(&me, now).unwrap(), Verdict::ForSelf(_)));
+            prop_assert!(!matches!(store.probe(&me, now).unwrap(), Judgement::ForSelf(_)));
             prop_assert_eq!(store.claim(&me, now).unwrap(), None);
         }
     }

@@ -414,7 +414,7 @@ fn the_checks_see_paths_groups_supers_and_circles() {
                 #[cfg(test)]\nmod tests {\n    use crate::cli::x;\n    fn h() { let s = \"{}\"; }\n}\n\
                 fn after() { crate::events::e(); }\n";
     assert_eq!(
-        dependencies(&library_code(code), &path("verdict")),
+        dependencies(&library_code(code), &path("judgement")),
         BTreeSet::from(["events".to_string(), "store".to_string()])
     );
     // A façade depends on what it re-exports: one in the pure layer that gathers the store's

@@ -28,7 +28,7 @@ use planned_stop::internals::{
     Lifecycle, SlotContent, Step, Watch, WatchSend, WatchStep, decide, decide_as_owner, next_step,
 };
 use planned_stop::internals::{Liveness, holds, is_offered};
-use planned_stop::marker::{Marker, Policy, Undecided, Verdict};
+use planned_stop::marker::{Judgement, Marker, Policy, Undecided};
 use planned_stop::record::{Lease, Owner};
 use planned_stop::stopper::{Outcome, WaitOutcome, is_own_request};
 use planned_stop::{ProcessIdentity, RunnerState, SignalKind, StopCause, StopVerdict};
@@ -41,9 +41,13 @@ use std::time::{Duration, Instant};
 /// The crate's decision functions the model calls; a defect swaps one.
 #[derive(Clone, Copy)]
 struct Rules {
-    decide:
-        fn(SlotContent<'_>, &ProcessIdentity, DateTime<Utc>, &Policy) -> Result<Verdict, Undecided>,
-    next_step: fn(&Verdict, RunnerState) -> WatchStep,
+    decide: fn(
+        SlotContent<'_>,
+        &ProcessIdentity,
+        DateTime<Utc>,
+        &Policy,
+    ) -> Result<Judgement, Undecided>,
+    next_step: fn(&Judgement, RunnerState) -> WatchStep,
     on_step: fn(&mut Watch, WatchStep) -> WatchSend,
     signal: fn(&mut Lifecycle, SignalKind, bool) -> Step,
     after_exit: fn(Option<Outcome>) -> WaitOutcome,
@@ -503,7 +507,7 @@ impl StopModel {
             (self.rules.decide)(SlotContent::Bytes(&bytes), &own, at(world.tick), &policy())
                 .expect("bytes are always decided");
         match verdict {
-            Verdict::ForSelf(marker) => {
+            Judgement::ForSelf(marker) => {
                 if marker.target_start_time != Some(own.start) || marker.target_pid != own.pid {
                     world.procs[p].claimed_other = true;
                 }
@@ -519,10 +523,10 @@ impl StopModel {
     }
 
     /// The watcher's probe ([`planned_stop::marker::MarkerStore::probe`]).
-    fn probe(&self, world: &mut World, p: usize) -> Verdict {
+    fn probe(&self, world: &mut World, p: usize) -> Judgement {
         let own = world.procs[p].identity();
         let Some(bytes) = world.slot.bytes() else {
-            return Verdict::Absent;
+            return Judgement::Absent;
         };
         let verdict =
             (self.rules.decide)(SlotContent::Bytes(&bytes), &own, at(world.tick), &policy())
@@ -1286,13 +1290,13 @@ fn decide_ignoring_fingerprint(
     own: &ProcessIdentity,
     now: DateTime<Utc>,
     policy: &Policy,
-) -> Result<Verdict, Undecided> {
+) -> Result<Judgement, Undecided> {
     match decide(found, own, now, policy)? {
-        Verdict::Stale(planned_stop::marker::Stale::OtherIncarnation { .. }) => {
+        Judgement::Stale(planned_stop::marker::Stale::OtherIncarnation { .. }) => {
             let SlotContent::Bytes(bytes) = found else {
                 unreachable!("only bytes are judged stale")
             };
-            Ok(Verdict::ForSelf(
+            Ok(Judgement::ForSelf(
                 Marker::parse(bytes).expect("judged above"),
             ))
         }

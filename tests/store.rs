@@ -5,7 +5,7 @@ use crate::common;
 
 use chrono::{TimeDelta, Utc};
 use common::*;
-use planned_stop::marker::{Marker, MarkerStore, StoreError, SweepReport, Verdict};
+use planned_stop::marker::{Judgement, Marker, MarkerStore, StoreError, SweepReport};
 use planned_stop::{Layout, ProcessIdentity};
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -36,7 +36,7 @@ enum Setup {
 struct Case {
     name: &'static str,
     setup: Setup,
-    /// `Verdict::kind()`, or "undecided".
+    /// `Judgement::kind()`, or "undecided".
     expect: &'static str,
 }
 
@@ -533,7 +533,10 @@ fn run_hostile_table() {
         };
         assert_eq!(got, case.expect, "{}: {probed:?}", case.name);
         assert_eq!(
-            inspected.as_ref().map(Verdict::kind).unwrap_or("undecided"),
+            inspected
+                .as_ref()
+                .map(Judgement::kind)
+                .unwrap_or("undecided"),
             case.expect,
             "{}: inspect and probe must agree",
             case.name
@@ -579,7 +582,7 @@ fn a_foreign_marker_in_the_shared_file_is_left_and_not_overwritten() {
 
     assert!(matches!(
         store.probe(&me, Utc::now()).unwrap(),
-        Verdict::Foreign(_)
+        Judgement::Foreign(_)
     ));
     assert_eq!(store.claim(&me, Utc::now()).unwrap(), None);
     let ours = Marker::new(me.pid, Some(me.start), Utc::now());
@@ -602,7 +605,7 @@ fn a_foreign_marker_in_the_shared_file_is_left_and_not_overwritten() {
     store.write(&ours).unwrap();
     assert!(matches!(
         store.probe(&me, Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
+        Judgement::ForSelf(_)
     ));
 }
 
@@ -940,13 +943,13 @@ fn test_planned_stop_marker_targets_self_probe_is_non_destructive() {
 
     assert!(matches!(
         store.probe(&me, Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
+        Judgement::ForSelf(_)
     ));
     assert!(marker.exists(), "probe must not consume a matching marker");
     // Idempotent: still for us on a second call.
     assert!(matches!(
         store.probe(&me, Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
+        Judgement::ForSelf(_)
     ));
     assert!(marker.exists());
 }
@@ -961,7 +964,7 @@ fn test_planned_stop_marker_targets_self_drops_malformed() {
 
     assert!(matches!(
         store.probe(&me, Utc::now()).unwrap(),
-        Verdict::Malformed(_)
+        Judgement::Malformed(_)
     ));
     assert!(!marker.exists(), "a malformed marker is cleaned up");
 }
@@ -982,7 +985,7 @@ fn a_directory_with_contents_at_a_slot_is_logged_once_and_named_by_write_and_cle
     for _ in 0..5 {
         assert!(matches!(
             store.probe(&me, Utc::now()).unwrap(),
-            Verdict::Malformed(_)
+            Judgement::Malformed(_)
         ));
     }
     assert_eq!(
@@ -1030,7 +1033,7 @@ fn a_directory_made_shared_while_open_is_refused_until_it_is_private_again() {
     fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).unwrap();
     assert!(matches!(
         store.probe(&me, Utc::now()).unwrap(),
-        Verdict::ForSelf(_)
+        Judgement::ForSelf(_)
     ));
 }
 

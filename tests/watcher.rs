@@ -17,7 +17,7 @@ use common::actors::*;
 use common::*;
 use planned_stop::Layout;
 use planned_stop::internals::{MarkerProbe, OwnSlot, SlotEvents};
-use planned_stop::marker::{Marker, MarkerStore, StoreError, Verdict};
+use planned_stop::marker::{Judgement, Marker, MarkerStore, StoreError};
 use planned_stop::{ProcessIdentity, RunnerState};
 use std::cell::Cell;
 use std::path::Path;
@@ -219,10 +219,10 @@ struct Exploding {
 }
 
 impl MarkerProbe for Exploding {
-    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Verdict, StoreError> {
+    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Judgement, StoreError> {
         self.calls.set(self.calls.get() + 1);
         if self.calls.get() == 1 {
-            return Ok(Verdict::Absent);
+            return Ok(Judgement::Absent);
         }
         Err(StoreError::Io {
             op: "stat",
@@ -343,7 +343,7 @@ struct Counting {
 }
 
 impl MarkerProbe for Counting {
-    fn probe(&self, now: chrono::DateTime<Utc>) -> Result<Verdict, StoreError> {
+    fn probe(&self, now: chrono::DateTime<Utc>) -> Result<Judgement, StoreError> {
         self.probes.set(self.probes.get() + 1);
         self.inner.probe(now)
     }
@@ -385,14 +385,14 @@ struct Flaky {
 }
 
 impl MarkerProbe for Flaky {
-    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Verdict, StoreError> {
+    fn probe(&self, _: chrono::DateTime<Utc>) -> Result<Judgement, StoreError> {
         if self.failing.get() {
             return Err(StoreError::Unreadable {
                 path: "slot".into(),
                 kind: std::io::ErrorKind::PermissionDenied,
             });
         }
-        Ok(Verdict::Absent)
+        Ok(Judgement::Absent)
     }
 }
 

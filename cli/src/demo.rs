@@ -8,7 +8,7 @@
 
 use super::{EXIT_OK, EXIT_UNEXPECTED, chain, emit};
 use chrono::Utc;
-use planned_stop::marker::{Marker, MarkerStore, Verdict};
+use planned_stop::marker::{Judgement, Marker, MarkerStore};
 use planned_stop::stopper::{self, StopOptions};
 use planned_stop::{Layout, ProcessIdentity};
 use serde_json::Value;
@@ -253,7 +253,12 @@ impl Demo {
         let staging = self.run_dir.join("staging");
         for (what, bytes) in cases {
             // What the service will conclude: the same decision function it uses.
-            let judged = Ok(Verdict::judge(&bytes, &me, Utc::now(), self.store.policy()));
+            let judged = Ok(Judgement::judge(
+                &bytes,
+                &me,
+                Utc::now(),
+                self.store.policy(),
+            ));
             // Put in place the way a stopper does (write aside, rename), so it is seen whole.
             std::fs::write(&staging, &bytes).map_err(|e| chain(&e))?;
             std::fs::rename(&staging, &slot).map_err(|e| chain(&e))?;

@@ -46,7 +46,7 @@ use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
 use error_words::chain;
 use planned_stop::Layout;
-use planned_stop::marker::{MarkerStore, Undecided, Verdict};
+use planned_stop::marker::{Judgement, MarkerStore, Undecided};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -506,7 +506,7 @@ fn inspect(args: InspectArgs) -> u8 {
     let path = store.slot_path(pid);
     let verdict = store.inspect(pid, Utc::now());
     if args.json {
-        emit(verdict_json(&path, &verdict));
+        emit(judgement_json(&path, &verdict));
     } else {
         emit(format!(
             "{}: {}",
@@ -584,16 +584,18 @@ pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// A verdict as one line of text.
-pub fn describe(verdict: &Result<Verdict, Undecided>) -> String {
-    match verdict {
+/// A judgement as one line of text.
+pub fn describe(judgement: &Result<Judgement, Undecided>) -> String {
+    match judgement {
         Err(e) => format!("undecided: {e}"),
-        Ok(Verdict::Absent) => "absent: no marker".to_owned(),
-        Ok(Verdict::Malformed(why)) => format!("malformed: {why}"),
-        Ok(Verdict::Stale(why)) => format!("stale: {why}"),
-        Ok(Verdict::Foreign(m)) => format!("foreign: a stop request for process {}", m.target_pid),
+        Ok(Judgement::Absent) => "absent: no marker".to_owned(),
+        Ok(Judgement::Malformed(why)) => format!("malformed: {why}"),
+        Ok(Judgement::Stale(why)) => format!("stale: {why}"),
+        Ok(Judgement::Foreign(m)) => {
+            format!("foreign: a stop request for process {}", m.target_pid)
+        }
         // A --no-trigger marker stops nothing by itself: it only classifies the next SIGTERM.
-        Ok(Verdict::ForSelf(m)) if !m.trigger_watcher => format!(
+        Ok(Judgement::ForSelf(m)) if !m.trigger_watcher => format!(
             "for_self: a --no-trigger marker: the next SIGTERM to process {} counts as planned \
              (its watcher leaves the marker alone){}",
             m.target_pid,
@@ -602,7 +604,7 @@ pub fn describe(verdict: &Result<Verdict, Undecided>) -> String {
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         ),
-        Ok(Verdict::ForSelf(m)) => format!(
+        Ok(Judgement::ForSelf(m)) => format!(
             "for_self: process {} will stop as planned if it watches this directory{}",
             m.target_pid,
             m.reason
@@ -614,17 +616,21 @@ pub fn describe(verdict: &Result<Verdict, Undecided>) -> String {
     }
 }
 
-/// A verdict as a JSON object: `path`, `verdict` (kind), `detail`, and `marker` when there is one.
-pub fn verdict_json(path: &Path, verdict: &Result<Verdict, Undecided>) -> serde_json::Value {
-    let kind = verdict.as_ref().map(Verdict::kind).unwrap_or("undecided");
-    let marker = match verdict {
-        Ok(Verdict::Foreign(m) | Verdict::ForSelf(m)) => serde_json::to_value(m).ok(),
+/// A judgement as a JSON object: `path`, `verdict` (its kind; the key the cli has always printed),
+/// `detail`, and `marker` when there is one.
+pub fn judgement_json(path: &Path, judgement: &Result<Judgement, Undecided>) -> serde_json::Value {
+    let kind = judgement
+        .as_ref()
+        .map(Judgement::kind)
+        .unwrap_or("undecided");
+    let marker = match judgement {
+        Ok(Judgement::Foreign(m) | Judgement::ForSelf(m)) => serde_json::to_value(m).ok(),
         _ => None,
     };
     json!({
         "path": path_json(path),
         "verdict": kind,
-        "detail": describe(verdict),
+        "detail": describe(judgement),
         "marker": marker,
     })
 }

@@ -3,7 +3,7 @@
 
 use super::{
     EXIT_NOT_RUNNING, EXIT_NOT_WATCHING, EXIT_OK, StatusArgs, cause_words, chain, describe, emit,
-    existing_store, fail, file_name, path_json, records, verdict_json, when, word,
+    existing_store, fail, file_name, judgement_json, path_json, records, when, word,
 };
 use chrono::Utc;
 use planned_stop::marker::MarkerStore;
@@ -97,7 +97,7 @@ fn print_json(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
     } = listing;
     let slots: Vec<_> = entries
         .iter()
-        .map(|e| verdict_json(&e.path, &e.verdict))
+        .map(|e| judgement_json(&e.path, &e.judgement))
         .collect();
     emit(json!({
         "dir": path_json(store.dir()),
@@ -127,7 +127,7 @@ fn print_text(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
         emit(format!(
             "  {}: {}",
             file_name(&e.path),
-            describe(&e.verdict)
+            describe(&e.judgement)
         ));
     }
     for p in &listing.presences {

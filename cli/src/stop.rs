@@ -8,7 +8,7 @@ use super::{EXIT_GONE, EXIT_OK, EXIT_USAGE, LayoutArgs, chain, fail, path_json};
 use answer::Answer;
 use clap::Args;
 use planned_stop::marker::{MarkerStore, StopAction};
-use planned_stop::stopper::{self, Progress, StopOptions, StopperError, WaitOutcome};
+use planned_stop::stopper::{self, Phase, StopOptions, StopperError, WaitOutcome};
 use report::{already_stopped, kill_at_deadline, not_watching, report, report_error};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -384,12 +384,15 @@ fn follow(
             };
             let secs = elapsed.as_secs_f64();
             bar.set_message(match progress {
-                Progress::Waiting => format!("waiting for process {pid} to accept ({secs:.1} s)"),
-                Progress::Draining => format!("process {pid} is draining ({secs:.1} s)"),
-                Progress::Held => {
+                None => format!("waiting for process {pid} to accept ({secs:.1} s)"),
+                Some(Phase::Draining) => format!("process {pid} is draining ({secs:.1} s)"),
+                Some(Phase::Held) => {
                     format!("process {pid} holds the stop until it is ready ({secs:.1} s)")
                 }
-                other => format!("process {pid}: {other:?}"),
+                Some(Phase::HandingOver) => {
+                    format!("process {pid} is handing over to its successor ({secs:.1} s)")
+                }
+                Some(other) => format!("process {pid}: {other:?}"),
             });
         },
     );

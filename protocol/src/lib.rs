@@ -15,14 +15,14 @@ pub mod error_chain;
 #[doc(hidden)]
 pub mod identity;
 #[doc(hidden)]
+pub mod judgement;
+#[doc(hidden)]
 pub mod outcome;
 #[doc(hidden)]
 pub mod schema;
 mod stop;
 #[doc(hidden)]
 pub mod store;
-#[doc(hidden)]
-pub mod verdict;
 
 pub use identity::{IdentityError, ProcessIdentity};
 pub use stop::{SignalKind, StopCause, StopVerdict};

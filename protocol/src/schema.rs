@@ -14,7 +14,7 @@
 //!
 //! Keys this version does not know are ignored, so a v1 reader accepts what a later v1 writer adds.
 //! The module is pure: no file system, no clock, no process table. Whether a marker is *for us* is the
-//! job of [`crate::verdict`].
+//! job of [`crate::judgement`].
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::de::{Deserializer, MapAccess, Visitor};

@@ -503,32 +503,9 @@ pub enum WaitOutcome {
     },
 }
 
-/// Where a wait stands, for a progress display.
-///
-/// ```
-/// use planned_stop_protocol::stopper::{wait, Progress};
-/// # let dir = tempfile::tempdir().unwrap();
-/// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
-/// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
-/// let mut seen = Vec::new();
-/// wait(&store, &me, std::time::Duration::from_millis(50), |p, _| seen.push(p));
-/// assert!(seen.iter().all(|p| *p == Progress::Waiting));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Progress {
-    /// The target has not acknowledged the request yet.
-    Waiting,
-    /// Accepted; draining.
-    Draining,
-    /// Seen, but held until the target declares itself ready.
-    Held,
-    /// A restart in place: the successor is starting.
-    HandingOver,
-}
-
-/// Waits up to `timeout` for `target` to exit, calling `progress` on every poll. See the module
-/// docs.
+/// Waits up to `timeout` for `target` to exit, calling `progress` on every poll with where the
+/// stop stands: the phase of the target's outcome, `None` while it has not accepted. See the
+/// module docs.
 ///
 /// ```no_run
 /// # use planned_stop_protocol::Layout;
@@ -543,7 +520,7 @@ pub fn wait(
     store: &MarkerStore,
     target: &ProcessIdentity,
     timeout: Duration,
-    progress: impl FnMut(Progress, Duration),
+    progress: impl FnMut(Option<Phase>, Duration),
 ) -> WaitOutcome {
     wait_with(store, target, timeout, ExitWatch::Events, progress)
 }
@@ -555,15 +532,18 @@ pub fn wait(
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
-/// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |_, _| {});
+/// let mut seen = Vec::new();
+/// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |p, _| seen.push(p));
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
+/// // It never accepted: every poll saw no phase.
+/// assert!(!seen.is_empty() && seen.iter().all(Option::is_none));
 /// ```
 pub fn wait_with(
     store: &MarkerStore,
     target: &ProcessIdentity,
     timeout: Duration,
     watch: ExitWatch,
-    progress: impl FnMut(Progress, Duration),
+    progress: impl FnMut(Option<Phase>, Duration),
 ) -> WaitOutcome {
     wait_for_request(store, target, None, timeout, watch, progress)
 }
@@ -578,7 +558,7 @@ pub fn wait_for_request(
     request_id: Option<&str>,
     timeout: Duration,
     watch: ExitWatch,
-    mut progress: impl FnMut(Progress, Duration),
+    mut progress: impl FnMut(Option<Phase>, Duration),
 ) -> WaitOutcome {
     let started = Instant::now();
     let exit = match watch {
@@ -634,15 +614,7 @@ pub fn wait_for_request(
                 _ => WaitOutcome::NotAccepted,
             };
         }
-        progress(
-            match outcome.as_ref().map(|o| o.phase) {
-                Some(Phase::Draining) => Progress::Draining,
-                Some(Phase::Held) => Progress::Held,
-                Some(Phase::HandingOver) => Progress::HandingOver,
-                _ => Progress::Waiting,
-            },
-            elapsed,
-        );
+        progress(outcome.as_ref().map(|o| o.phase), elapsed);
         let pause = WAIT_POLL.min(timeout - elapsed);
         match &exit {
             Some(exit) => exited = exit.wait(pause),

@@ -1,18 +1,18 @@
 use super::*;
+use crate::judgement::{Malformed, Stale};
 use crate::schema::Marker;
-use crate::verdict::{Malformed, Stale};
 use RunnerState::*;
 
-fn for_self(trigger: bool) -> Verdict {
+fn for_self(trigger: bool) -> Judgement {
     let m = Marker::new(1, Some(2), DateTime::UNIX_EPOCH)
         .with_request_id("r")
         .with_trigger_watcher(trigger);
-    Verdict::ForSelf(m)
+    Judgement::ForSelf(m)
 }
 
 #[test]
 fn a_marker_for_us_is_delivered_when_running_and_held_when_starting() {
-    let Verdict::ForSelf(m) = for_self(true) else {
+    let Judgement::ForSelf(m) = for_self(true) else {
         unreachable!()
     };
     assert_eq!(
@@ -29,7 +29,7 @@ fn a_marker_for_us_is_delivered_when_running_and_held_when_starting() {
 fn nothing_is_delivered_once_the_runner_stops() {
     for state in [Draining, Stopped] {
         assert_eq!(next_step(&for_self(true), state), WatchStep::Exit);
-        assert_eq!(next_step(&Verdict::Absent, state), WatchStep::Exit);
+        assert_eq!(next_step(&Judgement::Absent, state), WatchStep::Exit);
     }
 }
 
@@ -37,10 +37,10 @@ fn nothing_is_delivered_once_the_runner_stops() {
 fn other_verdicts_and_no_trigger_markers_keep_watching() {
     let marker = Marker::new(9, None, DateTime::UNIX_EPOCH);
     for v in [
-        Verdict::Absent,
-        Verdict::Foreign(marker),
-        Verdict::Stale(Stale::OwnerGone { pid: 9 }),
-        Verdict::Malformed(Malformed::Content(crate::schema::MarkerError::Empty)),
+        Judgement::Absent,
+        Judgement::Foreign(marker),
+        Judgement::Stale(Stale::OwnerGone { pid: 9 }),
+        Judgement::Malformed(Malformed::Content(crate::schema::MarkerError::Empty)),
         for_self(false),
     ] {
         assert_eq!(next_step(&v, Running), WatchStep::Continue, "{v:?}");
@@ -49,7 +49,7 @@ fn other_verdicts_and_no_trigger_markers_keep_watching() {
 }
 
 fn a_stop() -> PlannedStop {
-    let Verdict::ForSelf(m) = for_self(true) else {
+    let Judgement::ForSelf(m) = for_self(true) else {
         unreachable!()
     };
     PlannedStop::from(&m)

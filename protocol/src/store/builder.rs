@@ -2,7 +2,7 @@
 
 use super::files::prepare_dir;
 use super::{Layout, MarkerStore, StoreError};
-use crate::verdict::Policy;
+use crate::judgement::Policy;
 use std::path::PathBuf;
 
 /// Opens a [`MarkerStore`] with options. Safe defaults: [`Policy::default`], private directory.
@@ -25,7 +25,7 @@ pub struct MarkerStoreBuilder {
 }
 
 impl MarkerStoreBuilder {
-    /// Sets the policy used for every verdict this store reaches.
+    /// Sets the policy used for every judgement this store reaches.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -60,7 +60,7 @@ impl MarkerStoreBuilder {
     /// let missing = dir.path().join("not-yet");
     /// let store = planned_stop_protocol::marker::MarkerStore::builder(planned_stop_protocol::Layout::Slots(missing.clone())).create_dir(false).open().unwrap();
     /// assert!(!missing.exists());
-    /// assert_eq!(store.inspect(1, chrono::Utc::now()), Ok(planned_stop_protocol::marker::Verdict::Absent));
+    /// assert_eq!(store.inspect(1, chrono::Utc::now()), Ok(planned_stop_protocol::marker::Judgement::Absent));
     /// ```
     pub fn create_dir(mut self, create: bool) -> Self {
         self.create_dir = create;

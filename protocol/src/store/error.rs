@@ -3,8 +3,8 @@
 //! The OS error is the variant's `source`, not part of its message: a caller that prints the chain
 //! (as the CLI and the logs do) shows it once.
 
+use crate::judgement::Undecided;
 use crate::schema::MarkerError;
-use crate::verdict::Undecided;
 use std::io;
 use std::path::{Path, PathBuf};
 

@@ -5,8 +5,8 @@
 //! Platform differences live in the `os` module at the end, one twin per OS.
 
 use super::StoreError;
+use crate::judgement::{FileKind, SlotContent};
 use crate::schema::MAX_MARKER_BYTES;
-use crate::verdict::{FileKind, SlotContent};
 use os::{is_symlink_loop, open_no_follow};
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};

@@ -19,7 +19,7 @@
 //! - **Reads that cannot hang or wander.** The slot is inspected with `lstat` first; a symlink,
 //!   directory, FIFO or device is judged without being opened, and the open itself uses `O_NOFOLLOW`
 //!   and `O_NONBLOCK`. At most one byte past the size limit is read.
-//! - **One decision.** Every method judges what it read with [`crate::verdict`]; the store holds no
+//! - **One decision.** Every method judges what it read with [`crate::judgement`]; the store holds no
 //!   rule of its own.
 //! - **No lost markers.** Removing and claiming first *take* the file (rename it to a private name,
 //!   which exactly one process can do), then judge what they took again. If a stopper replaced the
@@ -42,8 +42,8 @@ pub use layout::Layout;
 pub use sweep::{SlotEntry, SweepReport};
 
 use crate::identity::ProcessIdentity;
+use crate::judgement::{self, FileKind, Judgement, Policy, Undecided};
 use crate::schema::Marker;
-use crate::verdict::{self, FileKind, Policy, Undecided, Verdict};
 use chrono::{DateTime, Utc};
 use error::unreadable;
 use files::{Found, read_slot, remove, with_sharing_retries};
@@ -57,17 +57,17 @@ use std::path::{Path, PathBuf};
 /// ```
 /// use chrono::Utc;
 /// use planned_stop_protocol::{Layout, ProcessIdentity};
-/// use planned_stop_protocol::marker::{Marker, MarkerStore, Verdict};
+/// use planned_stop_protocol::marker::{Marker, MarkerStore, Judgement};
 ///
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = MarkerStore::open(Layout::Slots(dir.path().join("markers"))).unwrap();
 /// let me = ProcessIdentity::current().unwrap();
 ///
 /// store.write(&Marker::new(me.pid, Some(me.start), Utc::now())).unwrap();
-/// assert!(matches!(store.probe(&me, Utc::now()).unwrap(), Verdict::ForSelf(_)));
+/// assert!(matches!(store.probe(&me, Utc::now()).unwrap(), Judgement::ForSelf(_)));
 /// let taken = store.claim(&me, Utc::now()).unwrap();
 /// assert!(taken.is_some());
-/// assert_eq!(store.probe(&me, Utc::now()).unwrap(), Verdict::Absent);
+/// assert_eq!(store.probe(&me, Utc::now()).unwrap(), Judgement::Absent);
 /// ```
 #[derive(Debug, Clone)]
 pub struct MarkerStore {
@@ -140,7 +140,7 @@ impl MarkerStore {
         &self.dir
     }
 
-    /// The policy every verdict of this store uses.
+    /// The policy every judgement of this store uses.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -188,7 +188,7 @@ impl MarkerStore {
         }
         if matches!(self.layout, Layout::SingleFile(_)) {
             let found = read_slot(&slot);
-            if let Ok(Verdict::ForSelf(pending)) = self.judge_as_owner(&found, None, Utc::now())
+            if let Ok(Judgement::ForSelf(pending)) = self.judge_as_owner(&found, None, Utc::now())
                 && pending.target_pid != marker.target_pid
             {
                 let ttl =
@@ -217,24 +217,28 @@ impl MarkerStore {
     ///
     /// ```
     /// # use planned_stop_protocol::{Layout, ProcessIdentity};
-    /// # use planned_stop_protocol::marker::{MarkerStore, Verdict};
+    /// # use planned_stop_protocol::marker::{MarkerStore, Judgement};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
     /// let me = ProcessIdentity::current().unwrap();
     /// std::fs::write(store.slot_path(me.pid), b"{not json").unwrap();
-    /// assert!(matches!(store.probe(&me, chrono::Utc::now()).unwrap(), Verdict::Malformed(_)));
+    /// assert!(matches!(store.probe(&me, chrono::Utc::now()).unwrap(), Judgement::Malformed(_)));
     /// assert!(!store.slot_path(me.pid).exists(), "removed");
     /// ```
-    pub fn probe(&self, own: &ProcessIdentity, now: DateTime<Utc>) -> Result<Verdict, StoreError> {
+    pub fn probe(
+        &self,
+        own: &ProcessIdentity,
+        now: DateTime<Utc>,
+    ) -> Result<Judgement, StoreError> {
         let slot = self.slot_path(own.pid);
-        let judge = |found: &Found| verdict::decide(found.content(), own, now, &self.policy);
+        let judge = |found: &Found| judgement::decide(found.content(), own, now, &self.policy);
         let found = read_slot(&slot);
         self.still_private(&found)?;
-        let verdict = judge(&found).map_err(|e| unreadable(&slot, e))?;
-        if verdict.is_removable() {
+        let judgement = judge(&found).map_err(|e| unreadable(&slot, e))?;
+        if judgement.is_removable() {
             self.discard(&slot, &found, judge)?;
         }
-        Ok(verdict)
+        Ok(judgement)
     }
 
     /// Consumes `own`'s marker: the authoritative step that makes a stop planned. Returns the marker
@@ -258,11 +262,11 @@ impl MarkerStore {
         now: DateTime<Utc>,
     ) -> Result<Option<Marker>, StoreError> {
         let slot = self.slot_path(own.pid);
-        let judge = |found: &Found| verdict::decide(found.content(), own, now, &self.policy);
+        let judge = |found: &Found| judgement::decide(found.content(), own, now, &self.policy);
         let found = read_slot(&slot);
         self.still_private(&found)?;
         match judge(&found).map_err(|e| unreadable(&slot, e))? {
-            Verdict::ForSelf(_) => {}
+            Judgement::ForSelf(_) => {}
             v if v.is_removable() => {
                 self.discard(&slot, &found, judge)?;
                 return Ok(None);
@@ -273,7 +277,7 @@ impl MarkerStore {
             return Ok(None);
         };
         match judge(&read_slot(&taken)) {
-            Ok(Verdict::ForSelf(marker)) => {
+            Ok(Judgement::ForSelf(marker)) => {
                 remove(&taken)?;
                 Ok(Some(marker))
             }
@@ -292,17 +296,17 @@ impl MarkerStore {
         }
     }
 
-    /// The verdict the owner of `pid`'s slot would reach now, changing nothing: what `planned-stop
+    /// The judgement the owner of `pid`'s slot would reach now, changing nothing: what `planned-stop
     /// inspect` prints. In the single-file layout the owner is whoever the marker names.
     ///
     /// ```
     /// # use planned_stop_protocol::Layout;
-    /// # use planned_stop_protocol::marker::{MarkerStore, Verdict};
+    /// # use planned_stop_protocol::marker::{MarkerStore, Judgement};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let store = MarkerStore::open(Layout::Slots(dir.path().into())).unwrap();
-    /// assert_eq!(store.inspect(4242, chrono::Utc::now()), Ok(Verdict::Absent));
+    /// assert_eq!(store.inspect(4242, chrono::Utc::now()), Ok(Judgement::Absent));
     /// ```
-    pub fn inspect(&self, pid: u32, now: DateTime<Utc>) -> Result<Verdict, Undecided> {
+    pub fn inspect(&self, pid: u32, now: DateTime<Utc>) -> Result<Judgement, Undecided> {
         let slot = self.slot_path(pid);
         self.judge_as_owner(&read_slot(&slot), self.owner_of(&slot), now)
     }
@@ -351,8 +355,8 @@ impl MarkerStore {
         found: &Found,
         owner: Option<u32>,
         now: DateTime<Utc>,
-    ) -> Result<Verdict, Undecided> {
-        verdict::decide_as_owner(
+    ) -> Result<Judgement, Undecided> {
+        judgement::decide_as_owner(
             found.content(),
             owner,
             ProcessIdentity::of,
@@ -376,7 +380,7 @@ impl MarkerStore {
         &self,
         slot: &Path,
         found: &Found,
-        judge: impl Fn(&Found) -> Result<Verdict, Undecided>,
+        judge: impl Fn(&Found) -> Result<Judgement, Undecided>,
     ) -> Result<bool, StoreError> {
         if let Found::NotAFile(FileKind::Directory) = found {
             // A directory cannot be replaced by a marker while we look at it; remove it if empty.

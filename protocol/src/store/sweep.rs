@@ -1,11 +1,11 @@
-//! Looking over the whole directory: listing every slot with its verdict, and sweeping what
+//! Looking over the whole directory: listing every slot with its judgement, and sweeping what
 //! earlier processes left behind (stale slots, outcome and presence files of gone processes,
 //! temporary files of killed writers).
 
 use super::files::{Found, read_slot};
 use super::naming::{is_leftover_name, parse_slot_file_name};
 use super::{Layout, MarkerStore, StoreError};
-use crate::verdict::{Undecided, Verdict};
+use crate::judgement::{Judgement, Undecided};
 use chrono::{DateTime, Utc};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,19 +35,19 @@ pub struct SweepReport {
 /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// std::fs::write(store.slot_path(3), b"junk").unwrap();
 /// let entries = store.entries(chrono::Utc::now()).unwrap();
-/// assert_eq!(entries[0].verdict.as_ref().map(|v| v.kind()), Ok("malformed"));
+/// assert_eq!(entries[0].judgement.as_ref().map(|v| v.kind()), Ok("malformed"));
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct SlotEntry {
     /// The slot's path.
     pub path: PathBuf,
-    /// The verdict its owner would reach now, or `Err` when it could not be read.
-    pub verdict: Result<Verdict, Undecided>,
+    /// The judgement its owner would reach now, or `Err` when it could not be read.
+    pub judgement: Result<Judgement, Undecided>,
 }
 
 impl MarkerStore {
-    /// Every slot in the directory with the verdict its owner would reach, changing nothing.
+    /// Every slot in the directory with the judgement its owner would reach, changing nothing.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -59,8 +59,8 @@ impl MarkerStore {
     pub fn entries(&self, now: DateTime<Utc>) -> Result<Vec<SlotEntry>, StoreError> {
         let mut entries = Vec::new();
         for path in self.slot_files()? {
-            let verdict = self.judge_as_owner(&read_slot(&path), self.owner_of(&path), now);
-            entries.push(SlotEntry { path, verdict });
+            let judgement = self.judge_as_owner(&read_slot(&path), self.owner_of(&path), now);
+            entries.push(SlotEntry { path, judgement });
         }
         Ok(entries)
     }

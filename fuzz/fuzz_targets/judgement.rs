@@ -5,9 +5,9 @@
 use arbitrary::Arbitrary;
 use chrono::{DateTime, TimeDelta, Utc};
 use libfuzzer_sys::fuzz_target;
-use planned_stop_protocol::verdict::{SlotContent, decide};
+use planned_stop_protocol::judgement::{SlotContent, decide};
 use planned_stop_protocol::ProcessIdentity;
-use planned_stop_protocol::marker::{Marker, Policy, Verdict};
+use planned_stop_protocol::marker::{Marker, Policy, Judgement};
 use std::time::Duration;
 
 #[derive(Debug, Arbitrary)]
@@ -59,7 +59,7 @@ fuzz_target!(|input: Input| {
     let first = decide(SlotContent::Bytes(&bytes), &own, now, &policy);
     let second = decide(SlotContent::Bytes(&bytes), &own, now, &policy);
     assert_eq!(first, second, "the same input gave two verdicts");
-    if let Ok(Verdict::ForSelf(m)) = first {
+    if let Ok(Judgement::ForSelf(m)) = first {
         assert_eq!(m.target_pid, own.pid, "ForSelf for another pid");
         assert!(m.target_start_time.is_none_or(|s| s == own.start), "ForSelf for another start");
         let age = now.signed_duration_since(m.written_at);

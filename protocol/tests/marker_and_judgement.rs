@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use planned_stop_protocol::ProcessIdentity;
+use planned_stop_protocol::judgement::{SlotContent, decide};
 use planned_stop_protocol::marker::{MAX_REASON_CHARS, MAX_REQUEST_ID_CHARS, Marker, Policy};
-use planned_stop_protocol::verdict::{SlotContent, decide};
 use proptest::prelude::*;
 
 fn any_time() -> impl Strategy<Value = DateTime<Utc>> {
@@ -98,8 +98,8 @@ proptest! {
         let me = ProcessIdentity::new(pid, start, started);
         let bytes = marker.to_json().unwrap();
         let policy = Policy::default();
-        let verdict = decide(SlotContent::Bytes(&bytes), &me, now, &policy).unwrap();
-        if let planned_stop_protocol::marker::Verdict::ForSelf(m) = verdict {
+        let judgement = decide(SlotContent::Bytes(&bytes), &me, now, &policy).unwrap();
+        if let planned_stop_protocol::marker::Judgement::ForSelf(m) = judgement {
             prop_assert_eq!(m.target_pid, pid);
             prop_assert!(m.target_start_time.is_none_or(|s| s == start));
             let age = now.signed_duration_since(m.written_at);

@@ -13,8 +13,8 @@ fn secs(s: i64) -> TimeDelta {
     TimeDelta::seconds(s)
 }
 
-/// The verdict for `marker` seen at `now`.
-fn verdict_of(marker: &Marker, now: DateTime<Utc>) -> Verdict {
+/// The judgement for `marker` seen at `now`.
+fn judgement_of(marker: &Marker, now: DateTime<Utc>) -> Judgement {
     let bytes = marker.to_json().unwrap();
     decide(SlotContent::Bytes(&bytes), &me(), now, &Policy::default()).unwrap()
 }
@@ -24,11 +24,11 @@ fn a_fresh_marker_with_our_pid_and_fingerprint_is_for_self() {
     let written = me().started_at + secs(30);
     let m = Marker::new(4242, Some(777), written);
     assert_eq!(
-        verdict_of(&m, written + secs(1)),
-        Verdict::ForSelf(m.clone())
+        judgement_of(&m, written + secs(1)),
+        Judgement::ForSelf(m.clone())
     );
     // Still ours at the last second of the TTL.
-    assert_eq!(verdict_of(&m, written + secs(60)), Verdict::ForSelf(m));
+    assert_eq!(judgement_of(&m, written + secs(60)), Judgement::ForSelf(m));
 }
 
 #[test]
@@ -38,8 +38,8 @@ fn the_ttl_expires_markers_whoever_they_name() {
         let m = Marker::new(pid, Some(777), written);
         assert!(
             matches!(
-                verdict_of(&m, written + secs(61)),
-                Verdict::Stale(Stale::Expired { age_secs: 61, .. })
+                judgement_of(&m, written + secs(61)),
+                Judgement::Stale(Stale::Expired { age_secs: 61, .. })
             ),
             "pid {pid}"
         );
@@ -50,11 +50,11 @@ fn the_ttl_expires_markers_whoever_they_name() {
 fn future_markers_are_stale_beyond_the_skew() {
     let now = me().started_at + secs(100);
     let within = Marker::new(4242, Some(777), now + secs(5));
-    assert!(matches!(verdict_of(&within, now), Verdict::ForSelf(_)));
+    assert!(matches!(judgement_of(&within, now), Judgement::ForSelf(_)));
     let beyond = Marker::new(4242, Some(777), now + secs(6));
     assert!(matches!(
-        verdict_of(&beyond, now),
-        Verdict::Stale(Stale::FromTheFuture { ahead_secs: 6, .. })
+        judgement_of(&beyond, now),
+        Judgement::Stale(Stale::FromTheFuture { ahead_secs: 6, .. })
     ));
     let far = Marker::new(
         4243,
@@ -62,8 +62,8 @@ fn future_markers_are_stale_beyond_the_skew() {
         Utc.with_ymd_and_hms(9999, 1, 1, 0, 0, 0).unwrap(),
     );
     assert!(matches!(
-        verdict_of(&far, now),
-        Verdict::Stale(Stale::FromTheFuture { .. })
+        judgement_of(&far, now),
+        Judgement::Stale(Stale::FromTheFuture { .. })
     ));
 }
 
@@ -71,7 +71,7 @@ fn future_markers_are_stale_beyond_the_skew() {
 fn another_pid_is_foreign() {
     let now = me().started_at + secs(10);
     let m = Marker::new(4243, Some(777), now);
-    assert_eq!(verdict_of(&m, now), Verdict::Foreign(m));
+    assert_eq!(judgement_of(&m, now), Judgement::Foreign(m));
 }
 
 #[test]
@@ -79,8 +79,8 @@ fn another_fingerprint_is_an_earlier_incarnation() {
     let now = me().started_at + secs(10);
     let m = Marker::new(4242, Some(776), now);
     assert_eq!(
-        verdict_of(&m, now),
-        Verdict::Stale(Stale::OtherIncarnation {
+        judgement_of(&m, now),
+        Judgement::Stale(Stale::OtherIncarnation {
             pid: 4242,
             theirs: 776,
             ours: 777
@@ -93,18 +93,18 @@ fn without_a_fingerprint_only_markers_written_after_our_start_less_the_slack_fir
     let start = me().started_at;
     let after = Marker::new(4242, None, start + secs(1));
     assert!(matches!(
-        verdict_of(&after, start + secs(2)),
-        Verdict::ForSelf(_)
+        judgement_of(&after, start + secs(2)),
+        Judgement::ForSelf(_)
     ));
     let within_slack = Marker::new(4242, None, start - secs(2));
     assert!(matches!(
-        verdict_of(&within_slack, start + secs(2)),
-        Verdict::ForSelf(_)
+        judgement_of(&within_slack, start + secs(2)),
+        Judgement::ForSelf(_)
     ));
     let before = Marker::new(4242, None, start - secs(3));
     assert!(matches!(
-        verdict_of(&before, start + secs(2)),
-        Verdict::Stale(Stale::BeforeOurStart { .. })
+        judgement_of(&before, start + secs(2)),
+        Judgement::Stale(Stale::BeforeOurStart { .. })
     ));
 }
 
@@ -113,8 +113,8 @@ fn a_matching_fingerprint_written_before_our_start_is_still_stale() {
     let start = me().started_at;
     let m = Marker::new(4242, Some(777), start - secs(10));
     assert!(matches!(
-        verdict_of(&m, start + secs(1)),
-        Verdict::Stale(Stale::BeforeOurStart { .. })
+        judgement_of(&m, start + secs(1)),
+        Judgement::Stale(Stale::BeforeOurStart { .. })
     ));
 }
 
@@ -143,15 +143,15 @@ fn non_files_and_bad_bytes_are_malformed_and_absence_is_absent() {
     let p = Policy::default();
     assert_eq!(
         decide(SlotContent::Absent, &me(), now, &p),
-        Ok(Verdict::Absent)
+        Ok(Judgement::Absent)
     );
     assert_eq!(
         decide(SlotContent::NotAFile(FileKind::Symlink), &me(), now, &p),
-        Ok(Verdict::Malformed(Malformed::NotAFile(FileKind::Symlink)))
+        Ok(Judgement::Malformed(Malformed::NotAFile(FileKind::Symlink)))
     );
     assert!(matches!(
         decide(SlotContent::Bytes(b"{}"), &me(), now, &p),
-        Ok(Verdict::Malformed(_))
+        Ok(Judgement::Malformed(_))
     ));
 }
 
@@ -163,13 +163,13 @@ fn as_owner_judges_with_the_owners_identity_and_a_gone_owner_is_stale() {
     let found = SlotContent::Bytes(&bytes);
     // Single-file layout: the owner is the pid the marker names.
     let v = decide_as_owner(found, None, |pid| (pid == 4242).then(me), now, &p).unwrap();
-    assert!(matches!(v, Verdict::ForSelf(_)));
+    assert!(matches!(v, Judgement::ForSelf(_)));
     let v = decide_as_owner(found, None, |_| None, now, &p).unwrap();
-    assert_eq!(v, Verdict::Stale(Stale::OwnerGone { pid: 4242 }));
+    assert_eq!(v, Judgement::Stale(Stale::OwnerGone { pid: 4242 }));
     // Slot layout: the slot names its owner; a marker for someone else in it is foreign to it.
     let other = ProcessIdentity { pid: 5, ..me() };
     let v = decide_as_owner(found, Some(5), |_| Some(other), now, &p).unwrap();
-    assert!(matches!(v, Verdict::Foreign(_)));
+    assert!(matches!(v, Judgement::Foreign(_)));
 }
 
 #[test]
@@ -184,19 +184,19 @@ fn policy_thresholds_are_honoured() {
     let at = |t| decide(SlotContent::Bytes(&bytes), &me(), t, &p).unwrap();
     assert!(matches!(
         at(start),
-        Verdict::Stale(Stale::FromTheFuture { .. })
+        Judgement::Stale(Stale::FromTheFuture { .. })
     ));
-    assert!(matches!(at(start + secs(6)), Verdict::ForSelf(_)));
+    assert!(matches!(at(start + secs(6)), Judgement::ForSelf(_)));
     assert!(matches!(
         at(start + secs(7)),
-        Verdict::Stale(Stale::Expired { .. })
+        Judgement::Stale(Stale::Expired { .. })
     ));
     let early = Marker::new(4242, None, start - TimeDelta::milliseconds(1))
         .to_json()
         .unwrap();
     assert!(matches!(
         decide(SlotContent::Bytes(&early), &me(), start, &p),
-        Ok(Verdict::Stale(Stale::BeforeOurStart { .. }))
+        Ok(Judgement::Stale(Stale::BeforeOurStart { .. }))
     ));
 }
 
@@ -212,10 +212,10 @@ fn a_null_fingerprint_is_ours_from_exactly_the_start_slack_before_our_start() {
         let bytes = Marker::new(me.pid, None, at).to_json().unwrap();
         decide(SlotContent::Bytes(&bytes), &me, now, &policy).unwrap()
     };
-    assert!(matches!(judge(boundary), Verdict::ForSelf(_)));
+    assert!(matches!(judge(boundary), Judgement::ForSelf(_)));
     assert!(matches!(
         judge(boundary - TimeDelta::nanoseconds(1)),
-        Verdict::Stale(Stale::BeforeOurStart { .. })
+        Judgement::Stale(Stale::BeforeOurStart { .. })
     ));
 }
 
@@ -250,9 +250,9 @@ fn a_marker_in_the_centisecond_form_is_ours_only_where_the_os_rule_allows() {
     let bytes = Marker::new(own.pid, Some(179_604_000_012), now)
         .to_json()
         .unwrap();
-    let verdict = decide(SlotContent::Bytes(&bytes), &own, now, &Policy::default()).unwrap();
+    let judgement = decide(SlotContent::Bytes(&bytes), &own, now, &Policy::default()).unwrap();
     match CENTISECOND_FORM {
-        CentisecondForm::Refused => assert!(matches!(verdict, Verdict::Stale(_))),
-        _ => assert!(matches!(verdict, Verdict::ForSelf(_)), "{verdict:?}"),
+        CentisecondForm::Refused => assert!(matches!(judgement, Judgement::Stale(_))),
+        _ => assert!(matches!(judgement, Judgement::ForSelf(_)), "{judgement:?}"),
     }
 }

@@ -2,20 +2,20 @@
 //!
 //! The watcher's probe, the runner's claim, the sweep and `planned-stop inspect` all ask the same
 //! question, so all of them call [`decide`], and none of them re-implements a rule. The function is
-//! pure: what was read, who we are, the time and the policy go in; a [`Verdict`] comes out. Tests move
+//! pure: what was read, who we are, the time and the policy go in; a [`Judgement`] comes out. Tests move
 //! `now` instead of sleeping, and the fuzzer can call it a million times a second.
 //!
 //! The rules, in the order they are applied:
 //!
-//! | found | verdict | the store then |
+//! | found | judgement | the store then |
 //! |---|---|---|
-//! | no file | [`Verdict::Absent`] | — |
+//! | no file | [`Judgement::Absent`] | — |
 //! | a read error (permission, sharing violation) | no decision ([`Undecided`]) | retries next tick |
-//! | not a regular file, or bytes [`Marker::parse`] refuses | [`Verdict::Malformed`] | removes it |
-//! | written more than the TTL ago, or more than the skew in the future | [`Verdict::Stale`] | removes it |
-//! | names another pid | [`Verdict::Foreign`] | leaves it |
-//! | names our pid with another fingerprint, or written before we started (less the slack) | [`Verdict::Stale`] | removes it |
-//! | names our pid and fingerprint (or none), written no earlier than our start less the slack | [`Verdict::ForSelf`] | fires |
+//! | not a regular file, or bytes [`Marker::parse`] refuses | [`Judgement::Malformed`] | removes it |
+//! | written more than the TTL ago, or more than the skew in the future | [`Judgement::Stale`] | removes it |
+//! | names another pid | [`Judgement::Foreign`] | leaves it |
+//! | names our pid with another fingerprint, or written before we started (less the slack) | [`Judgement::Stale`] | removes it |
+//! | names our pid and fingerprint (or none), written no earlier than our start less the slack | [`Judgement::ForSelf`] | fires |
 //!
 //! The start-slack rule applies to every marker: none fires when it was written earlier than
 //! [`Policy::start_slack`] before this process started (the wall-clock start time is known to
@@ -96,13 +96,13 @@ pub enum SlotContent<'a> {
 ///
 /// ```
 /// use planned_stop_protocol::Layout;
-/// use planned_stop_protocol::marker::{FileKind, Malformed, MarkerStore, Verdict};
+/// use planned_stop_protocol::marker::{FileKind, Malformed, MarkerStore, Judgement};
 /// # let dir = tempfile::tempdir()?;
 /// let store = MarkerStore::open(Layout::Slots(dir.path().join("run")))?;
 /// // Something that is not a marker file sits at process 42's slot: never a stop, never opened.
 /// std::fs::create_dir(store.slot_path(42))?;
 /// let v = store.inspect(42, chrono::Utc::now());
-/// assert!(matches!(v, Ok(Verdict::Malformed(Malformed::NotAFile(FileKind::Directory)))));
+/// assert!(matches!(v, Ok(Judgement::Malformed(Malformed::NotAFile(FileKind::Directory)))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,16 +120,16 @@ pub enum FileKind {
 ///
 /// ```
 /// use planned_stop_protocol::ProcessIdentity;
-/// use planned_stop_protocol::marker::{Marker, Policy, Verdict};
+/// use planned_stop_protocol::marker::{Marker, Policy, Judgement};
 /// let me = ProcessIdentity::current().unwrap();
 /// let now = chrono::Utc::now();
 /// // In the single-file layout a marker for another process is left for it.
 /// let bytes = Marker::new(me.pid.wrapping_add(1).max(1), None, now).to_json().unwrap();
-/// assert!(matches!(Verdict::judge(&bytes, &me, now, &Policy::default()), Verdict::Foreign(_)));
+/// assert!(matches!(Judgement::judge(&bytes, &me, now, &Policy::default()), Judgement::Foreign(_)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Verdict {
+pub enum Judgement {
     /// No marker: keep running.
     Absent,
     /// Not a marker at all; remove it.
@@ -142,7 +142,7 @@ pub enum Verdict {
     ForSelf(Marker),
 }
 
-impl Verdict {
+impl Judgement {
     /// What a process `own` concludes at `now` about `bytes` found at its marker slot: the same
     /// decision the service's watcher and runner make, without touching any file. For tools and
     /// tests that want to know how a marker will be judged before they put it in place.
@@ -150,17 +150,17 @@ impl Verdict {
     /// ```
     /// use chrono::{TimeDelta, Utc};
     /// use planned_stop_protocol::ProcessIdentity;
-    /// use planned_stop_protocol::marker::{Marker, Policy, Verdict};
+    /// use planned_stop_protocol::marker::{Marker, Policy, Judgement};
     ///
     /// let me = ProcessIdentity::current()?;
     /// let now = Utc::now();
     /// let fresh = Marker::new(me.pid, Some(me.start), now).to_json()?;
-    /// assert!(matches!(Verdict::judge(&fresh, &me, now, &Policy::default()), Verdict::ForSelf(_)));
+    /// assert!(matches!(Judgement::judge(&fresh, &me, now, &Policy::default()), Judgement::ForSelf(_)));
     /// // The same request two minutes later is stale, and a recycled pid is never ours.
     /// let later = now + TimeDelta::minutes(2);
-    /// assert!(matches!(Verdict::judge(&fresh, &me, later, &Policy::default()), Verdict::Stale(_)));
+    /// assert!(matches!(Judgement::judge(&fresh, &me, later, &Policy::default()), Judgement::Stale(_)));
     /// let reused = Marker::new(me.pid, Some(me.start + 1), now).to_json()?;
-    /// assert!(matches!(Verdict::judge(&reused, &me, now, &Policy::default()), Verdict::Stale(_)));
+    /// assert!(matches!(Judgement::judge(&reused, &me, now, &Policy::default()), Judgement::Stale(_)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
@@ -169,35 +169,35 @@ impl Verdict {
         own: &ProcessIdentity,
         now: DateTime<Utc>,
         policy: &Policy,
-    ) -> Verdict {
+    ) -> Judgement {
         match Marker::parse(bytes) {
             Ok(marker) => judge(marker, own, now, policy),
-            Err(e) => Verdict::Malformed(e.into()),
+            Err(e) => Judgement::Malformed(e.into()),
         }
     }
 
-    /// `true` for the verdicts after which the slot file should be removed.
+    /// `true` for the judgements after which the slot file should be removed.
     ///
     /// ```
-    /// use planned_stop_protocol::marker::Verdict;
-    /// assert!(!Verdict::Absent.is_removable());
+    /// use planned_stop_protocol::marker::Judgement;
+    /// assert!(!Judgement::Absent.is_removable());
     /// ```
     pub fn is_removable(&self) -> bool {
-        matches!(self, Verdict::Malformed(_) | Verdict::Stale(_))
+        matches!(self, Judgement::Malformed(_) | Judgement::Stale(_))
     }
 
     /// A short lower-case name, as `inspect --json` prints it.
     ///
     /// ```
-    /// assert_eq!(planned_stop_protocol::marker::Verdict::Absent.kind(), "absent");
+    /// assert_eq!(planned_stop_protocol::marker::Judgement::Absent.kind(), "absent");
     /// ```
     pub fn kind(&self) -> &'static str {
         match self {
-            Verdict::Absent => "absent",
-            Verdict::Malformed(_) => "malformed",
-            Verdict::Stale(_) => "stale",
-            Verdict::Foreign(_) => "foreign",
-            Verdict::ForSelf(_) => "for_self",
+            Judgement::Absent => "absent",
+            Judgement::Malformed(_) => "malformed",
+            Judgement::Stale(_) => "stale",
+            Judgement::Foreign(_) => "foreign",
+            Judgement::ForSelf(_) => "for_self",
         }
     }
 }
@@ -206,10 +206,10 @@ impl Verdict {
 ///
 /// ```
 /// use planned_stop_protocol::ProcessIdentity;
-/// use planned_stop_protocol::marker::{Malformed, Policy, Verdict};
+/// use planned_stop_protocol::marker::{Malformed, Policy, Judgement};
 /// let me = ProcessIdentity::current().unwrap();
-/// let v = Verdict::judge(b"{}", &me, chrono::Utc::now(), &Policy::default());
-/// assert!(matches!(v, Verdict::Malformed(Malformed::Content(_))));
+/// let v = Judgement::judge(b"{}", &me, chrono::Utc::now(), &Policy::default());
+/// assert!(matches!(v, Judgement::Malformed(Malformed::Content(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -226,12 +226,12 @@ pub enum Malformed {
 ///
 /// ```
 /// use planned_stop_protocol::ProcessIdentity;
-/// use planned_stop_protocol::marker::{Marker, Policy, Stale, Verdict};
+/// use planned_stop_protocol::marker::{Marker, Policy, Stale, Judgement};
 /// let me = ProcessIdentity::current().unwrap();
 /// let old = chrono::Utc::now() - chrono::TimeDelta::minutes(5);
 /// let bytes = Marker::new(me.pid, Some(me.start), old).to_json().unwrap();
-/// let v = Verdict::judge(&bytes, &me, chrono::Utc::now(), &Policy::default());
-/// assert!(matches!(v, Verdict::Stale(Stale::Expired { .. })));
+/// let v = Judgement::judge(&bytes, &me, chrono::Utc::now(), &Policy::default());
+/// assert!(matches!(v, Judgement::Stale(Stale::Expired { .. })));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -296,14 +296,14 @@ pub fn decide(
     own: &ProcessIdentity,
     now: DateTime<Utc>,
     policy: &Policy,
-) -> Result<Verdict, Undecided> {
+) -> Result<Judgement, Undecided> {
     match read_marker(found)? {
         Ok(marker) => Ok(judge(marker, own, now, policy)),
-        Err(verdict) => Ok(verdict),
+        Err(judgement) => Ok(judgement),
     }
 }
 
-/// The verdict the *owner* of a slot would reach, for a process that is not the owner: the sweep,
+/// The judgement the *owner* of a slot would reach, for a process that is not the owner: the sweep,
 /// `planned-stop inspect` and `status`. The owner is `slot_owner` when the layout names it (one slot
 /// per pid), else the pid the marker names (the single shared file). `lookup` reads the owner's
 /// identity ([`ProcessIdentity::of`] in production); an owner that is gone makes the marker
@@ -314,29 +314,29 @@ pub fn decide_as_owner(
     lookup: impl FnOnce(u32) -> Option<ProcessIdentity>,
     now: DateTime<Utc>,
     policy: &Policy,
-) -> Result<Verdict, Undecided> {
+) -> Result<Judgement, Undecided> {
     let marker = match read_marker(found)? {
         Ok(marker) => marker,
-        Err(verdict) => return Ok(verdict),
+        Err(judgement) => return Ok(judgement),
     };
     let pid = slot_owner.unwrap_or(marker.target_pid);
     match lookup(pid) {
         Some(owner) => Ok(judge(marker, &owner, now, policy)),
-        None => Ok(Verdict::Stale(Stale::OwnerGone { pid })),
+        None => Ok(Judgement::Stale(Stale::OwnerGone { pid })),
     }
 }
 
-/// The part of the decision that needs no identity: a parsed marker, or the verdict that ends it.
-fn read_marker(found: SlotContent<'_>) -> Result<Result<Marker, Verdict>, Undecided> {
+/// The part of the decision that needs no identity: a parsed marker, or the judgement that ends it.
+fn read_marker(found: SlotContent<'_>) -> Result<Result<Marker, Judgement>, Undecided> {
     let bytes = match found {
-        SlotContent::Absent => return Ok(Err(Verdict::Absent)),
+        SlotContent::Absent => return Ok(Err(Judgement::Absent)),
         SlotContent::Unreadable(kind) => return Err(Undecided(kind)),
         SlotContent::NotAFile(kind) => {
-            return Ok(Err(Verdict::Malformed(Malformed::NotAFile(kind))));
+            return Ok(Err(Judgement::Malformed(Malformed::NotAFile(kind))));
         }
         SlotContent::Bytes(bytes) => bytes,
     };
-    Ok(Marker::parse(bytes).map_err(|e| Verdict::Malformed(e.into())))
+    Ok(Marker::parse(bytes).map_err(|e| Judgement::Malformed(e.into())))
 }
 
 /// How a fingerprint written in centiseconds since the Unix epoch (`round(create_time × 100)`,
@@ -383,28 +383,28 @@ impl CentisecondForm {
 }
 
 /// The rules for a well-formed marker.
-fn judge(marker: Marker, own: &ProcessIdentity, now: DateTime<Utc>, policy: &Policy) -> Verdict {
+fn judge(marker: Marker, own: &ProcessIdentity, now: DateTime<Utc>, policy: &Policy) -> Judgement {
     let age = now.signed_duration_since(marker.written_at);
     if age > delta(policy.ttl) {
-        return Verdict::Stale(Stale::Expired {
+        return Judgement::Stale(Stale::Expired {
             age_secs: age.num_seconds(),
             ttl_secs: policy.ttl.as_secs(),
         });
     }
     if -age > delta(policy.future_skew) {
-        return Verdict::Stale(Stale::FromTheFuture {
+        return Judgement::Stale(Stale::FromTheFuture {
             ahead_secs: (-age).num_seconds(),
             skew_secs: policy.future_skew.as_secs(),
         });
     }
     if marker.target_pid != own.pid {
-        return Verdict::Foreign(marker);
+        return Judgement::Foreign(marker);
     }
     if let Some(theirs) = marker.target_start_time
         && theirs != own.start
         && !CENTISECOND_FORM.matches(theirs, own)
     {
-        return Verdict::Stale(Stale::OtherIncarnation {
+        return Judgement::Stale(Stale::OtherIncarnation {
             pid: own.pid,
             theirs,
             ours: own.start,
@@ -415,12 +415,12 @@ fn judge(marker: Marker, own: &ProcessIdentity, now: DateTime<Utc>, policy: &Pol
         .checked_sub_signed(delta(policy.start_slack))
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
     if marker.written_at < earliest {
-        return Verdict::Stale(Stale::BeforeOurStart {
+        return Judgement::Stale(Stale::BeforeOurStart {
             written_at: marker.written_at,
             started_at: own.started_at,
         });
     }
-    Verdict::ForSelf(marker)
+    Judgement::ForSelf(marker)
 }
 
 fn delta(d: Duration) -> TimeDelta {
