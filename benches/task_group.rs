@@ -39,16 +39,14 @@ fn grouped(iters: u64) -> Duration {
             .events(false)
             .start()
             .unwrap();
-        let group: TaskGroup<u64> = TaskGroup::new(&service, "jobs");
+        let group: TaskGroup<u64> = TaskGroup::new(&service, "jobs", |job, _| async move {
+            black_box(job);
+            JobEnd::Done
+        });
         let started = Instant::now();
         for _ in 0..iters {
             for i in 0..BATCH {
-                group
-                    .spawn(i, |job, _| async move {
-                        black_box(job);
-                        JobEnd::Done
-                    })
-                    .unwrap();
+                group.spawn(i).unwrap();
             }
             while !group.is_empty() {
                 tokio::task::yield_now().await;

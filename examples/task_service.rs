@@ -50,7 +50,7 @@ async fn spawn_job(
     jobs: web::Data<TaskGroup<Job>>,
 ) -> HttpResponse {
     let (name, ms) = path.into_inner();
-    match jobs.spawn(Job { name, ms }, work) {
+    match jobs.spawn(Job { name, ms }) {
         Ok(id) => HttpResponse::Accepted().body(format!("job {}\n", id.number())),
         Err(refused) => HttpResponse::ServiceUnavailable().body(refused.reason.to_string()),
     }
@@ -84,11 +84,11 @@ async fn main() -> std::io::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    // The group joins the work phase of the drain; the loop leases what earlier lives left, at
-    // start and every second, and runs it in the group.
-    let jobs = TaskGroup::new(&stop, "jobs");
+    // The group joins the work phase of the drain, and every job of it runs `work`, spawned or
+    // resumed; the loop leases what earlier lives left, at start and every second, into the group.
+    let jobs = TaskGroup::new(&stop, "jobs", work);
     ResumeLoop::new(&stop, Duration::from_secs(1))
-        .deliver_to(&jobs, work)
+        .deliver_to(&jobs)
         .start();
     let ready = stop.clone();
     let server = HttpServer::new(move || {

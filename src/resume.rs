@@ -16,12 +16,11 @@ use crate::lifecycle::{DrainPhase, RunnerState};
 use crate::record::Leased;
 use crate::runner::{Drain, DrainReport};
 use crate::service::ServiceHandle;
-use crate::tasks::{CancellationToken, JobEnd, TaskGroup};
+use crate::tasks::TaskGroup;
 use actix::prelude::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,15 +50,15 @@ pub const DEFAULT_RESUME_BATCH: usize = 32;
 ///         .handle_signals(false)
 ///         .start()
 ///         .unwrap();
-///     let emails: TaskGroup<String> = TaskGroup::new(&service, "emails");
+///     let emails = TaskGroup::new(&service, "emails", |email: String, stop| async move {
+///         tokio::select! {
+///             _ = stop.cancelled() => JobEnd::Unfinished,
+///             _ = send(&email) => JobEnd::Done,
+///         }
+///     });
 ///     ResumeLoop::new(&service, Duration::from_secs(10))
 ///         .at_most(16)
-///         .deliver_to(&emails, |email, stop| async move {
-///             tokio::select! {
-///                 _ = stop.cancelled() => JobEnd::Unfinished,
-///                 _ = send(&email) => JobEnd::Done,
-///             }
-///         })
+///         .deliver_to(&emails)
 ///         .start();
 ///     service.ready();
 /// #   async fn send(_: &str) {}
@@ -148,20 +147,16 @@ impl ResumeLoop {
         self
     }
 
-    /// Items recorded under `group`'s name run as its tasks, with `work` ([`TaskGroup::spawn_resumed`]).
+    /// Items recorded under `group`'s name run as its tasks, with the group's own work function
+    /// ([`TaskGroup::spawn_resumed`]).
     #[must_use]
-    pub fn deliver_to<T, F, Fut>(self, group: &TaskGroup<T>, work: F) -> ResumeLoop
+    pub fn deliver_to<T>(self, group: &TaskGroup<T>) -> ResumeLoop
     where
         T: Serialize + DeserializeOwned + Send + 'static,
-        F: Fn(T, CancellationToken) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = JobEnd> + 'static,
     {
         let (name, group) = (group.name().to_owned(), group.clone());
         self.deliver(name, move |leased| {
-            group
-                .spawn_resumed(leased, work.clone())
-                .err()
-                .map(|refused| refused.job)
+            group.spawn_resumed(leased).err().map(|refused| refused.job)
         })
     }
 

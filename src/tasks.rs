@@ -7,6 +7,9 @@
 //! end of the ingress phase, long before the work phase. A `TaskGroup` makes such work a drain
 //! participant:
 //!
+//! - the group owns its work function, given once to [`TaskGroup::new`]: a job spawned from a
+//!   request handler and a job resumed by the [`crate::ResumeLoop`] run the same code, and a
+//!   handler needs only the group;
 //! - each job's payload is serialised when it is spawned ([`TaskGroup::spawn`]): a payload that
 //!   cannot become a resume item is refused to the caller at once, never lost at the stop;
 //! - the task runs on the service's `System` (the thread that started the service), wherever it
@@ -33,7 +36,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 pub use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,12 +52,12 @@ pub enum JobEnd {
     Unfinished,
 }
 
-/// Jobs that run as spawned futures, drained as one participant: each job's payload is recorded
-/// when it is spawned (refused at once when it cannot be), its task runs on the service's
-/// `System` wherever it was spawned from (a request handler included), and the drain cancels every
-/// task's [`CancellationToken`], waits for the tasks up to its phase's deadline and hands back
-/// every job still held; a resumed job is acknowledged only when its task says [`JobEnd::Done`],
-/// and a task that panics hands its job back as a failed attempt and makes the drain not clean.
+/// Jobs that run as spawned futures, drained as one participant. Every job runs the group's one
+/// work function, whether it was spawned or resumed. Its payload is recorded when it is spawned
+/// (refused at once when it cannot be), and its task runs on the service's `System` wherever it was
+/// spawned from. The drain cancels every task's [`CancellationToken`], waits up to its phase's
+/// deadline and hands back every job still held. A resumed job is acknowledged only when its task
+/// says [`JobEnd::Done`]; a task that panics hands its job back as a failed attempt.
 ///
 /// ```
 /// # use planned_stop::{Layout, ServiceBuilder, JobEnd, TaskGroup};
@@ -66,29 +69,30 @@ pub enum JobEnd {
 ///         .handle_signals(false)
 ///         .start()
 ///         .unwrap();
-///     let emails: TaskGroup<String> = TaskGroup::new(&service, "emails");
-///     emails
-///         .spawn("welcome to ada".to_owned(), |job, stop| async move {
-///             tokio::select! {
-///                 _ = stop.cancelled() => JobEnd::Unfinished, // handed back at the drain
-///                 _ = send(&job) => JobEnd::Done,
-///             }
-///         })
-///         .unwrap();
+///     let emails = TaskGroup::new(&service, "emails", |job: String, stop| async move {
+///         tokio::select! {
+///             _ = stop.cancelled() => JobEnd::Unfinished, // handed back at the drain
+///             _ = send(&job) => JobEnd::Done,
+///         }
+///     });
+///     emails.spawn("welcome to ada".to_owned()).unwrap();
 ///     service.ready();
 /// #   async fn send(_: &str) {}
 /// });
 /// ```
 pub struct TaskGroup<T> {
     shared: Arc<Shared>,
-    payload: PhantomData<fn(T) -> T>,
+    work: Arc<Work<T>>,
 }
+
+/// The group's work function, its future boxed so every job of the group has one type.
+type Work<T> = dyn Fn(T, CancellationToken) -> Pin<Box<dyn Future<Output = JobEnd>>> + Send + Sync;
 
 impl<T> Clone for TaskGroup<T> {
     fn clone(&self) -> Self {
         TaskGroup {
             shared: self.shared.clone(),
-            payload: PhantomData,
+            work: self.work.clone(),
         }
     }
 }
@@ -130,19 +134,28 @@ struct Held {
 }
 
 impl<T: Serialize + DeserializeOwned + Send + 'static> TaskGroup<T> {
-    /// A group drained in the work phase, registered with `service` as participant `name`.
-    /// Create it on the service's `System` (where the service was started), before
-    /// [`ServiceHandle::ready`], so no stop can miss it.
-    pub fn new(service: &ServiceHandle, name: impl Into<String>) -> TaskGroup<T> {
-        TaskGroup::in_phase(service, DrainPhase::Work, name)
+    /// A group drained in the work phase, registered with `service` as participant `name`, whose
+    /// every job runs `work(job, cancelled)`. Create it on the service's `System` (where the
+    /// service was started), before [`ServiceHandle::ready`], so no stop can miss it.
+    pub fn new<F, Fut>(service: &ServiceHandle, name: impl Into<String>, work: F) -> TaskGroup<T>
+    where
+        F: Fn(T, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = JobEnd> + 'static,
+    {
+        TaskGroup::in_phase(service, DrainPhase::Work, name, work)
     }
 
     /// [`TaskGroup::new`], drained in `phase`.
-    pub fn in_phase(
+    pub fn in_phase<F, Fut>(
         service: &ServiceHandle,
         phase: DrainPhase,
         name: impl Into<String>,
-    ) -> TaskGroup<T> {
+        work: F,
+    ) -> TaskGroup<T>
+    where
+        F: Fn(T, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = JobEnd> + 'static,
+    {
         let name = name.into();
         let shared = Arc::new(Shared {
             name: name.clone(),
@@ -154,20 +167,14 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> TaskGroup<T> {
         });
         let participant = GroupParticipant(shared.clone()).start();
         service.add_participant(phase, name, participant.recipient());
-        TaskGroup {
-            shared,
-            payload: PhantomData,
-        }
+        let work: Arc<Work<T>> = Arc::new(move |job, cancelled| Box::pin(work(job, cancelled)));
+        TaskGroup { shared, work }
     }
 
-    /// Runs `work(job, cancelled)` as a task on the service's `System`, holding `job` until the
+    /// Runs the group's work on `job` as a task on the service's `System`, holding `job` until the
     /// task says it is [`JobEnd::Done`]: new work, handed back as a new item at a drain. Refused,
     /// with the job given back, when its payload cannot be recorded or the drain has begun.
-    pub fn spawn<F, Fut>(&self, job: T, work: F) -> Result<JobId, Refused<T>>
-    where
-        F: FnOnce(T, CancellationToken) -> Fut + Send + 'static,
-        Fut: Future<Output = JobEnd> + 'static,
-    {
+    pub fn spawn(&self, job: T) -> Result<JobId, Refused<T>> {
         let item = match serde_json::to_value(&job) {
             Ok(item) => item,
             Err(e) => return Err(refused(job, Refusal::NotSerializable(e))),
@@ -175,7 +182,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> TaskGroup<T> {
         match self.shared.hold(Held { item, leased: None }) {
             Some(id) => self
                 .shared
-                .run(id, job, work)
+                .run(id, job, self.work.clone())
                 .map_err(|job| refused(job, Refusal::Stopping)),
             None => Err(refused(job, Refusal::Stopping)),
         }
@@ -188,11 +195,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> TaskGroup<T> {
         clippy::result_large_err,
         reason = "the lease comes back by value, so the caller can release it; a rare path"
     )]
-    pub fn spawn_resumed<F, Fut>(&self, leased: Leased, work: F) -> Result<JobId, Refused<Leased>>
-    where
-        F: FnOnce(T, CancellationToken) -> Fut + Send + 'static,
-        Fut: Future<Output = JobEnd> + 'static,
-    {
+    pub fn spawn_resumed(&self, leased: Leased) -> Result<JobId, Refused<Leased>> {
         let job = match leased.item.item_as::<T>() {
             Ok(job) => job,
             Err(e) => return Err(refused(leased, Refusal::Unreadable(e))),
@@ -203,7 +206,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> TaskGroup<T> {
             leased: Some(leased.clone()),
         };
         match self.shared.hold(held) {
-            Some(id) => match self.shared.run(id, job, work) {
+            Some(id) => match self.shared.run(id, job, self.work.clone()) {
                 Ok(id) => Ok(id),
                 Err(_) => Err(refused(leased, Refusal::Stopping)),
             },
@@ -259,12 +262,12 @@ impl Shared {
 
     /// Starts job `id`'s task on the service's `System`, tracked; gives the job back when the
     /// `System` is gone.
-    fn run<T, F, Fut>(self: &Arc<Self>, id: JobId, job: T, work: F) -> Result<JobId, T>
-    where
-        T: Send + 'static,
-        F: FnOnce(T, CancellationToken) -> Fut + Send + 'static,
-        Fut: Future<Output = JobEnd> + 'static,
-    {
+    fn run<T: Send + 'static>(
+        self: &Arc<Self>,
+        id: JobId,
+        job: T,
+        work: Arc<Work<T>>,
+    ) -> Result<JobId, T> {
         let shared = self.clone();
         let token = self.token.child_token();
         // The job travels in a slot the closure empties: if the System is gone, the closure is

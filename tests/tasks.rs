@@ -69,23 +69,49 @@ async fn until_cancelled(_: String, stop: planned_stop::CancellationToken) -> Jo
     JobEnd::Unfinished
 }
 
+/// The tests' one work function, by the job's name: `quick` and `finish-me` are done at once,
+/// `poison` panics, each telling `ended` its name first; any other works until it is cancelled.
+async fn scripted(
+    job: String,
+    stop: planned_stop::CancellationToken,
+    ended: tokio::sync::mpsc::UnboundedSender<String>,
+) -> JobEnd {
+    match job.as_str() {
+        "quick" | "finish-me" => {
+            let _ = ended.send(job);
+            JobEnd::Done
+        }
+        "poison" => {
+            let _ = ended.send(job);
+            panic!("poison pill");
+        }
+        _ => until_cancelled(job, stop).await,
+    }
+}
+
+/// A group of `scripted` jobs, and where their ends are heard.
+fn scripted_group(
+    h: &ServiceHandle,
+) -> (
+    TaskGroup<String>,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let group = TaskGroup::new(h, "jobs", move |job, stop| scripted(job, stop, tx.clone()));
+    (group, rx)
+}
+
 #[test]
 fn finished_tasks_are_done_and_cancelled_ones_are_handed_back_as_new_items() {
     let dir = tempfile::tempdir().unwrap();
     let code = actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        group
-            .spawn("quick".to_owned(), |_, _| async move {
-                let _ = done_tx.send(());
-                JobEnd::Done
-            })
-            .unwrap();
-        group.spawn("slow-1".to_owned(), until_cancelled).unwrap();
-        group.spawn("slow-2".to_owned(), until_cancelled).unwrap();
+        let (group, mut ended) = scripted_group(&h);
+        group.spawn("quick".to_owned()).unwrap();
+        group.spawn("slow-1".to_owned()).unwrap();
+        group.spawn("slow-2".to_owned()).unwrap();
         h.ready();
-        done_rx.await.unwrap();
+        assert_eq!(ended.recv().await.as_deref(), Some("quick"));
         until("the quick job leaves the group", || group.len() == 2).await;
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
@@ -115,11 +141,9 @@ fn a_resumed_job_is_acknowledged_only_when_its_task_is_done_and_handed_back_othe
     // A first life leaves two items.
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
-        group
-            .spawn("finish-me".to_owned(), until_cancelled)
-            .unwrap();
-        group.spawn("leave-me".to_owned(), until_cancelled).unwrap();
+        let group = TaskGroup::new(&h, "jobs", until_cancelled);
+        group.spawn("finish-me".to_owned()).unwrap();
+        group.spawn("leave-me".to_owned()).unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
@@ -129,24 +153,12 @@ fn a_resumed_job_is_acknowledged_only_when_its_task_is_done_and_handed_back_othe
     // The next resumes both: one finishes, the other sees the cancellation.
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let mut done_tx = Some(done_tx);
+        let (group, mut ended) = scripted_group(&h);
         for leased in h.resume().await.unwrap() {
-            let finish = leased.item.item == "finish-me";
-            let tx = finish.then(|| done_tx.take()).flatten();
-            group
-                .spawn_resumed(leased, move |job, stop| async move {
-                    if let Some(tx) = tx {
-                        let _ = tx.send(());
-                        return JobEnd::Done;
-                    }
-                    until_cancelled(job, stop).await
-                })
-                .unwrap();
+            group.spawn_resumed(leased).unwrap();
         }
         h.ready();
-        done_rx.await.unwrap();
+        assert_eq!(ended.recv().await.as_deref(), Some("finish-me"));
         until("the finished job leaves the group (acknowledged)", || {
             group.len() == 1
         })
@@ -168,16 +180,10 @@ fn a_panicking_task_hands_its_job_back_and_the_drain_is_not_clean() {
     let dir = tempfile::tempdir().unwrap();
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
-        let (panicked_tx, panicked_rx) = tokio::sync::oneshot::channel::<()>();
-        group
-            .spawn("poison".to_owned(), |_, _| async move {
-                let _guard = panicked_tx; // dropped by the unwinding: the test hears of it
-                panic!("poison pill");
-            })
-            .unwrap();
+        let (group, mut ended) = scripted_group(&h);
+        group.spawn("poison".to_owned()).unwrap();
         h.ready();
-        let _ = panicked_rx.await;
+        assert_eq!(ended.recv().await.as_deref(), Some("poison"));
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
     });
@@ -206,29 +212,21 @@ fn a_panicking_life(dir: &Path, max: u32, new_job: Option<&str>) -> Vec<String> 
             .max_failed_attempts(max)
             .start()
             .unwrap();
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let (group, mut ended) = scripted_group(&h);
         let leased = h.resume().await.unwrap();
         let ids: Vec<String> = leased.iter().map(|l| l.item.id.clone()).collect();
-        let mut heard = Vec::new();
-        let poison = |tx: tokio::sync::oneshot::Sender<()>| {
-            move |_: String, _| async move {
-                let _guard = tx; // dropped by the unwinding: the test hears of it
-                panic!("poison pill");
-            }
-        };
+        let mut spawned = 0;
         for item in leased {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            group.spawn_resumed(item, poison(tx)).unwrap();
-            heard.push(rx);
+            group.spawn_resumed(item).unwrap();
+            spawned += 1;
         }
         if let Some(job) = new_job {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            group.spawn(job.to_owned(), poison(tx)).unwrap();
-            heard.push(rx);
+            group.spawn(job.to_owned()).unwrap();
+            spawned += 1;
         }
         h.ready();
-        for rx in heard {
-            let _ = rx.await;
+        for _ in 0..spawned {
+            assert_eq!(ended.recv().await.as_deref(), Some("poison"));
         }
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
@@ -292,11 +290,10 @@ fn a_payload_that_cannot_be_recorded_is_refused_at_once_and_given_back() {
     let dir = tempfile::tempdir().unwrap();
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<HashMap<(u32, u32), u32>> = TaskGroup::new(&h, "grid");
+        let group: TaskGroup<HashMap<(u32, u32), u32>> =
+            TaskGroup::new(&h, "grid", |_, _| async { JobEnd::Done });
         let job = HashMap::from([((1, 2), 3)]);
-        let refused = group
-            .spawn(job.clone(), |_, _| async { JobEnd::Done })
-            .unwrap_err();
+        let refused = group.spawn(job.clone()).unwrap_err();
         assert!(
             matches!(refused.reason, Refusal::NotSerializable(_)),
             "{refused}"
@@ -318,13 +315,11 @@ fn a_job_offered_once_the_drain_has_begun_is_given_back_to_the_caller() {
     let dir = tempfile::tempdir().unwrap();
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let group = TaskGroup::new(&h, "jobs", until_cancelled);
         h.ready();
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
-        let refused = group
-            .spawn("late".to_owned(), |_, _| async { JobEnd::Done })
-            .unwrap_err();
+        let refused = group.spawn("late".to_owned()).unwrap_err();
         assert!(matches!(refused.reason, Refusal::Stopping), "{refused}");
         assert_eq!(refused.job, "late");
     });
@@ -336,24 +331,24 @@ fn a_job_spawned_from_another_thread_runs_on_the_services_system() {
     let dir = tempfile::tempdir().unwrap();
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let (ran_tx, mut ran_rx) = tokio::sync::mpsc::unbounded_channel();
+        let group = TaskGroup::new(&h, "jobs", move |job: String, stop| {
+            let ran = ran_tx.clone();
+            async move {
+                let _ = ran.send(std::thread::current().id());
+                until_cancelled(job, stop).await
+            }
+        });
         h.ready();
         let system_thread = std::thread::current().id();
-        let (ran_tx, ran_rx) = tokio::sync::oneshot::channel();
         // As an HTTP worker would: another thread, another runtime, which then ends.
         let other = group.clone();
         std::thread::spawn(move || {
-            other
-                .spawn("from-a-worker".to_owned(), move |_, stop| async move {
-                    let _ = ran_tx.send(std::thread::current().id());
-                    stop.cancelled().await;
-                    JobEnd::Unfinished
-                })
-                .unwrap();
+            other.spawn("from-a-worker".to_owned()).unwrap();
         })
         .join()
         .unwrap();
-        assert_eq!(ran_rx.await.unwrap(), system_thread);
+        assert_eq!(ran_rx.recv().await.unwrap(), system_thread);
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
     });
@@ -440,9 +435,9 @@ fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop()
     let dir = tempfile::tempdir().unwrap();
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
-        group.spawn("one".to_owned(), until_cancelled).unwrap();
-        group.spawn("two".to_owned(), until_cancelled).unwrap();
+        let group = TaskGroup::new(&h, "jobs", until_cancelled);
+        group.spawn("one".to_owned()).unwrap();
+        group.spawn("two".to_owned()).unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
@@ -462,9 +457,9 @@ fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop()
             .events(false)
             .start()
             .unwrap();
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
+        let group = TaskGroup::new(&h, "jobs", until_cancelled);
         planned_stop::ResumeLoop::new(&h, Duration::from_millis(5))
-            .deliver_to(&group, until_cancelled)
+            .deliver_to(&group)
             .start();
         h.ready();
         let leasing = gate.leasing.clone();
@@ -571,13 +566,8 @@ fn a_forced_planned_stop_is_no_failed_attempt_of_the_items_it_cut_off() {
     // A job left by an earlier planned stop.
     actix::System::new().block_on(async {
         let h = service(dir.path(), Duration::from_secs(5));
-        let group: TaskGroup<String> = TaskGroup::new(&h, "jobs");
-        group
-            .spawn("long-job".to_owned(), |_, cancel| async move {
-                cancel.cancelled().await;
-                JobEnd::Unfinished
-            })
-            .unwrap();
+        let group = TaskGroup::new(&h, "jobs", until_cancelled);
+        group.spawn("long-job".to_owned()).unwrap();
         h.ready();
         h.request_stop(StopRequest::Planned);
         h.stopped().await;

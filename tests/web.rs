@@ -195,7 +195,7 @@ fn a_task_spawned_from_a_handler_outlives_the_ingress_phase_and_is_done_or_hande
             .unfinished
             .iter()
             .filter(|u| u.participant == "tasks")
-            .map(|u| u.item.clone())
+            .map(|u| u.item["name"].clone())
             .collect();
         assert_eq!(tasks, ["long"], "{record:?}");
         assert!(record.drained_in_time, "{record:?}");

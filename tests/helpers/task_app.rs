@@ -84,17 +84,12 @@ async fn work(job: Job, stop: CancellationToken, journal: Journal) -> JobEnd {
 #[derive(Clone)]
 struct Jobs {
     group: TaskGroup<Job>,
-    journal: Journal,
 }
 
 impl Jobs {
     /// Spawns `job` into the group: 202, or why not (422: cannot be recorded; 503: stopping).
     fn spawn(&self, job: Job) -> HttpResponse {
-        let journal = self.journal.clone();
-        match self
-            .group
-            .spawn(job, move |job, stop| work(job, stop, journal))
-        {
+        match self.group.spawn(job) {
             Ok(id) => HttpResponse::Accepted().body(format!("job {}\n", id.number())),
             Err(refused) => {
                 let reason = refused.reason.to_string();
@@ -202,18 +197,16 @@ fn with_records(
 fn jobs(stop: &planned_stop::ServiceHandle) -> Jobs {
     let journal = Journal(std::env::var_os("EXAMPLE_JOURNAL").map(|p| Arc::new(p.into())));
     let jobs = Jobs {
-        group: TaskGroup::new(stop, "jobs"),
-        journal: journal.clone(),
+        group: TaskGroup::new(stop, "jobs", move |job, cancel| {
+            work(job, cancel, journal.clone())
+        }),
     };
     // What earlier lives and other replicas left: leased now and every period, into the group.
-    let resumed = journal.clone();
     ResumeLoop::new(
         stop,
         Duration::from_millis(env_u64("EXAMPLE_RESUME_MS", 1000)),
     )
-    .deliver_to(&jobs.group, move |job, cancel| {
-        work(job, cancel, resumed.clone())
-    })
+    .deliver_to(&jobs.group)
     .start();
     let ms = env_u64("EXAMPLE_JOB_MS", 2000);
     for n in 0..env_u64("EXAMPLE_MAIN_JOBS", 0) {

@@ -134,27 +134,43 @@ async fn quit_endpoint() -> &'static str {
 #[actix_web::get("/spawn/{name}/{ms}/{mode}")]
 async fn spawn_endpoint(
     path: actix_web::web::Path<(String, u64, String)>,
-    tasks: actix_web::web::Data<planned_stop::TaskGroup<String>>,
+    tasks: actix_web::web::Data<planned_stop::TaskGroup<Task>>,
 ) -> actix_web::HttpResponse {
     let (name, ms, mode) = path.into_inner();
-    let spawned = tasks.spawn(name, move |name, stop| async move {
-        let work = actix::clock::sleep(Duration::from_millis(ms));
-        if mode == "yield" {
-            tokio::select! {
-                _ = stop.cancelled() => return planned_stop::JobEnd::Unfinished,
-                _ = work => {}
-            }
-        } else {
-            work.await;
-        }
-        println!("task-done {name}");
-        std::io::stdout().flush().unwrap();
-        planned_stop::JobEnd::Done
-    });
-    match spawned {
+    let task = Task {
+        name,
+        ms,
+        yields: mode == "yield",
+    };
+    match tasks.spawn(task) {
         Ok(_) => actix_web::HttpResponse::Accepted().body("spawned"),
         Err(refused) => actix_web::HttpResponse::ServiceUnavailable().body(refused.to_string()),
     }
+}
+
+/// A job of the task group: what `/spawn` asked for.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Task {
+    name: String,
+    ms: u64,
+    /// Whether it stops when told to (else it ignores the cancellation).
+    yields: bool,
+}
+
+/// The task group's work: sleeps, then is done, unless it yields to a stop first.
+async fn run_task(task: Task, stop: planned_stop::CancellationToken) -> planned_stop::JobEnd {
+    let work = actix::clock::sleep(Duration::from_millis(task.ms));
+    if task.yields {
+        tokio::select! {
+            _ = stop.cancelled() => return planned_stop::JobEnd::Unfinished,
+            _ = work => {}
+        }
+    } else {
+        work.await;
+    }
+    println!("task-done {}", task.name);
+    std::io::stdout().flush().unwrap();
+    planned_stop::JobEnd::Done
 }
 
 #[actix_web::get("/")]
@@ -386,7 +402,7 @@ fn app_server(stop: &planned_stop::ServiceHandle) -> (impl planned_stop::web::Se
     sockets.join(stop);
     let streams = SseStreams(planned_stop::web::LongLived::new("sse"));
     streams.0.join(stop);
-    let tasks: planned_stop::TaskGroup<String> = planned_stop::TaskGroup::new(stop, "tasks");
+    let tasks = planned_stop::TaskGroup::new(stop, "tasks", run_task);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(actix_web::web::Data::new(tasks.clone()))

@@ -305,14 +305,13 @@ fn one_participant(n: usize, group: bool) -> (Duration, Duration) {
     let stopped = actix::System::new().block_on(async {
         let h = builder().start().unwrap();
         if group {
-            let tasks = planned_stop::TaskGroup::<String>::new(&h, "jobs");
+            let tasks =
+                planned_stop::TaskGroup::new(&h, "jobs", |_: String, cancelled| async move {
+                    cancelled.cancelled().await;
+                    planned_stop::JobEnd::Unfinished
+                });
             for i in 0..n {
-                tasks
-                    .spawn(format!("job-{i}"), |_, cancelled| async move {
-                        cancelled.cancelled().await;
-                        planned_stop::JobEnd::Unfinished
-                    })
-                    .unwrap();
+                tasks.spawn(format!("job-{i}")).unwrap();
             }
         } else {
             let mut set = planned_stop::WorkSet::new(&h);
