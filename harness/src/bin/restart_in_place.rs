@@ -25,7 +25,9 @@
 //! a pooled connection, and the restart time (the request to the old process gone: for a restart
 //! in place, the successor ready and the old one drained) p50/p99. That the work handed across a
 //! restart is done exactly once is a test (`tests/task_service.rs`). docs/performance.md has the
-//! figures.
+//! figures. A restart over 500 ms is named on stderr (the pids and when), to find in the servers'
+//! log: `SERVER_LOG` is their `RUST_LOG` (default `error`), and `ONLY=in-place` (or another
+//! variant) measures one variant alone.
 
 use planned_stop_harness as common;
 
@@ -205,7 +207,10 @@ fn start(variant: &str, base: &std::path::Path, port: u16) -> Child {
         command
     };
     let child = command
-        .env("RUST_LOG", "error")
+        .env(
+            "RUST_LOG",
+            std::env::var("SERVER_LOG").unwrap_or_else(|_| "error".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
@@ -303,8 +308,16 @@ fn measure(variant: &str, restarts: usize, fresh_clients: usize, pool: usize) {
     for _ in 0..restarts {
         std::thread::sleep(Duration::from_millis(50));
         let began = Instant::now();
+        let old = pid;
         (pid, child) = restart(variant, base, port, pid, child.take());
         times.push(began.elapsed());
+        if began.elapsed() > Duration::from_millis(500) {
+            eprintln!(
+                "slow restart of {old} -> {pid}: {:?}, ended at {}",
+                began.elapsed(),
+                chrono::Utc::now()
+            );
+        }
     }
     std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::Relaxed);
@@ -346,7 +359,11 @@ fn main() {
         "| variant | restarts | 200/s | answered 200 | not 200 | refused | reset (new) | lost (pooled) | restart p50 | restart p99 |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    let only = std::env::var("ONLY").ok();
     for variant in ["in-place", "in-place-bare", "exit-75", "plain"] {
+        if only.as_deref().is_some_and(|o| o != variant) {
+            continue;
+        }
         measure(variant, restarts, fresh_clients, pool);
     }
 }

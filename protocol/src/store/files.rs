@@ -217,18 +217,9 @@ impl Readers {
     }
 }
 
-/// [`write_replacing`], durable, for `readers` other than this process's user (see
-/// [`Readers`]).
-pub(crate) fn write_atomically_for(
-    path: &Path,
-    temp: &Path,
-    bytes: &[u8],
-    readers: Readers,
-) -> Result<(), StoreError> {
-    write_replacing_for(path, temp, bytes, true, readers, &Unobserved)
-}
-
-fn write_replacing_for(
+/// [`write_replacing`] for `readers` other than this process's user (see [`Readers`]), each step
+/// told to `observer`.
+pub(crate) fn write_replacing_for(
     path: &Path,
     temp: &Path,
     bytes: &[u8],

@@ -166,6 +166,8 @@ impl MarkerStore {
     }
 
     /// Writes `marker` to its target's slot, atomically (see the module docs), and returns the path.
+    /// Not synced: a marker matters only to a running process, which a power failure ends too,
+    /// and a stopper's two fsyncs on a busy disk held a restart up to a second.
     ///
     /// In the single-file layout, refuses ([`StoreError::SlotBusy`]) to replace a marker that is
     /// still good for another running process.
@@ -179,6 +181,15 @@ impl MarkerStore {
     /// assert!(slot.ends_with("planned-stop-4242.json"));
     /// ```
     pub fn write(&self, marker: &Marker) -> Result<PathBuf, StoreError> {
+        self.write_observed(marker, &files::Unobserved)
+    }
+
+    /// [`MarkerStore::write`], each file step told to `observer`.
+    pub(crate) fn write_observed(
+        &self,
+        marker: &Marker,
+        observer: &dyn files::Observer,
+    ) -> Result<PathBuf, StoreError> {
         let bytes = marker.to_json()?;
         let slot = self.slot_path(marker.target_pid);
         // A rename cannot replace a non-empty directory; say what is in the way instead of
@@ -206,7 +217,8 @@ impl MarkerStore {
         // A root stopper writing for a service that runs as another user gives the marker to the
         // directory's owner (still 0600): a marker its target cannot read stops nothing.
         let readers = files::Readers::of(&self.dir, true);
-        files::write_atomically_for(&slot, &self.private_name(&slot, TEMP_TAG), &bytes, readers)?;
+        let temp = self.private_name(&slot, TEMP_TAG);
+        files::write_replacing_for(&slot, &temp, &bytes, false, readers, observer)?;
         Ok(slot)
     }
 

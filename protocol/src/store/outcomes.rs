@@ -4,7 +4,8 @@
 //! (see `crate::outcome`).
 
 use super::files::{
-    Found, Owned, Readers, read_bounded_with_owner, remove, write_atomically_for, write_replacing,
+    Found, Observer, Owned, Readers, Unobserved, read_bounded_with_owner, remove, write_replacing,
+    write_replacing_for,
 };
 use super::naming::{
     TEMP_TAG, outcome_file_name, parse_outcome_file_name, parse_presence_file_name,
@@ -73,12 +74,27 @@ impl MarkerStore {
     /// the drain must not leave a stopper with only "draining" and a gone process, which it
     /// could only report as killed. The final outcome frees the reserve when the directory is
     /// full, and in any case once it is written.
+    ///
+    /// Only a final outcome is synced: it outlives the process. One that says how far a stop has
+    /// got matters only while the process runs, which a power failure ends too, and the runner
+    /// writes it on the thread that runs the drain, where an fsync on a busy disk stalled every
+    /// actor for up to a second.
     pub fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
+        self.write_outcome_observed(outcome, &Unobserved)
+    }
+
+    /// [`MarkerStore::write_outcome`], each file step told to `observer`.
+    pub(crate) fn write_outcome_observed(
+        &self,
+        outcome: &Outcome,
+        observer: &dyn Observer,
+    ) -> Result<PathBuf, StoreError> {
         let path = self.outcome_path(outcome.pid);
-        let written = match self.write_json(path.clone(), outcome) {
-            Err(e) if outcome.phase.is_final() && is_storage_full(&e) => {
+        let durable = outcome.phase.is_final();
+        let written = match self.write_json(path.clone(), outcome, durable, observer) {
+            Err(e) if durable && is_storage_full(&e) => {
                 self.release_outcome_room(outcome.pid);
-                self.write_json(path, outcome)
+                self.write_json(path, outcome, durable, observer)
             }
             written => written,
         };
@@ -131,9 +147,15 @@ impl MarkerStore {
         self.dir.join(presence_file_name(pid))
     }
 
-    /// Writes the runner's presence file, atomically.
+    /// Writes the runner's presence file, atomically; not synced, as it matters only while the
+    /// process runs (see [`MarkerStore::write_outcome`]).
     pub fn write_presence(&self, presence: &Presence) -> Result<PathBuf, StoreError> {
-        self.write_json(self.presence_path(presence.pid), presence)
+        self.write_json(
+            self.presence_path(presence.pid),
+            presence,
+            false,
+            &Unobserved,
+        )
     }
 
     /// Removes the presence file of `pid` if it is `identity`'s (a process never removes the
@@ -198,11 +220,13 @@ impl MarkerStore {
             .find(|path| crate::store::files::permission_denied(path))
     }
 
-    /// Serialises `value` and writes it to `path` atomically.
+    /// Serialises `value` and writes it to `path` atomically, synced when `durable`.
     fn write_json(
         &self,
         path: PathBuf,
         value: &impl serde::Serialize,
+        durable: bool,
+        observer: &dyn Observer,
     ) -> Result<PathBuf, StoreError> {
         let bytes = serde_json::to_vec(value).map_err(|e| StoreError::Io {
             op: "serialise",
@@ -212,7 +236,8 @@ impl MarkerStore {
         // Root's files in another user's directory are readable there: that user may ask for a
         // stop and must read the answer (they still count as root's; see `Readers::Directory`).
         let readers = Readers::of(&self.dir, false);
-        write_atomically_for(&path, &self.private_name(&path, TEMP_TAG), &bytes, readers)?;
+        let temp = self.private_name(&path, TEMP_TAG);
+        write_replacing_for(&path, &temp, &bytes, durable, readers, observer)?;
         Ok(path)
     }
 
