@@ -43,6 +43,10 @@ use std::time::{Duration, Instant};
 /// `exit-75` (planned-stop without restart in place) or `plain`. (`in-place` is the shipped
 /// example.)
 fn serve(variant: &str, base: &str, port: u16) -> std::io::Result<std::process::ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let base = std::path::PathBuf::from(base);
     actix_web::rt::System::new().block_on(async move {
         let app = || App::new().route("/", web::get().to(|| async { "hello" }));
