@@ -10,7 +10,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use planned_stop::Layout;
 use planned_stop::internals::{MarkerProbe, OwnSlot, PlannedStop, WatchStep, next_step};
 use planned_stop::marker::{Judgement, Marker, MarkerStore};
-use planned_stop::{ProcessIdentity, RunnerState};
+use planned_stop::{ProcessIdentity, ProcessState};
 use std::hint::black_box;
 
 fn store() -> (tempfile::TempDir, MarkerStore, ProcessIdentity) {
@@ -110,7 +110,7 @@ fn watcher_tick(c: &mut Criterion) {
         b.iter(|| {
             system.block_on(async {
                 let verdict = probe.probe(Utc::now()).unwrap();
-                if let WatchStep::Deliver(stop) = next_step(&verdict, RunnerState::Running) {
+                if let WatchStep::Deliver(stop) = next_step(&verdict, ProcessState::Running) {
                     sink.send(stop).await.unwrap();
                 }
             })

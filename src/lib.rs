@@ -90,7 +90,7 @@ mod work;
 
 // The file protocol and the stopper's side live in `planned-stop-protocol` (no async runtime);
 // re-exported whole, so an application needs this crate alone.
-pub use lifecycle::{DrainPhase, RunnerState, SignalKind, StopCause, StopRequest, StopVerdict};
+pub use lifecycle::{DrainPhase, ProcessState, SignalKind, StopCause, StopRequest, StopVerdict};
 pub use planned_stop_protocol::Layout;
 pub use planned_stop_protocol::{IdentityError, ProcessIdentity};
 use planned_stop_protocol::{error_chain, identity, judgement, outcome, schema, store};

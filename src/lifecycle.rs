@@ -40,27 +40,18 @@ impl DrainPhase {
     pub const ALL: [DrainPhase; 3] = [DrainPhase::Ingress, DrainPhase::Work, DrainPhase::Final];
 }
 
-/// Where the runner is in its life. Ordered: a later state compares greater.
-///
-/// ```
-/// use planned_stop::RunnerState::*;
-/// assert!(Starting < Running && Running < Draining && Draining < Stopped);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum RunnerState {
-    /// Started, not yet ready: stop requests from the watcher are held.
+/// How far the rules have got: the four states of [`ProcessState`] they decide between. Ordered: a
+/// later stage compares greater.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Stage {
+    #[default]
     Starting,
-    /// Serving.
     Running,
-    /// Stopping: the drain participants are finishing their work.
     Draining,
-    /// Done: the stop record is written and the exit code is set.
     Stopped,
 }
 
-pub use planned_stop_protocol::{SignalKind, StopCause, StopVerdict};
+pub use planned_stop_protocol::{ProcessState, SignalKind, StopCause, StopVerdict};
 
 /// What the application asks for with [`crate::ServiceHandle::request_stop`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,7 +83,7 @@ pub enum Step {
 /// The runner's state and latch. Pure: events in, [`Step`]s out.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Lifecycle {
-    state: Option<RunnerState>,
+    stage: Stage,
     verdict: Option<StopVerdict>,
     held: bool,
     /// A Ctrl-C (SIGINT) has been received: the next one while draining forces the stop.
@@ -105,9 +96,16 @@ impl Lifecycle {
         Lifecycle::default()
     }
 
-    /// The current state.
-    pub fn state(&self) -> RunnerState {
-        self.state.unwrap_or(RunnerState::Starting)
+    /// The current state: `Starting` (`Held` while a planned stop waits for the ready), `Running`,
+    /// `Draining` or `Stopped`.
+    pub fn state(&self) -> ProcessState {
+        match self.stage {
+            Stage::Starting if self.held => ProcessState::Held,
+            Stage::Starting => ProcessState::Starting,
+            Stage::Running => ProcessState::Running,
+            Stage::Draining => ProcessState::Draining,
+            Stage::Stopped => ProcessState::Stopped,
+        }
     }
 
     /// The latched verdict, once there is one.
@@ -117,15 +115,15 @@ impl Lifecycle {
 
     /// Whether a signal now would be classified (and so whether the marker should be claimed).
     pub fn awaits_classification(&self) -> bool {
-        self.verdict.is_none() && self.state() <= RunnerState::Running
+        self.verdict.is_none() && self.stage <= Stage::Running
     }
 
     /// The application is ready. Returns the held planned stop, if one was waiting.
     pub fn ready(&mut self) -> Step {
-        if self.state() != RunnerState::Starting {
+        if self.stage != Stage::Starting {
             return Step::Ignore("already past starting");
         }
-        self.state = Some(RunnerState::Running);
+        self.stage = Stage::Running;
         if self.held {
             self.held = false;
             return self.drain(StopCause::Marker, StopVerdict::Planned);
@@ -135,15 +133,15 @@ impl Lifecycle {
 
     /// The watcher found a marker for us.
     pub fn planned_stop(&mut self) -> Step {
-        match self.state() {
-            RunnerState::Starting if self.verdict.is_none() => {
+        match self.stage {
+            Stage::Starting if self.verdict.is_none() => {
                 self.held = true;
                 self.verdict = Some(StopVerdict::Planned);
                 Step::Hold
             }
-            RunnerState::Starting => Step::Ignore("a stop is already decided"),
-            RunnerState::Running => self.drain(StopCause::Marker, StopVerdict::Planned),
-            RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
+            Stage::Starting => Step::Ignore("a stop is already decided"),
+            Stage::Running => self.drain(StopCause::Marker, StopVerdict::Planned),
+            Stage::Draining | Stage::Stopped => Step::Ignore("already stopping"),
         }
     }
 
@@ -154,8 +152,8 @@ impl Lifecycle {
         if kind == SignalKind::Interrupt {
             self.interrupted = true;
         }
-        match self.state() {
-            RunnerState::Starting | RunnerState::Running => {
+        match self.stage {
+            Stage::Starting | Stage::Running => {
                 let verdict = if kind.is_planned_by_itself() || marker_claimed {
                     StopVerdict::Planned
                 } else {
@@ -165,28 +163,24 @@ impl Lifecycle {
             }
             // A *second* Ctrl-C forces, as promised: a drain begun by a marker or a SIGTERM is
             // not cut short by the first one.
-            RunnerState::Draining if second_interrupt => Step::Force,
-            RunnerState::Draining if kind == SignalKind::Interrupt => {
+            Stage::Draining if second_interrupt => Step::Force,
+            Stage::Draining if kind == SignalKind::Interrupt => {
                 Step::Ignore("a first Ctrl-C while draining: a second one forces the stop")
             }
-            RunnerState::Draining | RunnerState::Stopped => Step::Ignore("already stopping"),
+            Stage::Draining | Stage::Stopped => Step::Ignore("already stopping"),
         }
     }
 
     /// The application asked to stop ([`StopRequest`]).
     pub fn request(&mut self, request: StopRequest) -> Step {
-        let verdict = match (self.state(), request) {
-            (RunnerState::Starting | RunnerState::Running, StopRequest::Planned) => {
-                StopVerdict::Planned
-            }
-            (RunnerState::Starting | RunnerState::Running, StopRequest::Unexpected) => {
-                StopVerdict::Unexpected
-            }
-            (RunnerState::Starting | RunnerState::Running, StopRequest::Force) => {
+        let verdict = match (self.stage, request) {
+            (Stage::Starting | Stage::Running, StopRequest::Planned) => StopVerdict::Planned,
+            (Stage::Starting | Stage::Running, StopRequest::Unexpected) => StopVerdict::Unexpected,
+            (Stage::Starting | Stage::Running, StopRequest::Force) => {
                 return Step::Ignore("nothing to force: no drain in progress");
             }
-            (RunnerState::Draining, StopRequest::Force) => return Step::Force,
-            (RunnerState::Draining | RunnerState::Stopped, _) => {
+            (Stage::Draining, StopRequest::Force) => return Step::Force,
+            (Stage::Draining | Stage::Stopped, _) => {
                 return Step::Ignore("already stopping");
             }
         };
@@ -195,10 +189,10 @@ impl Lifecycle {
 
     /// The drain is over (finished, timed out or forced). Returns the verdict to exit with.
     pub fn stopped(&mut self) -> Option<StopVerdict> {
-        if self.state() != RunnerState::Draining {
+        if self.stage != Stage::Draining {
             return None;
         }
-        self.state = Some(RunnerState::Stopped);
+        self.stage = Stage::Stopped;
         self.verdict
     }
 
@@ -206,7 +200,7 @@ impl Lifecycle {
     fn drain(&mut self, cause: StopCause, verdict: StopVerdict) -> Step {
         let verdict = *self.verdict.get_or_insert(verdict);
         self.held = false;
-        self.state = Some(RunnerState::Draining);
+        self.stage = Stage::Draining;
         Step::Drain(cause, verdict)
     }
 }

@@ -12,7 +12,7 @@
 //! lease brought, in the same stop; anything nobody here takes is released at once, on offer
 //! again to another replica or version.
 
-use crate::lifecycle::{DrainPhase, RunnerState};
+use crate::lifecycle::{DrainPhase, ProcessState};
 use crate::record::Leased;
 use crate::runner::{Drain, DrainReport};
 use crate::service::ServiceHandle;
@@ -168,7 +168,7 @@ impl ResumeLoop {
         self.service
             .add_participant(DrainPhase::Work, PARTICIPANT, participant.recipient());
         actix::spawn(async move {
-            while self.service.status().state <= RunnerState::Running {
+            while !self.service.status().state.is_stopping() {
                 self.once().await;
                 actix::clock::sleep(self.every).await;
             }
@@ -177,7 +177,7 @@ impl ResumeLoop {
 
     /// One lease, while the service runs, and the delivery of what it brought.
     async fn once(&mut self) {
-        if self.service.status().state != RunnerState::Running {
+        if !serving(self.service.status().state) {
             return;
         }
         match self.shared.late.lock() {
@@ -194,7 +194,7 @@ impl ResumeLoop {
             }
         };
         // Decided after the lease returned: what a drain overtook goes to the drain.
-        let running = self.service.status().state == RunnerState::Running;
+        let running = serving(self.service.status().state);
         let leased = self.land(leased, running);
         for item in leased {
             let route = match self.routes.get_mut(&item.item.participant) {
@@ -282,4 +282,10 @@ impl Handler<Drain> for LoopDrain {
             }
         })
     }
+}
+
+/// Whether the service takes work: ready, and not stopping (a successor starting meanwhile
+/// changes nothing until it is ready).
+fn serving(state: ProcessState) -> bool {
+    matches!(state, ProcessState::Running | ProcessState::HandingOver)
 }

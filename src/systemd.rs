@@ -13,7 +13,7 @@
 //! `STOPPING=1` from the predecessor would stop the successor too. Without `$NOTIFY_SOCKET` every
 //! call is a no-op.
 
-use crate::lifecycle::{RunnerState, StopVerdict};
+use crate::lifecycle::{ProcessState, StopVerdict};
 use crate::runner::RunnerStatus;
 use sd_notify::NotifyState;
 use std::time::Duration;
@@ -88,7 +88,7 @@ fn speaks_for_unit(status: &RunnerStatus) -> bool {
 /// (`RunnerConfig::stop_bound` of no drain).
 pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Duration) {
     actix::spawn(async move {
-        let mut sent = RunnerState::Starting;
+        let (mut ready_sent, mut stopping_sent) = (false, false);
         let mut drain = (Duration::ZERO, Instant::now());
         loop {
             let now = status.borrow_and_update().clone();
@@ -96,18 +96,19 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
                 tracing::debug!("handed over: the successor speaks to systemd from now on");
                 return;
             }
-            if now.state >= RunnerState::Running && sent < RunnerState::Running {
+            let started = !matches!(now.state, ProcessState::Starting | ProcessState::Held);
+            if started && !ready_sent {
                 send(&[NotifyState::Ready, NotifyState::Status("running")]);
-                sent = RunnerState::Running;
+                ready_sent = true;
             }
-            if now.state >= RunnerState::Draining && sent < RunnerState::Draining {
+            if now.state.is_stopping() && !stopping_sent {
                 let verdict = match now.verdict {
                     Some(StopVerdict::Planned) => "planned",
                     _ => "unexpected",
                 };
                 let line = format!("draining ({verdict} stop)");
                 send(&[NotifyState::Stopping, NotifyState::Status(&line)]);
-                sent = RunnerState::Draining;
+                stopping_sent = true;
                 let length = now
                     .outcome
                     .as_ref()
@@ -115,7 +116,7 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
                 let length = length.unwrap_or_default();
                 drain = (length.saturating_add(after_drain), Instant::now());
             }
-            let stopping = now.state >= RunnerState::Draining && now.exit_code.is_none();
+            let stopping = now.state.is_stopping() && now.exit_code.is_none();
             if stopping {
                 let (bound, began) = drain;
                 send(&[NotifyState::ExtendTimeoutUsec(extension(
@@ -124,7 +125,7 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
                 ))]);
             }
             // The exit code comes with the final outcome, once the record is persisted.
-            if now.state == RunnerState::Stopped
+            if now.state.is_final()
                 && let Some(code) = now.exit_code
             {
                 let line = format!("stopped, exit code {code}");

@@ -34,7 +34,7 @@ pub(crate) use off::*;
 #[cfg(not(feature = "metrics"))]
 mod off {
     use super::ItemFates;
-    use crate::lifecycle::{DrainPhase, RunnerState, StopCause, StopVerdict};
+    use crate::lifecycle::{DrainPhase, ProcessState, StopCause, StopVerdict};
     use crate::record::StopRecord;
     use chrono::{DateTime, Utc};
 
@@ -48,7 +48,7 @@ mod off {
     }
     pub(crate) fn participant_answered(_: &str, _: DrainPhase, _: bool) {}
     pub(crate) fn stop_concluded(_: &StopRecord, _: ItemFates) {}
-    pub(crate) fn state(_: RunnerState) {}
+    pub(crate) fn state(_: ProcessState) {}
     pub(crate) fn leased(_: usize) {}
     pub(crate) fn renewed(_: usize, _: usize) {}
     pub(crate) fn renewal_failed() {}

@@ -28,7 +28,7 @@ use crate::error_chain::ErrorChain;
 use crate::events::{SlotEvents, Wakeups};
 use crate::identity::ProcessIdentity;
 use crate::judgement::Judgement;
-use crate::lifecycle::{RunnerState, StopRequest};
+use crate::lifecycle::{ProcessState, StopRequest};
 use crate::runner::{HeldStop, PlannedStop, RequestStop, RunnerStatus};
 use crate::store::{MarkerStore, StoreError};
 use actix::clock::Instant;
@@ -77,14 +77,19 @@ pub enum WatchStep {
 
 /// The watcher's rule, pure: a marker for us that asks the watcher to act is delivered when the
 /// runner runs, held while it starts, and dropped once it is stopping.
-pub fn next_step(judgement: &Judgement, state: RunnerState) -> WatchStep {
+pub fn next_step(judgement: &Judgement, state: ProcessState) -> WatchStep {
     match (state, judgement) {
-        (RunnerState::Draining | RunnerState::Stopped, _) => WatchStep::Exit,
+        (state, _) if state.is_stopping() => WatchStep::Exit,
         (_, Judgement::ForSelf(m)) if !m.trigger_watcher => WatchStep::Continue,
-        (RunnerState::Running, Judgement::ForSelf(m)) => WatchStep::Deliver(m.into()),
-        (RunnerState::Starting, Judgement::ForSelf(m)) => WatchStep::Hold(m.into()),
+        (state, Judgement::ForSelf(m)) if is_starting(state) => WatchStep::Hold(m.into()),
+        (_, Judgement::ForSelf(m)) => WatchStep::Deliver(m.into()),
         _ => WatchStep::Continue,
     }
+}
+
+/// Whether the runner has not declared itself ready yet (with or without a stop held).
+fn is_starting(state: ProcessState) -> bool {
+    matches!(state, ProcessState::Starting | ProcessState::Held)
 }
 
 /// Where the watcher stands between probes: the once-only guard of delivery, kept apart from the
@@ -143,13 +148,14 @@ impl Watch {
 
     /// The runner's state changed: a held stop goes out once it runs; a stopping runner ends
     /// the watch.
-    pub fn on_runner(&mut self, state: RunnerState) -> WatchSend {
+    pub fn on_runner(&mut self, state: ProcessState) -> WatchSend {
         match state {
-            RunnerState::Draining | RunnerState::Stopped => {
+            state if state.is_stopping() => {
                 *self = Watch::Done;
                 WatchSend::Nothing
             }
-            RunnerState::Running => match std::mem::take(self) {
+            state if is_starting(state) => WatchSend::Nothing,
+            _ => match std::mem::take(self) {
                 Watch::Holding(stop) => {
                     *self = Watch::Done;
                     WatchSend::Stop(stop)
@@ -159,7 +165,6 @@ impl Watch {
                     WatchSend::Nothing
                 }
             },
-            RunnerState::Starting => WatchSend::Nothing,
         }
     }
 }
@@ -275,7 +280,7 @@ impl MarkerWatcherActor {
         self
     }
 
-    fn runner_state(&self) -> RunnerState {
+    fn runner_state(&self) -> ProcessState {
         self.runner.borrow().state
     }
 
@@ -298,7 +303,7 @@ impl MarkerWatcherActor {
                 self.errors.succeeded();
                 next_step(&judgement, state)
             }
-            Err(e) if state >= RunnerState::Draining => {
+            Err(e) if state.is_stopping() => {
                 tracing::debug!(error = %ErrorChain(&e), "probe failed while the runner stops");
                 WatchStep::Exit
             }
@@ -340,7 +345,7 @@ impl MarkerWatcherActor {
                 return;
             }
             act.wakeups = Some(wakeups);
-            if act.runner_state() < RunnerState::Draining {
+            if !act.runner_state().is_stopping() {
                 act.check(ctx);
             }
             act.follow_wakeups(ctx);
@@ -424,7 +429,7 @@ impl Actor for MarkerWatcherActor {
         self.follow_runner(ctx);
         self.follow_wakeups(ctx);
         self.on_runner(ctx);
-        if self.runner_state() < RunnerState::Draining {
+        if !self.runner_state().is_stopping() {
             self.poll(ctx);
         }
     }

@@ -63,7 +63,7 @@ pub use listen::{inherited_listeners, listeners_or_bind};
 
 use crate::error_chain::ErrorChain;
 use crate::lifecycle::DrainPhase;
-use crate::lifecycle::RunnerState;
+use crate::lifecycle::ProcessState;
 use crate::runner::{Drain, DrainReport};
 use crate::service::ServiceHandle;
 use actix::prelude::*;
@@ -112,7 +112,9 @@ fn readiness_resource(path: &str, service: &ServiceHandle) -> Resource {
         let state = status.borrow().state;
         async move {
             match state {
-                RunnerState::Running => HttpResponse::Ok().body("ready"),
+                ProcessState::Running | ProcessState::HandingOver => {
+                    HttpResponse::Ok().body("ready")
+                }
                 other => HttpResponse::ServiceUnavailable().body(state_name(other)),
             }
         }
@@ -175,12 +177,12 @@ fn status_json(service: &ServiceHandle) -> serde_json::Value {
     })
 }
 
-fn state_name(state: RunnerState) -> &'static str {
+/// The body of a `503` from [`readiness`].
+fn state_name(state: ProcessState) -> &'static str {
     match state {
-        RunnerState::Starting => "starting",
-        RunnerState::Running => "ready",
-        RunnerState::Draining => "draining",
-        RunnerState::Stopped => "stopped",
+        ProcessState::Starting | ProcessState::Held => "starting",
+        ProcessState::Draining => "draining",
+        _ => "stopped",
     }
 }
 
@@ -292,7 +294,7 @@ where
             let mut response = answer.await?;
             // Decided when the response leaves, not when the request came: a request that was
             // in flight when the stop was accepted closes its connection too.
-            if status.borrow().state >= RunnerState::Draining {
+            if status.borrow().state.is_stopping() {
                 response
                     .response_mut()
                     .head_mut()

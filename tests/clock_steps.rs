@@ -8,7 +8,7 @@ use common::actors::*;
 use planned_stop::Layout;
 use planned_stop::internals::{Clock, OwnSlot};
 use planned_stop::marker::{Judgement, Marker, MarkerStore};
-use planned_stop::{ProcessIdentity, RunnerState};
+use planned_stop::{ProcessIdentity, ProcessState};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,7 +72,7 @@ proptest! {
         let delivered = paused_system().block_on(async {
             let poll = Duration::from_millis(100);
             let probe = OwnSlot { store: store.clone(), own: me };
-            let w = Watched::start(probe, RunnerState::Running, poll, clock.clone(), None);
+            let w = Watched::start(probe, ProcessState::Running, poll, clock.clone(), None);
             for (jump_s, marker) in &steps {
                 let now = *clock.0.lock().unwrap() + TimeDelta::seconds(*jump_s);
                 *clock.0.lock().unwrap() = now;
@@ -121,7 +121,7 @@ fn a_clock_step_past_the_ttl_turns_our_pending_marker_stale_not_into_a_stop() {
             own: me,
         };
         let poll = Duration::from_millis(100);
-        let w = Watched::start(probe, RunnerState::Starting, poll, clock.clone(), None);
+        let w = Watched::start(probe, ProcessState::Starting, poll, clock.clone(), None);
         // Written now, for us, with trigger_watcher false: it waits for a signal that never comes.
         let marker = Marker::new(me.pid, Some(me.start), clock.now()).with_trigger_watcher(false);
         store.write(&marker).unwrap();
@@ -133,7 +133,7 @@ fn a_clock_step_past_the_ttl_turns_our_pending_marker_stale_not_into_a_stop() {
             !store.slot_path(me.pid).exists(),
             "expired by the step and removed"
         );
-        w.set_state(RunnerState::Running);
+        w.set_state(ProcessState::Running);
         advance(poll * 3).await;
         assert!(w.watcher.connected());
         w.deliveries()

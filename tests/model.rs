@@ -31,7 +31,7 @@ use planned_stop::internals::{Liveness, holds, is_offered};
 use planned_stop::marker::{Judgement, Marker, Policy, Undecided};
 use planned_stop::record::{Lease, Owner};
 use planned_stop::stopper::{Outcome, WaitOutcome, is_own_request};
-use planned_stop::{ProcessIdentity, RunnerState, SignalKind, StopCause, StopVerdict};
+use planned_stop::{ProcessIdentity, ProcessState, SignalKind, StopCause, StopVerdict};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,7 @@ struct Rules {
         DateTime<Utc>,
         &Policy,
     ) -> Result<Judgement, Undecided>,
-    next_step: fn(&Judgement, RunnerState) -> WatchStep,
+    next_step: fn(&Judgement, ProcessState) -> WatchStep,
     on_step: fn(&mut Watch, WatchStep) -> WatchSend,
     signal: fn(&mut Lifecycle, SignalKind, bool) -> Step,
     after_exit: fn(Option<Outcome>) -> WaitOutcome,
@@ -262,7 +262,7 @@ struct Proc {
     lifecycle: Lifecycle,
     watch: Watch,
     /// The runner state the watcher last saw.
-    seen: RunnerState,
+    seen: ProcessState,
     ready_sent: bool,
     mailbox: Vec<Msg>,
     /// The runner's own held stop (a planned stop that reached it while starting).
@@ -287,7 +287,7 @@ impl Proc {
             life: Life::Alive,
             lifecycle: Lifecycle::new(),
             watch: Watch::Looking,
-            seen: RunnerState::Starting,
+            seen: ProcessState::Starting,
             ready_sent: false,
             mailbox: Vec::new(),
             held: None,
@@ -594,7 +594,7 @@ impl StopModel {
             }
             Msg::HeldNotice(request) => {
                 let proc = &world.procs[p];
-                if proc.lifecycle.state() == RunnerState::Starting {
+                if proc.lifecycle.state() == ProcessState::Starting {
                     world.outcome = Some(OutcomeFile {
                         fp: proc.fp,
                         phase: "held",
@@ -827,7 +827,7 @@ impl Model for StopModel {
                 if !proc.mailbox.is_empty() {
                     acts.push(Act::RunnerHandles(p));
                 }
-                if proc.lifecycle.state() == RunnerState::Draining {
+                if proc.lifecycle.state() == ProcessState::Draining {
                     acts.push(Act::RunnerFinishes(p));
                 }
                 if proc.finished.is_some() {
@@ -1240,7 +1240,7 @@ fn signal_without_latch(lifecycle: &mut Lifecycle, kind: SignalKind, claimed: bo
     };
     match real {
         Step::Drain(cause, _) => Step::Drain(cause, verdict),
-        Step::Force | Step::Ignore(_) if lifecycle.state() == RunnerState::Draining => {
+        Step::Force | Step::Ignore(_) if lifecycle.state() == ProcessState::Draining => {
             Step::Drain(StopCause::Signal(kind), verdict)
         }
         other => other,

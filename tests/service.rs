@@ -2,6 +2,7 @@
 //! rules of docs/design.md, including hazards 1 and 7 of docs/protocol.md.
 
 use crate::common;
+use crate::common::life_rank;
 
 use actix::prelude::*;
 use chrono::Utc;
@@ -10,9 +11,9 @@ use common::faulty::{Fault, Faulty, left_by_another_process};
 use planned_stop::Layout;
 use planned_stop::marker::{Marker, MarkerStore};
 use planned_stop::record::{FileRecordStore, RecordStore, Sharing, StopRecord};
-use planned_stop::stopper::{self, Phase, WaitOutcome};
+use planned_stop::stopper::{self, WaitOutcome};
 use planned_stop::{
-    ProcessIdentity, RunnerState, ServiceBuilder, ServiceHandle, SignalKind, StopCause,
+    ProcessIdentity, ProcessState, ServiceBuilder, ServiceHandle, SignalKind, StopCause,
     StopRequest, StopVerdict,
 };
 use std::time::Duration;
@@ -97,7 +98,7 @@ fn run_service_process(role: &str, dir: Option<&std::path::Path>) -> std::proces
         .unwrap()
 }
 
-fn state(h: &ServiceHandle) -> RunnerState {
+fn state(h: &ServiceHandle) -> ProcessState {
     h.status().state
 }
 
@@ -112,7 +113,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
         let h = f.start(vec![("jobs", p)]);
         h.ready();
         advance(POLL).await;
-        assert_eq!(state(&h), RunnerState::Draining);
+        assert_eq!(state(&h), ProcessState::Draining);
         assert!(!f.slot_exists(), "the runner claimed (consumed) the marker");
         advance(Duration::from_millis(20)).await;
         h.signal(SignalKind::Terminate);
@@ -132,7 +133,7 @@ fn watcher_first_then_sigterm_is_still_planned_and_exits_0() {
     // The outcome file next to the slot tells a stopper how it ended.
     let outcome = f.store().read_outcome(f.me.pid).expect("an outcome file");
     assert!(outcome.is_from(&f.me));
-    assert_eq!(outcome.phase, planned_stop::stopper::Phase::Stopped);
+    assert_eq!(outcome.state, planned_stop::ProcessState::Stopped);
     assert_eq!(
         (outcome.verdict, outcome.exit_code),
         (StopVerdict::Planned, Some(0))
@@ -153,7 +154,7 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
             .store()
             .read_outcome(f.me.pid)
             .expect("an acknowledgement while draining");
-        assert_eq!(ack.phase, planned_stop::stopper::Phase::Draining);
+        assert_eq!(ack.state, planned_stop::ProcessState::Draining);
         assert_eq!(ack.request_id.as_deref(), Some("ack"));
         assert_eq!(ack.exit_code, None);
         assert_eq!(
@@ -204,7 +205,7 @@ fn sigterm_with_our_marker_in_place_is_planned() {
         advance(POLL * 5).await;
         assert_eq!(
             state(&h),
-            RunnerState::Running,
+            ProcessState::Running,
             "trigger_watcher: false leaves it to the signal"
         );
         h.signal(SignalKind::Terminate);
@@ -226,7 +227,7 @@ fn a_marker_seen_while_starting_is_delivered_once_running() {
         advance(POLL * 10).await;
         assert_eq!(
             state(&h),
-            RunnerState::Starting,
+            ProcessState::Starting,
             "not acted on before ready"
         );
         assert!(f.slot_exists(), "and not dropped");
@@ -248,7 +249,7 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
         let h = f.start(vec![("fast", fast), ("slow", slow)]);
         h.ready();
         advance(POLL).await;
-        assert_eq!(state(&h), RunnerState::Draining);
+        assert_eq!(state(&h), ProcessState::Draining);
         assert_eq!(
             fast_control.asked.lock().unwrap().as_slice(),
             &[(DRAIN, StopVerdict::Planned)]
@@ -257,11 +258,11 @@ fn a_drain_past_its_deadline_records_unfinished_work_and_keeps_the_verdicts_code
         advance(DRAIN - Duration::from_millis(1)).await;
         assert_eq!(
             state(&h),
-            RunnerState::Draining,
+            ProcessState::Draining,
             "waits for the slow participant until the deadline"
         );
         advance(Duration::from_secs(1)).await;
-        assert_eq!(concluded(&h.subscribe()).await.state, RunnerState::Stopped);
+        assert_eq!(concluded(&h.subscribe()).await.state, ProcessState::Stopped);
         let code = code_of(h.stopped().await);
         // An answer after the runner stopped changes nothing.
         assert!(slow_control.finish(&["too late"]));
@@ -309,7 +310,7 @@ fn a_second_ctrl_c_forces_the_stop_and_keeps_the_verdict() {
         h.ready();
         h.signal(SignalKind::Interrupt);
         caught_up(&h).await;
-        assert_eq!(state(&h), RunnerState::Draining);
+        assert_eq!(state(&h), ProcessState::Draining);
         let started = tokio::time::Instant::now();
         h.signal(SignalKind::Interrupt);
         let code = code_of(h.stopped().await);
@@ -369,8 +370,13 @@ fn a_status_subscriber_sees_states_only_move_forward() {
         }
         seen
     });
-    assert!(states.windows(2).all(|w| w[0] <= w[1]), "{states:?}");
-    assert_eq!(states.last(), Some(&RunnerState::Stopped));
+    assert!(
+        states
+            .windows(2)
+            .all(|w| life_rank(w[0]) <= life_rank(w[1])),
+        "{states:?}"
+    );
+    assert_eq!(states.last(), Some(&ProcessState::Stopped));
 }
 
 #[test]
@@ -408,7 +414,7 @@ fn with_notifications_a_marker_is_delivered_without_waiting_for_a_poll() {
         // The notification arrives from the OS on another thread: wait for it in real time,
         // bounded, without moving tokio's clock.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while state(&h) == RunnerState::Running {
+        while state(&h) == ProcessState::Running {
             assert!(
                 std::time::Instant::now() < deadline,
                 "no notification arrived"
@@ -455,7 +461,7 @@ fn a_stop_held_before_ready_is_reported_as_held_and_warned_about_once() {
         f.write_marker("early");
         advance(POLL).await;
         let outcome = f.store().read_outcome(f.me.pid).expect("an outcome file");
-        assert_eq!(outcome.phase, Phase::Held);
+        assert_eq!(outcome.state, ProcessState::Held);
         let waited = stopper::wait(&f.store(), &f.me, Duration::ZERO, |_, _| {});
         assert!(matches!(waited, WaitOutcome::Held { .. }), "{waited:?}");
         assert_eq!(
@@ -595,7 +601,11 @@ fn a_stop_the_runner_holds_while_starting_keeps_its_request_id() {
             .send(planned_stop::internals::PlannedStop::from(&marker))
             .await
             .unwrap();
-        assert_eq!(state(&h), RunnerState::Starting);
+        assert_eq!(
+            state(&h),
+            ProcessState::Held,
+            "held, not acted on before the ready"
+        );
         h.ready();
         code_of(h.stopped().await)
     });
@@ -671,7 +681,7 @@ fn an_earlier_phase_timer_does_not_end_the_next_phase() {
         advance(Duration::from_secs(2)).await;
         assert_eq!(
             state(&h),
-            RunnerState::Draining,
+            ProcessState::Draining,
             "the work phase still runs"
         );
         assert!(slow_control.finish(&[]));
@@ -722,7 +732,7 @@ fn watchers_of_the_status_are_woken_when_a_phase_begins() {
         .await;
         assert_eq!(
             seen.state,
-            RunnerState::Draining,
+            ProcessState::Draining,
             "woken while the work phase runs, not by the stop's end: {seen:?}"
         );
         assert!(slow_control.finish(&[]));
@@ -862,7 +872,7 @@ fn a_drain_blocked_past_its_deadline_and_grace_ends_the_process() {
         .unwrap_or_else(|| panic!("no pid: {stdout}"));
     let store = MarkerStore::open(Layout::Slots(dir.path().join("run"))).unwrap();
     let outcome = store.read_outcome(pid).expect("an outcome");
-    assert_eq!(outcome.phase, Phase::Overrun, "{outcome:?}");
+    assert_eq!(outcome.state, ProcessState::Overrun, "{outcome:?}");
     assert_eq!(outcome.exit_code, Some(1));
     assert!(outcome.finished_at.is_some());
     assert_eq!(store.read_presence(pid), None, "withdrawn");
@@ -891,8 +901,8 @@ fn the_presence_is_announced_at_start_and_withdrawn_once_nothing_watches() {
     });
     assert_eq!(f.store().read_presence(f.me.pid), None);
     assert_eq!(
-        f.store().read_outcome(f.me.pid).map(|o| o.phase),
-        Some(Phase::Stopped)
+        f.store().read_outcome(f.me.pid).map(|o| o.state),
+        Some(ProcessState::Stopped)
     );
     assert!(
         f.store().is_watched_by(&f.me),
@@ -947,8 +957,13 @@ fn an_item_over_the_size_limit_ends_the_stop_record_lost_and_the_rest_is_resumed
         h.ready();
         h.request_stop(StopRequest::Planned);
         let code = code_of(h.stopped().await);
-        let outcome = h.status().outcome.unwrap();
-        assert_eq!(outcome.phase, Phase::RecordLost);
+        let status = h.status();
+        assert_eq!(status.outcome.unwrap().state, ProcessState::RecordLost);
+        assert_eq!(
+            status.state,
+            ProcessState::RecordLost,
+            "the status says what the file says"
+        );
         code
     });
     assert_eq!(code, 74);

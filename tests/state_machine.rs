@@ -33,12 +33,13 @@ use crate::common;
 use actix::prelude::*;
 use chrono::TimeDelta;
 use common::actors::*;
+use common::life_rank;
 use planned_stop::internals::{
     Clock, MarkerWatcherActor, OsSignal, OwnSlot, PlannedStop, Ready, RunnerActor, RunnerConfig,
 };
 use planned_stop::marker::{Marker, MarkerStore};
 use planned_stop::{Layout, RunnerStatus};
-use planned_stop::{ProcessIdentity, RunnerState, SignalKind, StopVerdict};
+use planned_stop::{ProcessIdentity, ProcessState, SignalKind, StopVerdict};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 use std::sync::{Arc, Mutex};
@@ -129,7 +130,7 @@ struct Model {
     watcher_holds: bool,
     /// The runner itself holds a planned stop that arrived while it was starting.
     runner_holds: bool,
-    state: RunnerState,
+    state: ProcessState,
     verdict: Option<StopVerdict>,
     marker: Option<ModelMarker>,
     deliveries: u32,
@@ -150,7 +151,7 @@ impl Model {
             watcher_alive: true,
             watcher_holds: false,
             runner_holds: false,
-            state: RunnerState::Starting,
+            state: ProcessState::Starting,
             verdict: None,
             marker: None,
             deliveries: 0,
@@ -181,7 +182,7 @@ impl Model {
         // The latch: the first classification is final.
         self.verdict.get_or_insert(verdict);
         self.runner_holds = false;
-        self.state = RunnerState::Draining;
+        self.state = ProcessState::Draining;
         // The watcher follows the runner's status and stops at once.
         self.watcher_alive = false;
         self.watcher_holds = false;
@@ -190,12 +191,20 @@ impl Model {
         self.participant_waiting = true;
     }
 
+    /// What the runner's status says in the model's state: `held` while the runner holds a stop.
+    fn status_state(&self) -> ProcessState {
+        match self.state {
+            ProcessState::Starting if self.runner_holds => ProcessState::Held,
+            state => state,
+        }
+    }
+
     fn stop(&mut self) {
         // As it finishes the runner claims once more: a marker for us that arrived during the
         // drain is consumed (so none is left for the pid once the process is gone), and a
         // removable one is removed; a foreign one stays.
         self.claim();
-        self.state = RunnerState::Stopped;
+        self.state = ProcessState::Stopped;
         self.participant_waiting = false;
         self.exit_code = Some(match self.verdict {
             Some(StopVerdict::Planned) => 0,
@@ -215,7 +224,7 @@ impl Model {
 
     fn tick(&mut self) {
         match self.marker.map(|m| m.judge(self.now_ms)) {
-            Some(Judged::ForSelf { trigger: true }) if self.state == RunnerState::Running => {
+            Some(Judged::ForSelf { trigger: true }) if self.state == ProcessState::Running => {
                 self.deliver()
             }
             Some(Judged::ForSelf { trigger: true }) => {
@@ -238,7 +247,7 @@ impl Model {
                 self.since_tick_ms = Some(since + ms);
             }
         }
-        if self.state == RunnerState::Draining
+        if self.state == ProcessState::Draining
             && self.drain_ends_ms.is_some_and(|t| self.now_ms >= t)
         {
             self.stop();
@@ -257,7 +266,7 @@ impl Model {
         let second_interrupt = kind == SignalKind::Interrupt && self.interrupted;
         self.interrupted |= kind == SignalKind::Interrupt;
         match self.state {
-            RunnerState::Starting | RunnerState::Running => {
+            ProcessState::Starting | ProcessState::Running => {
                 let claimed = self.verdict.is_none() && self.claim();
                 let planned = kind == SignalKind::Interrupt || claimed;
                 self.begin_drain(if planned {
@@ -267,7 +276,7 @@ impl Model {
                 });
             }
             // The *second* Ctrl-C forces, however the drain began.
-            RunnerState::Draining if second_interrupt => self.stop(),
+            ProcessState::Draining if second_interrupt => self.stop(),
             _ => {}
         }
     }
@@ -331,8 +340,8 @@ impl ReferenceStateMachine for Reference {
                 m.slot_changed();
             }
             Transition::MarkReady => {
-                if m.state == RunnerState::Starting {
-                    m.state = RunnerState::Running;
+                if m.state == ProcessState::Starting {
+                    m.state = ProcessState::Running;
                     if m.runner_holds {
                         // The runner acts on its own held stop; the watcher sees it draining.
                         m.claim();
@@ -343,11 +352,11 @@ impl ReferenceStateMachine for Reference {
                 }
             }
             Transition::PlannedStopToRunner => match m.state {
-                RunnerState::Starting if m.verdict.is_none() => {
+                ProcessState::Starting if m.verdict.is_none() => {
                     m.verdict = Some(StopVerdict::Planned);
                     m.runner_holds = true;
                 }
-                RunnerState::Running => {
+                ProcessState::Running => {
                     m.claim();
                     m.begin_drain(StopVerdict::Planned);
                 }
@@ -355,7 +364,7 @@ impl ReferenceStateMachine for Reference {
             },
             Transition::Signal(kind) => m.signal(kind),
             Transition::ParticipantFinishes => {
-                if m.state == RunnerState::Draining && m.participant_waiting {
+                if m.state == ProcessState::Draining && m.participant_waiting {
                     m.stop();
                 }
             }
@@ -379,7 +388,7 @@ struct Sut {
     /// In event mode: the watcher's notifications, sent by the test on every change of the slot.
     notify: Option<tokio::sync::mpsc::UnboundedSender<()>>,
     /// The most advanced state and the verdict seen so far, for the monotonicity invariants.
-    last_state: RunnerState,
+    last_state: ProcessState,
     last_verdict: Option<StopVerdict>,
 }
 
@@ -513,7 +522,7 @@ impl StateMachineTest for RunnerAndWatcher {
             deliveries,
             participant,
             notify: model.events.then_some(notify),
-            last_state: RunnerState::Starting,
+            last_state: ProcessState::Starting,
             last_verdict: None,
         }
     }
@@ -573,13 +582,16 @@ impl StateMachineTest for RunnerAndWatcher {
             "more than one PlannedStop: {deliveries:?}"
         );
         assert!(
-            deliveries.iter().all(|(_, s)| *s == RunnerState::Running),
+            deliveries.iter().all(|(_, s)| *s == ProcessState::Running),
             "{deliveries:?}"
         );
         assert_eq!(deliveries.len() as u32, model.deliveries, "deliveries");
         // State and verdict as the model says; forward only; the verdict latched.
-        assert_eq!(status.state, model.state, "runner state");
-        assert!(status.state >= sut.last_state, "state went back");
+        assert_eq!(status.state, model.status_state(), "runner state");
+        assert!(
+            life_rank(status.state) >= life_rank(sut.last_state),
+            "state went back"
+        );
         assert_eq!(status.verdict, model.verdict, "verdict");
         if let Some(v) = sut.last_verdict {
             assert_eq!(status.verdict, Some(v), "verdict changed");
@@ -647,7 +659,7 @@ enum WatcherStep {
     WriteMarker(MarkerKind),
     RemoveMarker,
     /// The runner moves forward to this state (ignored when it is not forward).
-    Runner(RunnerState),
+    Runner(ProcessState),
 }
 
 #[derive(Debug, Clone)]
@@ -658,7 +670,7 @@ struct WatcherModel {
     since_tick_ms: Option<u64>,
     alive: bool,
     holds: bool,
-    runner: RunnerState,
+    runner: ProcessState,
     marker: Option<ModelMarker>,
     deliveries: u32,
 }
@@ -679,7 +691,7 @@ impl WatcherModel {
     /// removable one is removed; nothing else happens. Nobody claims our marker here.
     fn probe(&mut self) {
         match self.marker.map(|m| m.judge(self.now_ms)) {
-            Some(Judged::ForSelf { trigger: true }) if self.runner == RunnerState::Running => {
+            Some(Judged::ForSelf { trigger: true }) if self.runner == ProcessState::Running => {
                 self.deliver()
             }
             Some(Judged::ForSelf { trigger: true }) => {
@@ -724,7 +736,7 @@ impl ReferenceStateMachine for SteppedRunner {
                 since_tick_ms: Some(0),
                 alive: true,
                 holds: false,
-                runner: RunnerState::Starting,
+                runner: ProcessState::Starting,
                 marker: None,
                 deliveries: 0,
             })
@@ -745,9 +757,9 @@ impl ReferenceStateMachine for SteppedRunner {
             1 => (5 * POLL_MS..=200 * POLL_MS).prop_map(WatcherStep::Stall),
             3 => kind.prop_map(WatcherStep::WriteMarker),
             1 => Just(WatcherStep::RemoveMarker),
-            3 => Just(WatcherStep::Runner(RunnerState::Running)),
-            1 => Just(WatcherStep::Runner(RunnerState::Draining)),
-            1 => Just(WatcherStep::Runner(RunnerState::Stopped)),
+            3 => Just(WatcherStep::Runner(ProcessState::Running)),
+            1 => Just(WatcherStep::Runner(ProcessState::Draining)),
+            1 => Just(WatcherStep::Runner(ProcessState::Stopped)),
         ]
         .boxed()
     }
@@ -767,11 +779,11 @@ impl ReferenceStateMachine for SteppedRunner {
                 m.marker = None;
                 m.slot_changed();
             }
-            WatcherStep::Runner(next) if next > m.runner => {
+            WatcherStep::Runner(next) if life_rank(next) > life_rank(m.runner) => {
                 m.runner = next;
                 match next {
-                    RunnerState::Running if m.holds => m.deliver(),
-                    RunnerState::Draining | RunnerState::Stopped => m.stop_watching(),
+                    ProcessState::Running if m.holds => m.deliver(),
+                    ProcessState::Draining | ProcessState::Stopped => m.stop_watching(),
                     _ => {}
                 }
             }
@@ -877,7 +889,7 @@ impl StateMachineTest for WatcherAgainstSteppedRunner {
             }
             WatcherStep::Runner(next) => {
                 sut.runner.send_if_modified(|status| {
-                    let forward = next > status.state;
+                    let forward = life_rank(next) > life_rank(status.state);
                     if forward {
                         status.state = next;
                     }
@@ -897,7 +909,7 @@ impl StateMachineTest for WatcherAgainstSteppedRunner {
             "delivered more than once: {deliveries:?}"
         );
         assert!(
-            deliveries.iter().all(|(_, s)| *s == RunnerState::Running),
+            deliveries.iter().all(|(_, s)| *s == ProcessState::Running),
             "delivered to a runner that was not running: {deliveries:?}"
         );
         assert_eq!(deliveries.len() as u32, model.deliveries, "deliveries");

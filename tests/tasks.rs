@@ -469,9 +469,7 @@ fn items_a_lease_brings_after_the_drain_began_are_handed_back_in_the_same_stop()
         .await;
         h.request_stop(StopRequest::Planned);
         let mut status = h.subscribe();
-        let _ = status
-            .wait_for(|s| s.state >= planned_stop::RunnerState::Draining)
-            .await;
+        let _ = status.wait_for(|s| s.state.is_stopping()).await;
         gate.open.notify_one();
         h.stopped().await;
         assert!(group.is_empty(), "nothing was delivered to a drained group");
@@ -542,7 +540,7 @@ fn a_forced_life(dir: &Path, identity: planned_stop::ProcessIdentity) -> Vec<Str
         h.ready();
         h.request_stop(StopRequest::Planned);
         let mut status = h.subscribe();
-        while status.borrow_and_update().state < planned_stop::RunnerState::Draining {
+        while !status.borrow_and_update().state.is_stopping() {
             status.changed().await.unwrap();
         }
         h.request_stop(StopRequest::Force);

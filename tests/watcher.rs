@@ -18,7 +18,7 @@ use common::*;
 use planned_stop::Layout;
 use planned_stop::internals::{MarkerProbe, OwnSlot, SlotEvents};
 use planned_stop::marker::{Judgement, Marker, MarkerStore, StoreError};
-use planned_stop::{ProcessIdentity, RunnerState};
+use planned_stop::{ProcessIdentity, ProcessState};
 use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
@@ -38,7 +38,7 @@ enum Mode {
 const MODES: [Mode; 2] = [Mode::Poll, Mode::Events];
 
 /// The watcher and a recording loop, on one shared marker file, in `mode`.
-fn on_file(path: &Path, state: RunnerState, poll: Duration, mode: Mode) -> Watched {
+fn on_file(path: &Path, state: ProcessState, poll: Duration, mode: Mode) -> Watched {
     let store = MarkerStore::open(Layout::SingleFile(path.to_path_buf())).unwrap();
     let own = ProcessIdentity::current().unwrap();
     let wakeups = match mode {
@@ -64,7 +64,7 @@ fn test_watcher_fires_shutdown_when_marker_appears() {
         let marker = shared_marker(dir.path());
         let written = write_self_marker(&marker, false);
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, ProcessState::Running, POLL, mode);
             advance(POLL * 3).await;
             assert!(!w.watcher.connected(), "watcher should exit after firing");
             let seen = w.deliveries();
@@ -78,7 +78,7 @@ fn test_watcher_fires_shutdown_when_marker_appears() {
                 seen[0].0,
                 planned_stop::internals::PlannedStop::from(&written)
             );
-            assert_eq!(seen[0].1, RunnerState::Running);
+            assert_eq!(seen[0].1, ProcessState::Running);
         });
     }
 }
@@ -89,7 +89,7 @@ fn test_watcher_does_not_fire_when_marker_absent() {
         let dir = tempfile::tempdir().unwrap();
         let marker = shared_marker(dir.path());
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, ProcessState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await; // six polls
             assert!(
                 w.watcher.connected(),
@@ -114,7 +114,7 @@ fn test_watcher_skips_when_runner_already_draining() {
         let marker = shared_marker(dir.path());
         write_self_marker(&marker, false);
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Draining, POLL, mode);
+            let w = on_file(&marker, ProcessState::Draining, POLL, mode);
             advance(Duration::from_millis(200)).await;
             w.stop_event();
             w.watcher_gone().await;
@@ -140,7 +140,7 @@ fn test_watcher_skips_when_runner_not_started() {
         // A marker from a previous instance...
         std::fs::write(&marker, r#"{"target_pid": 9999}"#).unwrap();
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Starting, POLL, mode);
+            let w = on_file(&marker, ProcessState::Starting, POLL, mode);
             advance(Duration::from_millis(200)).await;
             assert_eq!(
                 w.deliveries(),
@@ -171,7 +171,7 @@ fn test_watcher_responds_to_stop_event_promptly() {
         paused_system().block_on(async {
             let w = on_file(
                 &marker,
-                RunnerState::Running,
+                ProcessState::Running,
                 Duration::from_millis(100),
                 mode,
             );
@@ -196,7 +196,7 @@ fn test_watcher_fires_only_once_when_marker_persists() {
         let marker = shared_marker(dir.path());
         write_self_marker(&marker, false);
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, ProcessState::Running, POLL, mode);
             // The recorder does not consume the marker: it stays for many polls.
             for _ in 0..20 {
                 advance(POLL).await;
@@ -246,7 +246,7 @@ fn test_watcher_tolerates_marker_path_resolution_errors() {
                 Exploding {
                     calls: calls.clone(),
                 },
-                RunnerState::Running,
+                ProcessState::Running,
                 POLL,
                 TokioClock::new(),
                 wakeups,
@@ -293,7 +293,7 @@ fn test_watcher_does_not_fire_for_foreign_pid_marker() {
             .with_stopper_pid(other.id());
         std::fs::write(&marker, record.to_json().unwrap()).unwrap();
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, ProcessState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await;
             w.stop_event();
             w.watcher_gone().await;
@@ -317,7 +317,7 @@ fn test_watcher_cleans_up_stale_marker_and_keeps_running() {
         let marker = shared_marker(dir.path());
         write_self_marker(&marker, true);
         paused_system().block_on(async {
-            let w = on_file(&marker, RunnerState::Running, POLL, mode);
+            let w = on_file(&marker, ProcessState::Running, POLL, mode);
             advance(Duration::from_millis(300)).await;
             assert!(
                 w.watcher.connected(),
@@ -363,7 +363,7 @@ fn a_burst_of_ticks_after_a_stall_sends_nothing_twice() {
             },
             probes: probes.clone(),
         };
-        let w = Watched::start(probe, RunnerState::Running, TICK, TokioClock::new(), None);
+        let w = Watched::start(probe, ProcessState::Running, TICK, TokioClock::new(), None);
         advance(TICK * 3).await;
         let before = probes.get();
         // A stall of 50 intervals: fixed delay means one tick afterwards, not fifty.
@@ -406,7 +406,7 @@ fn a_persisting_probe_error_is_logged_once_a_minute_and_its_recovery_once() {
         let probe = Flaky {
             failing: failing.clone(),
         };
-        let _w = Watched::start(probe, RunnerState::Running, TICK, TokioClock::new(), None);
+        let _w = Watched::start(probe, ProcessState::Running, TICK, TokioClock::new(), None);
         // 125 s of failures at 10 probes a second: 1 250 failed probes.
         for _ in 0..1_250 {
             advance(TICK).await;

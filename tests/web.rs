@@ -10,9 +10,10 @@
 use crate::common;
 
 use planned_stop::Layout;
+use planned_stop::ProcessState;
 use planned_stop::marker::MarkerStore;
 use planned_stop::record::FileRecordStore;
-use planned_stop::stopper::{self, Phase, StopOptions};
+use planned_stop::stopper::{self, StopOptions};
 use planned_stop::{DrainPhase, StopVerdict};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -147,9 +148,9 @@ impl App {
         std::fs::read_to_string(self.base.path().join("stderr.log")).unwrap_or_default()
     }
 
-    fn outcome_phase(&self) -> Option<Phase> {
+    fn outcome_state(&self) -> Option<ProcessState> {
         let store = MarkerStore::open(Layout::Slots(self.run_dir())).unwrap();
-        store.read_outcome(self.child.id()).map(|o| o.phase)
+        store.read_outcome(self.child.id()).map(|o| o.state)
     }
 
     /// Whether its announcement that it watches the marker directory is still there.
@@ -310,8 +311,8 @@ fn every_stop_ends_with_its_verdicts_code(layout: AppLayout) {
             .unwrap_or_else(|| panic!("{layout:?} round {round}: no stop record"));
         assert_eq!(record.verdict, StopVerdict::Planned);
         assert_eq!(
-            app.outcome_phase(),
-            Some(Phase::Stopped),
+            app.outcome_state(),
+            Some(ProcessState::Stopped),
             "{layout:?} round {round}"
         );
 
@@ -323,8 +324,8 @@ fn every_stop_ends_with_its_verdicts_code(layout: AppLayout) {
             "{layout:?} round {round}: planned restart"
         );
         assert_eq!(
-            app.outcome_phase(),
-            Some(Phase::Stopped),
+            app.outcome_state(),
+            Some(ProcessState::Stopped),
             "{layout:?} round {round}"
         );
     }
@@ -386,15 +387,15 @@ fn own_server_with_signals_and_a_slow_drain_never_exits_0() {
         );
         app.sigterm();
         assert_eq!(app.exit_code(), Some(1), "round {round}");
-        match app.outcome_phase() {
-            Some(Phase::Stopped) => {
+        match app.outcome_state() {
+            Some(ProcessState::Stopped) => {
                 let record = FileRecordStore::read_last_stop(&app.state_dir())
                     .unwrap()
                     .unwrap();
                 assert_eq!(record.verdict, StopVerdict::Unexpected, "round {round}");
                 assert_eq!(record.exit_code, 1);
             }
-            other => assert_eq!(other, Some(Phase::Aborted), "round {round}"),
+            other => assert_eq!(other, Some(ProcessState::Aborted), "round {round}"),
         }
     }
 }
@@ -409,8 +410,8 @@ fn main_returning_or_panicking_before_the_runner_stopped_is_not_a_clean_exit() {
             let mut app = App::start(layout, &options());
             assert_eq!(app.exit_code(), Some(1), "{layout:?} round {round}");
             assert_eq!(
-                app.outcome_phase(),
-                Some(Phase::Aborted),
+                app.outcome_state(),
+                Some(ProcessState::Aborted),
                 "{layout:?} round {round}"
             );
             assert!(
@@ -451,8 +452,8 @@ fn mains_own_error_or_panic_is_printed_as_std_prints_it() {
                 "{layout:?} round {round}:\n{stderr}"
             );
             assert_eq!(
-                app.outcome_phase(),
-                Some(Phase::Aborted),
+                app.outcome_state(),
+                Some(ProcessState::Aborted),
                 "{layout:?} round {round}"
             );
         }
@@ -471,8 +472,8 @@ fn a_system_stopped_by_a_handler_is_aborted_not_left_running() {
             let _ = http_get(app.port, "/quit");
             assert_eq!(app.exit_code(), Some(1), "{layout:?} round {round}");
             assert_eq!(
-                app.outcome_phase(),
-                Some(Phase::Aborted),
+                app.outcome_state(),
+                Some(ProcessState::Aborted),
                 "{layout:?} round {round}"
             );
         }

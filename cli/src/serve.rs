@@ -18,9 +18,7 @@ use actix::clock::Instant;
 use actix::prelude::*;
 use clap::Args;
 use planned_stop::record::Leased;
-use planned_stop::{
-    Drain, DrainReport, RunnerState, RunnerStatus, ServiceBuilder, ServiceHandle, StopVerdict,
-};
+use planned_stop::{Drain, DrainReport, RunnerStatus, ServiceBuilder, ServiceHandle, StopVerdict};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -354,7 +352,7 @@ fn follow(handle: &ServiceHandle, drain_ms: u64) {
     actix::spawn(async move {
         while status.changed().await.is_ok() {
             let now = status.borrow_and_update().clone();
-            if now.state >= RunnerState::Draining {
+            if now.state.is_stopping() {
                 report_acceptance(&now, drain_ms);
                 return;
             }
@@ -364,7 +362,7 @@ fn follow(handle: &ServiceHandle, drain_ms: u64) {
 
 /// Prints `stop_accepted` and `draining`, once.
 fn report_acceptance(status: &RunnerStatus, drain_ms: u64) {
-    if status.state < RunnerState::Draining || ACCEPTANCE_REPORTED.swap(true, Ordering::SeqCst) {
+    if !status.state.is_stopping() || ACCEPTANCE_REPORTED.swap(true, Ordering::SeqCst) {
         return;
     }
     let outcome = status.outcome.as_deref();

@@ -6,8 +6,9 @@ use super::{
     existing_store, fail, file_name, judgement_json, path_json, records, when, word,
 };
 use chrono::Utc;
+use planned_stop::ProcessState;
 use planned_stop::marker::MarkerStore;
-use planned_stop::stopper::{Outcome, Phase};
+use planned_stop::stopper::Outcome;
 use serde_json::json;
 
 /// `status --pid N`: one process, with running and watching / running elsewhere / not running
@@ -145,7 +146,7 @@ fn print_text(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
     for o in &listing.outcomes {
         let gone = if planned_stop::ProcessIdentity::is_running(o.pid, o.start) {
             ""
-        } else if matches!(o.phase, Phase::Draining | Phase::Held) {
+        } else if matches!(o.state, ProcessState::Draining | ProcessState::Held) {
             " (gone: killed before it finished)"
         } else {
             " (gone)"
@@ -226,13 +227,13 @@ fn outcome_json(outcome: &Outcome) -> serde_json::Value {
 /// place that did not happen says why and that the process serves on, since no stop is under way
 /// and the verdict it would have carried out means nothing.
 fn outcome_words(o: &Outcome) -> String {
-    if o.phase == Phase::RestartFailed {
+    if o.state == ProcessState::RestartFailed {
         let why = o.note.as_deref().unwrap_or("no reason given");
         return format!("restart_failed ({why}); it did not stop and serves on");
     }
     format!(
         "{}, {}{}",
-        word(&o.phase),
+        word(&o.state),
         word(&o.verdict),
         o.exit_code
             .map(|c| format!(", exit code {c}"))

@@ -7,8 +7,9 @@ mod target;
 use super::{EXIT_GONE, EXIT_OK, EXIT_USAGE, LayoutArgs, chain, fail, path_json};
 use answer::Answer;
 use clap::Args;
+use planned_stop::ProcessState;
 use planned_stop::marker::{MarkerStore, StopAction};
-use planned_stop::stopper::{self, Phase, StopOptions, StopperError, WaitOutcome};
+use planned_stop::stopper::{self, StopOptions, StopperError, WaitOutcome};
 use report::{already_stopped, kill_at_deadline, not_watching, report, report_error};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -385,11 +386,11 @@ fn follow(
             let secs = elapsed.as_secs_f64();
             bar.set_message(match progress {
                 None => format!("waiting for process {pid} to accept ({secs:.1} s)"),
-                Some(Phase::Draining) => format!("process {pid} is draining ({secs:.1} s)"),
-                Some(Phase::Held) => {
+                Some(ProcessState::Draining) => format!("process {pid} is draining ({secs:.1} s)"),
+                Some(ProcessState::Held) => {
                     format!("process {pid} holds the stop until it is ready ({secs:.1} s)")
                 }
-                Some(Phase::HandingOver) => {
+                Some(ProcessState::HandingOver) => {
                     format!("process {pid} is handing over to its successor ({secs:.1} s)")
                 }
                 Some(other) => format!("process {pid}: {other:?}"),

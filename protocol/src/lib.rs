@@ -25,5 +25,5 @@ mod stop;
 pub mod store;
 
 pub use identity::{IdentityError, ProcessIdentity};
-pub use stop::{SignalKind, StopCause, StopVerdict};
+pub use stop::{ProcessState, SignalKind, StopCause, StopVerdict};
 pub use store::Layout;

@@ -2,8 +2,8 @@
 //!
 //! A stopper that knows only the marker directory and the target's pid must be able to tell "not
 //! seen yet" from "accepted, draining" from "stopped as planned". So the runner writes
-//! `DIR/planned-stop-<PID>.outcome.json` twice, atomically: when it accepts a stop (phase
-//! `draining`: request id, acceptance time, drain deadline) and when it has stopped (phase `stopped`:
+//! `DIR/planned-stop-<PID>.outcome.json` twice, atomically: when it accepts a stop (state
+//! `draining`: request id, acceptance time, drain deadline) and when it has stopped (state `stopped`:
 //! verdict and exit code). The file carries the process's start fingerprint, so a stopper never
 //! mistakes the outcome of an earlier process with the same pid for its target's.
 //!
@@ -20,7 +20,7 @@
 
 use crate::identity::ProcessIdentity;
 use crate::schema::StopAction;
-use crate::stop::{StopCause, StopVerdict};
+use crate::stop::{ProcessState, StopCause, StopVerdict};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -98,59 +98,6 @@ impl Presence {
     }
 }
 
-/// How far the stop has got.
-///
-/// ```
-/// use planned_stop_protocol::stopper::Phase;
-/// assert_eq!(serde_json::to_string(&Phase::Draining).unwrap(), "\"draining\"");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Phase {
-    /// A planned stop is held: it arrived before the application declared itself ready, and
-    /// the drain begins once it does. `accepted_at` is when the stop was seen.
-    Held,
-    /// Accepted; the participants are draining.
-    Draining,
-    /// A planned restart in place: the successor is starting, and the drain begins once it says
-    /// it is ready. The process keeps serving meanwhile.
-    HandingOver,
-    /// A planned restart in place did not happen (`note` says why): the successor ended or was
-    /// not ready in time. The process did not stop and keeps serving; nothing follows for this
-    /// request.
-    RestartFailed,
-    /// Stopped; `exit_code` is the process's exit code.
-    Stopped,
-    /// The stop finished, but the unfinished items could not be made durable (the record store
-    /// failed): the items were written to stderr as JSON at ERROR, and `exit_code` is the
-    /// record-lost code. Never a planned success, whatever the verdict.
-    RecordLost,
-    /// The process ended before the runner finished (the actix `System` was stopped by someone
-    /// else, or `main` returned): nothing was recorded and the process exits with `exit_code`,
-    /// the unexpected code.
-    Aborted,
-    /// The drain (or the persist after it) overran its deadlines and grace, and the overrun
-    /// watchdog ended the process with `exit_code`, the unexpected code: the items not yet
-    /// durable are in its ERROR log line, the participants that had not answered in another.
-    Overrun,
-}
-
-impl Phase {
-    /// Whether the process has finished with this phase (nothing follows it).
-    ///
-    /// ```
-    /// use planned_stop_protocol::stopper::Phase;
-    /// assert!(Phase::Stopped.is_final() && !Phase::Draining.is_final());
-    /// ```
-    pub fn is_final(self) -> bool {
-        !matches!(
-            self,
-            Phase::Held | Phase::Draining | Phase::HandingOver | Phase::RestartFailed
-        )
-    }
-}
-
 /// The runner's acknowledgement and final outcome.
 ///
 /// ```
@@ -165,8 +112,9 @@ pub struct Outcome {
     pub pid: u32,
     /// Its start fingerprint ([`ProcessIdentity::start`]).
     pub start: u64,
-    /// How far the stop has got.
-    pub phase: Phase,
+    /// How far the stop has got. Its key in the file is `phase`, as it always was.
+    #[serde(rename = "phase")]
+    pub state: ProcessState,
     /// What started the stop.
     pub cause: StopCause,
     /// Planned or unexpected.
@@ -177,9 +125,9 @@ pub struct Outcome {
     pub accepted_at: DateTime<Utc>,
     /// When the drain is due to end.
     pub drain_deadline: DateTime<Utc>,
-    /// When the process stopped (phase `stopped`).
+    /// When the process stopped (state `stopped`).
     pub finished_at: Option<DateTime<Utc>>,
-    /// The exit code (phase `stopped`).
+    /// The exit code (state `stopped`).
     pub exit_code: Option<i32>,
     /// `true` when the record store's own place could not be reached and the unfinished items
     /// were kept on the process's host instead, to be pushed at the next start there (a
@@ -187,7 +135,7 @@ pub struct Outcome {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spilled: bool,
     /// How the drain went, in a final outcome (`stopped`, `record_lost`): whether a stopper may
-    /// call it clean. Absent in the other phases and from earlier versions.
+    /// call it clean. Absent in the other states and from earlier versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainSummary>,
     /// What the accepted request asked for: `restart` when the stop is a planned restart; absent
@@ -200,7 +148,7 @@ pub struct Outcome {
     /// the process stops as planned. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub successor: Option<u32>,
-    /// Why a restart in place did not happen (phase `restart_failed`). Absent otherwise.
+    /// Why a restart in place did not happen (state `restart_failed`). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -281,7 +229,7 @@ impl DrainSummary {
 impl Outcome {
     /// The outcome of a stop `own` accepted at `accepted_at`, draining until `drain_deadline`:
     /// the one literal every outcome a process writes starts from (its writer sets the request,
-    /// the action, and later the phase it reached).
+    /// the action, and later the state it reached).
     pub fn accepted(
         own: &ProcessIdentity,
         cause: StopCause,
@@ -292,7 +240,7 @@ impl Outcome {
         Outcome {
             pid: own.pid,
             start: own.start,
-            phase: Phase::Draining,
+            state: ProcessState::Draining,
             cause,
             verdict,
             request_id: None,
@@ -308,10 +256,10 @@ impl Outcome {
         }
     }
 
-    /// This outcome, ended in `phase` at `finished_at` with the process's exit `code`.
-    pub fn concluded(self, phase: Phase, finished_at: DateTime<Utc>, code: i32) -> Outcome {
+    /// This outcome, ended in `state` at `finished_at` with the process's exit `code`.
+    pub fn concluded(self, state: ProcessState, finished_at: DateTime<Utc>, code: i32) -> Outcome {
         Outcome {
-            phase,
+            state,
             finished_at: Some(finished_at),
             exit_code: Some(code),
             ..self

@@ -1,4 +1,5 @@
-//! Why a process stopped, as its outcome file and stop record say it: the cause and the verdict.
+//! A process's life and why it stopped, as its status, outcome file and stop record say them: the
+//! state, the cause and the verdict.
 
 use serde::{Deserialize, Serialize};
 
@@ -89,5 +90,67 @@ impl StopCause {
             StopCause::Signal(SignalKind::Hangup) => "signal_hangup",
             StopCause::Request => "request",
         }
+    }
+}
+
+/// Where a process is in its life: what the runner's status says, and what a stop's outcome file
+/// says (under the key `phase`). A state of one view may not show in the other: an outcome is
+/// written from `held` on, and the status says `running` again after a `restart_failed`.
+///
+/// ```
+/// use planned_stop_protocol::ProcessState;
+/// assert_eq!(serde_json::to_string(&ProcessState::Draining).unwrap(), "\"draining\"");
+/// assert!(ProcessState::Stopped.is_final() && ProcessState::Draining.is_stopping());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ProcessState {
+    /// Started, not yet ready.
+    Starting,
+    /// A planned stop arrived before the application declared itself ready: the drain begins once
+    /// it does. `accepted_at` is when the stop was seen.
+    Held,
+    /// Ready and serving.
+    Running,
+    /// A planned restart in place: the successor is starting, and the drain begins once it says it
+    /// is ready. The process keeps serving meanwhile.
+    HandingOver,
+    /// A planned restart in place did not happen (`note` says why): the successor ended or was not
+    /// ready in time. The process did not stop and keeps serving; nothing follows for this request.
+    RestartFailed,
+    /// Accepted; the participants are draining.
+    Draining,
+    /// Stopped; `exit_code` is the process's exit code.
+    Stopped,
+    /// The stop finished, but the unfinished items could not be made durable (the record store
+    /// failed): the items were written to stderr as JSON at ERROR, and `exit_code` is the
+    /// record-lost code. Never a planned success, whatever the verdict.
+    RecordLost,
+    /// The process ended before the runner finished (the actix `System` was stopped by someone
+    /// else, or `main` returned): nothing was recorded and the process exits with `exit_code`,
+    /// the unexpected code.
+    Aborted,
+    /// The drain (or the persist after it) overran its deadlines and grace, and the overrun
+    /// watchdog ended the process with `exit_code`, the unexpected code: the items not yet
+    /// durable are in its ERROR log line, the participants that had not answered in another.
+    Overrun,
+}
+
+impl ProcessState {
+    /// Whether the process has finished in this state (nothing follows it).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            ProcessState::Stopped
+                | ProcessState::RecordLost
+                | ProcessState::Aborted
+                | ProcessState::Overrun
+        )
+    }
+
+    /// Whether the process is stopping or has stopped: it takes no new work.
+    pub fn is_stopping(self) -> bool {
+        self == ProcessState::Draining || self.is_final()
     }
 }

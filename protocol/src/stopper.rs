@@ -12,8 +12,9 @@
 //! target exits: the report follows the exit at once, not up to a poll interval later
 //! ([`ExitWatch`]).
 
+use crate::ProcessState;
 use crate::identity::ProcessIdentity;
-pub use crate::outcome::{DrainSummary, Outcome, Phase, Presence};
+pub use crate::outcome::{DrainSummary, Outcome, Presence};
 use crate::schema::Marker;
 use crate::store::{MarkerStore, StoreError};
 use chrono::Utc;
@@ -479,32 +480,32 @@ pub enum WaitOutcome {
     RecordLost {
         /// Its exit code (the record-lost code).
         exit_code: Option<i32>,
-        /// Its outcome file, phase `record_lost`.
+        /// Its outcome file, state `record_lost`.
         outcome: Outcome,
     },
     /// The target saw the stop but holds it: it has not declared itself ready yet, and will
     /// drain once it does.
     Held {
-        /// Its outcome file, phase `held`.
+        /// Its outcome file, state `held`.
         outcome: Outcome,
     },
     /// A planned restart in place of this request did not happen: the successor ended or was
     /// not ready in time (`outcome.note` says why). The target did not stop and keeps serving.
     /// Only [`wait_for_request`] reports it (the outcome must answer this very request).
     RestartFailed {
-        /// Its outcome file, phase `restart_failed`.
+        /// Its outcome file, state `restart_failed`.
         outcome: Outcome,
     },
     /// A planned restart in place was still handing over at the deadline: the successor had
     /// not said it was ready yet, and the target still serves.
     HandingOver {
-        /// Its outcome file, phase `handing_over`.
+        /// Its outcome file, state `handing_over`.
         outcome: Outcome,
     },
 }
 
 /// Waits up to `timeout` for `target` to exit, calling `progress` on every poll with where the
-/// stop stands: the phase of the target's outcome, `None` while it has not accepted. See the
+/// stop stands: the state of the target's outcome, `None` while it has not accepted. See the
 /// module docs.
 ///
 /// ```no_run
@@ -520,7 +521,7 @@ pub fn wait(
     store: &MarkerStore,
     target: &ProcessIdentity,
     timeout: Duration,
-    progress: impl FnMut(Option<Phase>, Duration),
+    progress: impl FnMut(Option<ProcessState>, Duration),
 ) -> WaitOutcome {
     wait_with(store, target, timeout, ExitWatch::Events, progress)
 }
@@ -535,7 +536,7 @@ pub fn wait(
 /// let mut seen = Vec::new();
 /// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |p, _| seen.push(p));
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
-/// // It never accepted: every poll saw no phase.
+/// // It never accepted: every poll saw no state.
 /// assert!(!seen.is_empty() && seen.iter().all(Option::is_none));
 /// ```
 pub fn wait_with(
@@ -543,7 +544,7 @@ pub fn wait_with(
     target: &ProcessIdentity,
     timeout: Duration,
     watch: ExitWatch,
-    progress: impl FnMut(Option<Phase>, Duration),
+    progress: impl FnMut(Option<ProcessState>, Duration),
 ) -> WaitOutcome {
     wait_for_request(store, target, None, timeout, watch, progress)
 }
@@ -558,7 +559,7 @@ pub fn wait_for_request(
     request_id: Option<&str>,
     timeout: Duration,
     watch: ExitWatch,
-    mut progress: impl FnMut(Option<Phase>, Duration),
+    mut progress: impl FnMut(Option<ProcessState>, Duration),
 ) -> WaitOutcome {
     let started = Instant::now();
     let exit = match watch {
@@ -592,7 +593,7 @@ pub fn wait_for_request(
         }
         if let Some(failed) = outcome
             .as_ref()
-            .filter(|o| o.phase == Phase::RestartFailed && is_own_request(o, request_id))
+            .filter(|o| o.state == ProcessState::RestartFailed && is_own_request(o, request_id))
         {
             return WaitOutcome::RestartFailed {
                 outcome: failed.clone(),
@@ -601,20 +602,22 @@ pub fn wait_for_request(
         let elapsed = started.elapsed();
         if elapsed >= timeout {
             return match outcome {
-                Some(outcome) if outcome.phase == Phase::Held => WaitOutcome::Held { outcome },
-                Some(outcome) if outcome.phase == Phase::HandingOver => {
+                Some(outcome) if outcome.state == ProcessState::Held => {
+                    WaitOutcome::Held { outcome }
+                }
+                Some(outcome) if outcome.state == ProcessState::HandingOver => {
                     WaitOutcome::HandingOver { outcome }
                 }
-                Some(outcome) if outcome.phase == Phase::Draining => {
+                Some(outcome) if outcome.state == ProcessState::Draining => {
                     WaitOutcome::StillDraining { outcome }
                 }
-                Some(outcome) if outcome.phase.is_final() => {
+                Some(outcome) if outcome.state.is_final() => {
                     WaitOutcome::StoppedStillAlive { outcome }
                 }
                 _ => WaitOutcome::NotAccepted,
             };
         }
-        progress(outcome.as_ref().map(|o| o.phase), elapsed);
+        progress(outcome.as_ref().map(|o| o.state), elapsed);
         let pause = WAIT_POLL.min(timeout - elapsed);
         match &exit {
             Some(exit) => exited = exit.wait(pause),
@@ -753,16 +756,23 @@ impl WaitOutcome {
     /// ```
     pub fn after_exit(outcome: Option<Outcome>) -> WaitOutcome {
         match outcome {
-            Some(o) if o.phase == Phase::Stopped && o.verdict == crate::StopVerdict::Planned => {
+            Some(o)
+                if o.state == ProcessState::Stopped && o.verdict == crate::StopVerdict::Planned =>
+            {
                 WaitOutcome::StoppedPlanned {
                     exit_code: o.exit_code.unwrap_or(0),
                     outcome: o,
                 }
             }
-            Some(o) if matches!(o.phase, Phase::Draining | Phase::Held | Phase::HandingOver) => {
+            Some(o)
+                if matches!(
+                    o.state,
+                    ProcessState::Draining | ProcessState::Held | ProcessState::HandingOver
+                ) =>
+            {
                 WaitOutcome::KilledWhileDraining { outcome: o }
             }
-            Some(o) if o.phase == Phase::RecordLost => WaitOutcome::RecordLost {
+            Some(o) if o.state == ProcessState::RecordLost => WaitOutcome::RecordLost {
                 exit_code: o.exit_code,
                 outcome: o,
             },

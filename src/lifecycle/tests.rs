@@ -1,5 +1,5 @@
 use super::*;
-use RunnerState::*;
+use ProcessState::*;
 use SignalKind::*;
 use StopVerdict::*;
 
@@ -59,7 +59,7 @@ fn sigterm_is_planned_only_with_a_claimed_marker_and_sigint_always() {
 fn a_planned_stop_while_starting_is_held_until_ready() {
     let mut l = Lifecycle::new();
     assert_eq!(l.planned_stop(), Step::Hold);
-    assert_eq!(l.state(), Starting, "not acted on early");
+    assert_eq!(l.state(), Held, "not acted on early");
     assert_eq!(l.planned_stop(), Step::Ignore("a stop is already decided"));
     assert_eq!(
         l.ready(),
@@ -142,7 +142,8 @@ fn a_force_before_any_drain_is_ignored_and_decides_nothing() {
 }
 
 #[test]
-fn states_are_ordered_forward() {
+fn stages_are_ordered_forward() {
+    use super::Stage::*;
     assert!(Starting < Running && Running < Draining && Draining < Stopped);
 }
 

@@ -4,8 +4,8 @@
 use super::restart::Stage;
 use super::{RunnerActor, process_end, wall_deadline};
 use crate::error_chain::ErrorChain;
-use crate::lifecycle::StopVerdict;
-use crate::outcome::{Outcome, Phase};
+use crate::lifecycle::{ProcessState, StopVerdict};
+use crate::outcome::Outcome;
 use crate::record::{
     Note, Persisted, RecordError, StopRecord, Unfinished, is_valid_item_id, item_id, unstorable,
 };
@@ -184,7 +184,7 @@ impl RunnerActor {
             unrecorded.len(),
             store.then_some(&persisted),
         );
-        let (phase, spilled) = self.final_phase(&mut record, persisted, &unrecorded);
+        let (state, spilled) = self.final_state(&mut record, persisted, &unrecorded);
         if let Ok(mut pending) = self.pending.lock() {
             *pending = None;
         }
@@ -203,7 +203,7 @@ impl RunnerActor {
             record.accepted_at,
             record.drain_deadline,
         )
-        .concluded(phase, record.finished_at, code);
+        .concluded(state, record.finished_at, code);
         concluded.request_id = record.request_id.clone();
         concluded.spilled = spilled;
         concluded.drain = Some((&record).into());
@@ -247,15 +247,15 @@ impl RunnerActor {
     /// How the stop ends, from what the store answered: `stopped` (and whether its items
     /// spilled to this host), or `record_lost` — the store failed, or items no store may hold
     /// were handed back — with the record-lost exit code set on `record`. Each said in its log.
-    fn final_phase(
+    fn final_state(
         &self,
         record: &mut StopRecord,
         persisted: Result<Persisted, RecordError>,
         unrecorded: &[Unfinished],
-    ) -> (Phase, bool) {
+    ) -> (ProcessState, bool) {
         let store = self.config.records.is_some();
         let mut spilled = false;
-        let phase = match persisted {
+        let state = match persisted {
             // Without a store every item is only in the log line `finish` wrote, and the exit
             // code stays the verdict's: the application chose to keep nothing.
             Ok(_) if !unrecorded.is_empty() && store => {
@@ -269,7 +269,7 @@ impl RunnerActor {
                      line; resubmit them, and hand back small JSON items (an id of the work, not \
                      the work itself). The other items are durable"
                 );
-                Phase::RecordLost
+                ProcessState::RecordLost
             }
             Ok(how) => {
                 if let Persisted::Spilled { reason } = &how {
@@ -286,7 +286,7 @@ impl RunnerActor {
                         "stop record and unfinished items persisted"
                     );
                 }
-                Phase::Stopped
+                ProcessState::Stopped
             }
             Err(e) => {
                 record.exit_code = i32::from(self.config.exit_codes.record_lost_code(record.cause));
@@ -297,10 +297,10 @@ impl RunnerActor {
                     "cannot persist the stop record: the unfinished items are not recorded \
                      anywhere but in this log line; resubmit them, then fix the record store"
                 );
-                Phase::RecordLost
+                ProcessState::RecordLost
             }
         };
-        (phase, spilled)
+        (state, spilled)
     }
 }
 

@@ -11,8 +11,8 @@
 
 use super::{RunnerActor, process_end};
 use crate::error_chain::ErrorChain;
-use crate::lifecycle::{RunnerState, StopCause, StopVerdict};
-use crate::outcome::{Outcome, Phase};
+use crate::lifecycle::{ProcessState, StopCause, StopVerdict};
+use crate::outcome::Outcome;
 use actix::prelude::*;
 use chrono::Utc;
 use std::time::Duration;
@@ -66,7 +66,9 @@ impl RunnerActor {
                 // process ended itself (unexpectedly), not that it was killed while draining.
                 if let Some(accepted) = outcome {
                     let now = Utc::now();
-                    let outcome = (*accepted).clone().concluded(Phase::Overrun, now, code);
+                    let outcome = (*accepted)
+                        .clone()
+                        .concluded(ProcessState::Overrun, now, code);
                     if let Err(e) = store.write_outcome(&outcome) {
                         tracing::warn!(error = %ErrorChain(&e), "cannot write the overrun outcome");
                     }
@@ -90,7 +92,7 @@ impl RunnerActor {
 /// owns the process's exit, `owns_process_exit`, the default).
 impl Drop for RunnerActor {
     fn drop(&mut self) {
-        if self.lifecycle.state() == RunnerState::Stopped
+        if self.lifecycle.state() == ProcessState::Stopped
             || self.status.borrow().exit_code.is_some()
         {
             return;
@@ -123,7 +125,7 @@ impl RunnerActor {
             return;
         }
         ctx.run_interval(SYSTEM_CHECK, |act, ctx| {
-            if act.lifecycle.state() == RunnerState::Stopped {
+            if act.lifecycle.state() == ProcessState::Stopped {
                 return;
             }
             // The System's own arbiter takes no more work once the System was told to stop.
@@ -162,7 +164,7 @@ impl RunnerActor {
             None => (StopCause::Request, StopVerdict::Unexpected, None, now),
         };
         let mut outcome = Outcome::accepted(&self.own, cause, verdict, accepted_at, accepted_at)
-            .concluded(Phase::Aborted, now, code);
+            .concluded(ProcessState::Aborted, now, code);
         outcome.request_id = request_id;
         if let Some(run) = &self.drain {
             outcome.action = run.requester.action;

@@ -4,15 +4,17 @@ use super::drain::Requester;
 use super::{
     AddParticipant, HeldStop, OsSignal, Participant, PlannedStop, Ready, RequestStop, RunnerActor,
 };
-use crate::lifecycle::{RunnerState, Step};
-use crate::outcome::Phase;
+use crate::lifecycle::{ProcessState, Step};
 use actix::prelude::*;
 
 impl Handler<HeldStop> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, HeldStop(stop): HeldStop, _: &mut Context<Self>) {
-        if self.lifecycle.state() != RunnerState::Starting {
+        if !matches!(
+            self.lifecycle.state(),
+            ProcessState::Starting | ProcessState::Held
+        ) {
             return;
         }
         // A warning: the stopper waits (and a deploy with it) while the application serves
@@ -21,7 +23,7 @@ impl Handler<HeldStop> for RunnerActor {
             request_id = stop.request_id.as_deref(),
             "a planned stop is held until the application is ready (its handle's ready())"
         );
-        let held = self.planned_outcome(&stop, Phase::Held);
+        let held = self.planned_outcome(&stop, ProcessState::Held);
         self.publish_outcome(held);
     }
 }
@@ -84,7 +86,7 @@ impl Handler<OsSignal> for RunnerActor {
         let step = self.lifecycle.signal(kind, claimed.is_some());
         if kind == crate::lifecycle::SignalKind::Interrupt
             && matches!(step, Step::Ignore(_))
-            && self.lifecycle.state() == RunnerState::Draining
+            && self.lifecycle.state() == ProcessState::Draining
         {
             tracing::warn!(
                 "Ctrl-C while draining: the drain goes on; a second Ctrl-C forces the stop, \
@@ -115,7 +117,7 @@ impl Handler<AddParticipant> for RunnerActor {
 
     fn handle(&mut self, add: AddParticipant, _: &mut Context<Self>) {
         let _in_stop = self.in_stop();
-        if self.lifecycle.state() >= RunnerState::Draining {
+        if self.lifecycle.state().is_stopping() {
             tracing::warn!(participant = %add.name, "too late to join the drain: already stopping");
             return;
         }

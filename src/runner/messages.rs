@@ -4,7 +4,7 @@
 //! participants answer [`Drain`] with a [`DrainReport`]; everyone else reads [`RunnerStatus`] from
 //! its watch channel.
 
-use crate::lifecycle::{DrainPhase, RunnerState, SignalKind, StopRequest, StopVerdict};
+use crate::lifecycle::{DrainPhase, ProcessState, SignalKind, StopRequest, StopVerdict};
 use crate::outcome::Outcome;
 use crate::schema::{Marker, StopAction};
 use actix::prelude::*;
@@ -318,14 +318,15 @@ impl DrainReport {
 ///
 /// ```
 /// let status = planned_stop::RunnerStatus::starting();
-/// assert_eq!(status.state, planned_stop::RunnerState::Starting);
+/// assert_eq!(status.state, planned_stop::ProcessState::Starting);
 /// assert_eq!(status.exit_code, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RunnerStatus {
-    /// The lifecycle state.
-    pub state: RunnerState,
+    /// Where the process is in its life: `starting`, `held`, `running`, `handing_over`,
+    /// `draining`, then the final state of its outcome (`stopped`, `record_lost`).
+    pub state: ProcessState,
     /// The latched verdict, once there is one.
     pub verdict: Option<StopVerdict>,
     /// The exit code, once stopped.
@@ -345,7 +346,7 @@ impl RunnerStatus {
     /// ```
     pub fn starting() -> RunnerStatus {
         RunnerStatus {
-            state: RunnerState::Starting,
+            state: ProcessState::Starting,
             verdict: None,
             exit_code: None,
             outcome: None,

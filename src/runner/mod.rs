@@ -42,7 +42,7 @@ use drain::{DrainRun, Next, Participant, Requester};
 use crate::clock::Clock;
 use crate::error_chain::ErrorChain;
 use crate::identity::ProcessIdentity;
-use crate::lifecycle::{Lifecycle, RunnerState, Step, StopCause, StopVerdict};
+use crate::lifecycle::{Lifecycle, ProcessState, Step, StopCause, StopVerdict};
 use crate::outcome::Outcome;
 use crate::record::Unfinished;
 use crate::schema::Marker;
@@ -160,8 +160,23 @@ impl RunnerActor {
         });
     }
 
+    /// Where the process is, as its status says it: the final outcome's state once there is one;
+    /// `draining` until then (the persist is part of the stop, as the outcome file says);
+    /// `handing_over` while a successor starts.
+    fn state(&self) -> ProcessState {
+        let status = self.status.borrow();
+        match (self.lifecycle.state(), status.outcome.as_deref()) {
+            (_, Some(outcome)) if outcome.state.is_final() => outcome.state,
+            (ProcessState::Stopped, _) => ProcessState::Draining,
+            (ProcessState::Running, _) if matches!(self.stage, restart::Stage::Starting { .. }) => {
+                ProcessState::HandingOver
+            }
+            (state, _) => state,
+        }
+    }
+
     fn publish(&self) {
-        let state = self.lifecycle.state();
+        let state = self.state();
         let mut moved = false;
         self.status.send_if_modified(|status| {
             let before = status.clone();
@@ -180,7 +195,7 @@ impl RunnerActor {
         if let Err(e) = self.store.write_outcome(&outcome) {
             tracing::warn!(error = %ErrorChain(&e), "cannot write the outcome file; stoppers cannot see the progress");
         }
-        if outcome.phase.is_final() {
+        if outcome.state.is_final() {
             self.withdraw_presence();
         }
         let outcome = Arc::new(outcome);
@@ -352,7 +367,7 @@ impl RunnerActor {
     ) {
         let _in_stop = self.in_stop();
         let current = |act: &Self| {
-            act.lifecycle.state() == RunnerState::Draining
+            act.lifecycle.state() == ProcessState::Draining
                 && act.drain.as_ref().is_some_and(|r| r.is_current(generation))
         };
         if !current(self) {
@@ -410,7 +425,7 @@ impl RunnerActor {
         ctx: &mut Context<Self>,
     ) {
         let _in_stop = self.in_stop();
-        if self.lifecycle.state() != RunnerState::Draining {
+        if self.lifecycle.state() != ProcessState::Draining {
             return;
         }
         let Some(run) = self.drain.as_mut() else {
@@ -449,7 +464,10 @@ impl Actor for RunnerActor {
         }
         if let Some(after) = self.config.ready_warning.filter(|_| timers) {
             ctx.run_later(drain::clamp(after), move |act, _| {
-                if act.lifecycle.state() == RunnerState::Starting {
+                if matches!(
+                    act.lifecycle.state(),
+                    ProcessState::Starting | ProcessState::Held
+                ) {
                     tracing::warn!(
                         after_ms = after.as_millis() as u64,
                         "the application has not said it is ready (its handle's ready()); a \

@@ -10,8 +10,8 @@
 use super::drain::Requester;
 use super::{PlannedStop, RunnerActor};
 use crate::handover::{Handover, HandoverError};
-use crate::lifecycle::{RunnerState, StopCause, StopVerdict};
-use crate::outcome::{Outcome, Phase};
+use crate::lifecycle::{ProcessState, StopCause, StopVerdict};
+use crate::outcome::Outcome;
 use crate::schema::StopAction;
 use actix::prelude::*;
 use std::sync::Arc;
@@ -82,7 +82,7 @@ impl RunnerActor {
         }
         let restart_here = self.in_place.is_some()
             && stop.action == StopAction::Restart
-            && self.lifecycle.state() == RunnerState::Running;
+            && self.lifecycle.state() == ProcessState::Running;
         if !restart_here {
             return Some(stop);
         }
@@ -106,7 +106,7 @@ impl RunnerActor {
             within_ms = within.as_millis() as u64,
             "planned restart in place: starting the successor; serving meanwhile"
         );
-        self.publish_outcome(self.restart_outcome(&stop, Phase::HandingOver, None));
+        self.publish_outcome(self.restart_outcome(&stop, ProcessState::HandingOver, None));
         let started = async move {
             #[cfg(unix)]
             {
@@ -159,7 +159,7 @@ impl RunnerActor {
             })
         });
         match result {
-            Ok(successor) if self.lifecycle.state() == RunnerState::Running => {
+            Ok(successor) if self.lifecycle.state() == ProcessState::Running => {
                 let pid = successor.pid;
                 self.stage = Stage::HandedTo(successor);
                 tracing::info!(
@@ -186,13 +186,13 @@ impl RunnerActor {
                 }
             }
             // A stop began meanwhile: its own outcome stands, not overwritten by this one.
-            Err(e) if self.lifecycle.state() != RunnerState::Running => {
+            Err(e) if self.lifecycle.state() != ProcessState::Running => {
                 tracing::warn!(error = %e, "the restart in place did not happen; a stop is under way");
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the restart in place did not happen; still serving");
                 let outcome =
-                    self.restart_outcome(&stop, Phase::RestartFailed, Some(e.to_string()));
+                    self.restart_outcome(&stop, ProcessState::RestartFailed, Some(e.to_string()));
                 self.publish_outcome(outcome);
                 if deferred {
                     self.retry_deferred(ctx);
@@ -239,21 +239,26 @@ impl RunnerActor {
         self.act(step, Requester::from(stop), ctx);
     }
 
-    fn restart_outcome(&self, stop: &PlannedStop, phase: Phase, note: Option<String>) -> Outcome {
-        let mut outcome = self.planned_outcome(stop, phase);
-        outcome.finished_at = (phase == Phase::RestartFailed).then_some(outcome.accepted_at);
+    fn restart_outcome(
+        &self,
+        stop: &PlannedStop,
+        state: ProcessState,
+        note: Option<String>,
+    ) -> Outcome {
+        let mut outcome = self.planned_outcome(stop, state);
+        outcome.finished_at = (state == ProcessState::RestartFailed).then_some(outcome.accepted_at);
         outcome.action = StopAction::Restart;
         outcome.note = note;
         outcome
     }
 
-    /// The outcome of the planned stop `stop` a marker asked for, in `phase` from now: held
+    /// The outcome of the planned stop `stop` a marker asked for, in `state` from now: held
     /// until ready, or handing over to a successor.
-    pub(super) fn planned_outcome(&self, stop: &PlannedStop, phase: Phase) -> Outcome {
+    pub(super) fn planned_outcome(&self, stop: &PlannedStop, state: ProcessState) -> Outcome {
         let now = self.clock.now();
         let mut outcome =
             Outcome::accepted(&self.own, StopCause::Marker, StopVerdict::Planned, now, now);
-        outcome.phase = phase;
+        outcome.state = state;
         outcome.request_id = stop.request_id.clone();
         outcome.action = stop.action;
         outcome

@@ -379,14 +379,14 @@ impl ServiceBuilder {
     /// Every fallible step comes first: an error leaves nothing running.
     ///
     /// ```
-    /// # use planned_stop::{Layout, ServiceBuilder, RunnerState, StopRequest};
+    /// # use planned_stop::{Layout, ServiceBuilder, ProcessState, StopRequest};
     /// # let dir = tempfile::tempdir().unwrap();
     /// let code = actix::System::new().block_on(async {
     ///     let service = ServiceBuilder::new(Layout::Slots(dir.path().join("run")))
     ///         .handle_signals(false)
     ///         .start()
     ///         .unwrap();
-    ///     assert_eq!(service.status().state, RunnerState::Starting);
+    ///     assert_eq!(service.status().state, ProcessState::Starting);
     ///     service.ready();
     ///     // The application decides to stop on purpose: drain, record, exit 0.
     ///     service.request_stop(StopRequest::Planned);

@@ -2,7 +2,7 @@
 //! the status and the exit code `main` returns.
 
 use crate::identity::ProcessIdentity;
-use crate::lifecycle::{RunnerState, SignalKind, StopRequest};
+use crate::lifecycle::{SignalKind, StopRequest};
 use crate::record::{Leased, Owner, RecordError, RecordStore};
 use crate::runner::{
     AddParticipant, Drain, DrainPhase, OsSignal, Ready, RequestStop, RunnerActor, RunnerStatus,
@@ -89,8 +89,7 @@ impl ServiceHandle {
                 let stopped = {
                     let now = status.borrow_and_update();
                     // The exit code comes with the final outcome, once the record is persisted.
-                    (now.state == RunnerState::Stopped && now.exit_code.is_some())
-                        .then_some(now.exit_code)
+                    (now.state.is_final() && now.exit_code.is_some()).then_some(now.exit_code)
                 };
                 if let Some(code) = stopped {
                     return exit_code_of(code.unwrap_or(unexpected));

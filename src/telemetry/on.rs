@@ -3,7 +3,7 @@
 //! build without the feature (`super` has the same functions, empty, for that build).
 
 use super::ItemFates;
-use crate::lifecycle::{DrainPhase, RunnerState, StopCause, StopVerdict};
+use crate::lifecycle::{DrainPhase, ProcessState, StopCause, StopVerdict};
 use crate::record::StopRecord;
 use chrono::{DateTime, Utc};
 
@@ -142,22 +142,23 @@ pub(crate) fn phase_label(phase: DrainPhase) -> &'static str {
     }
 }
 
-/// The `state` label: `starting`, `running`, `draining` or `stopped`.
-pub(crate) fn state_label(state: RunnerState) -> &'static str {
+/// The `state` label: `starting` (or held), `running` (or handing over), `draining` or `stopped`
+/// (in any final state): four values a dashboard can count on.
+pub(crate) fn state_label(state: ProcessState) -> &'static str {
     match state {
-        RunnerState::Starting => "starting",
-        RunnerState::Running => "running",
-        RunnerState::Draining => "draining",
-        RunnerState::Stopped => "stopped",
+        ProcessState::Starting | ProcessState::Held => "starting",
+        ProcessState::Draining => "draining",
+        state if state.is_final() => "stopped",
+        _ => "running",
     }
 }
 
-/// Every state, for the gauge's zeroes.
-const STATES: [RunnerState; 4] = [
-    RunnerState::Starting,
-    RunnerState::Running,
-    RunnerState::Draining,
-    RunnerState::Stopped,
+/// Every state's label, for the gauge's zeroes.
+const STATES: [ProcessState; 4] = [
+    ProcessState::Starting,
+    ProcessState::Running,
+    ProcessState::Draining,
+    ProcessState::Stopped,
 ];
 
 /// Gives every metric its help text and unit, once per process (at the first service start), so
@@ -225,9 +226,13 @@ pub(crate) fn stop_concluded(record: &StopRecord, fates: ItemFates) {
 }
 
 /// The runner's state changed to `state`.
-pub(crate) fn state(state: RunnerState) {
+pub(crate) fn state(state: ProcessState) {
     for each in STATES {
-        let value = if each == state { 1.0 } else { 0.0 };
+        let value = if state_label(each) == state_label(state) {
+            1.0
+        } else {
+            0.0
+        };
         metrics::gauge!(STATE, "state" => state_label(each)).set(value);
     }
 }

@@ -1,7 +1,7 @@
 use super::*;
 use crate::judgement::{Malformed, Stale};
 use crate::schema::Marker;
-use RunnerState::*;
+use ProcessState::*;
 
 fn for_self(trigger: bool) -> Judgement {
     let m = Marker::new(1, Some(2), DateTime::UNIX_EPOCH)

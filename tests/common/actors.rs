@@ -4,7 +4,7 @@
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use planned_stop::internals::{Clock, PlannedStop};
-use planned_stop::{Drain, DrainReport, RunnerState, RunnerStatus, StopVerdict};
+use planned_stop::{Drain, DrainReport, ProcessState, RunnerStatus, StopVerdict};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
@@ -108,14 +108,14 @@ impl Clock for TokioClock {
 }
 
 /// A runner status for tests that set the runner's state by hand.
-pub fn status(state: RunnerState) -> RunnerStatus {
+pub fn status(state: ProcessState) -> RunnerStatus {
     let mut status = RunnerStatus::starting();
     status.state = state;
     status
 }
 
 /// One delivery seen by a [`Recorder`]: the message and the runner's state at that moment.
-pub type Delivery = (PlannedStop, RunnerState);
+pub type Delivery = (PlannedStop, ProcessState);
 
 /// Stands in for the runner (an event loop that only records): records every `PlannedStop` and the runner state
 /// it arrived in, then optionally forwards it.
@@ -328,7 +328,7 @@ impl Watched {
     /// Starts a watcher on `probe` with the runner in `state`; `wakeups` makes it event-driven.
     pub fn start(
         probe: impl planned_stop::internals::MarkerProbe,
-        state: RunnerState,
+        state: ProcessState,
         poll: Duration,
         clock: Arc<dyn Clock>,
         wakeups: Option<(
@@ -365,11 +365,11 @@ impl Watched {
 
     /// The runner has stopped.
     pub fn stop_event(&self) {
-        self.set_state(RunnerState::Stopped);
+        self.set_state(ProcessState::Stopped);
     }
 
     /// Sets the runner state the watcher (and the recorder) see.
-    pub fn set_state(&self, state: RunnerState) {
+    pub fn set_state(&self, state: ProcessState) {
         self.runner.send_modify(|s| s.state = state);
         self.recorder_status.send_modify(|s| s.state = state);
     }

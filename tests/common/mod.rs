@@ -8,6 +8,18 @@ pub mod process;
 
 pub use process::EVENT_TIMEOUT;
 
+/// How far a life has got, for asserting that a process's state only moves forward: starting
+/// (or held), serving (or handing over), draining, ended.
+pub fn life_rank(state: planned_stop::ProcessState) -> u8 {
+    use planned_stop::ProcessState::*;
+    match state {
+        Starting | Held => 0,
+        Running | HandingOver | RestartFailed => 1,
+        Draining => 2,
+        _ => 3,
+    }
+}
+
 #[path = "../helpers/program.rs"]
 mod program;
 #[allow(unused_imports)] // not every test file uses each

@@ -276,7 +276,7 @@ fn resume_loop(handle: ServiceHandle, log: Log, who: String, quiet: bool) {
         } else {
             1
         };
-        while handle.status().state == planned_stop::RunnerState::Running {
+        while handle.status().state == planned_stop::ProcessState::Running {
             let asked = chaos_log::now_ns().to_string();
             if let Ok(leased) = handle.resume().await {
                 for item in leased

@@ -115,10 +115,10 @@ fn ended_otherwise(
                  does not own the process's end (owns_process_exit(false)) and its main has not \
                  returned, or it is stuck on the way out",
                 args.pid(),
-                crate::word(&outcome.phase),
+                crate::word(&outcome.state),
                 outcome.exit_code.map_or("?".to_owned(), |c| c.to_string())
             ),
-            json!({ "phase": outcome.phase, "exit_code": outcome.exit_code, "verdict": outcome.verdict }),
+            json!({ "phase": outcome.state, "exit_code": outcome.exit_code, "verdict": outcome.verdict }),
         ),
         WaitOutcome::GoneWithoutOutcome => (
             "gone_outcome_unknown",

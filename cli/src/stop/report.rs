@@ -41,7 +41,7 @@ pub(super) fn kill_at_deadline(
     let gone = stopper::wait(store, target, Duration::from_secs(5), |_, _| {});
     let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
     extra["was"] = json!(was);
-    extra["phase"] = json!(outcome.as_ref().map(|o| o.phase));
+    extra["phase"] = json!(outcome.as_ref().map(|o| o.state));
     extra["gone"] = json!(!matches!(
         gone,
         WaitOutcome::StillDraining { .. } | WaitOutcome::NotAccepted | WaitOutcome::Held { .. }
@@ -83,7 +83,7 @@ fn forced_at_deadline(
     };
     extra["was"] = json!(was);
     extra["forced"] = json!(true);
-    extra["phase"] = json!(outcome.map(|o| o.phase));
+    extra["phase"] = json!(outcome.map(|o| o.state));
     extra["exit_code"] = json!(outcome.and_then(|o| o.exit_code));
     extra["drain"] = json!(outcome.and_then(|o| o.drain.as_ref()));
     let ended = match outcome.and_then(|o| o.exit_code) {
@@ -168,7 +168,7 @@ pub(super) fn already_stopped(
 ) -> Option<(&'static str, u8, String, serde_json::Value)> {
     let outcome = store.read_outcome(args.pid()).filter(|o| {
         o.pid == args.pid()
-            && o.phase.is_final()
+            && o.state.is_final()
             && !planned_stop::ProcessIdentity::is_running(o.pid, o.start)
             && args.start.is_none_or(|start| start == o.start)
     })?;
@@ -176,7 +176,7 @@ pub(super) fn already_stopped(
     let extra = json!({
         "exit_code": outcome.exit_code,
         "verdict": outcome.verdict,
-        "phase": outcome.phase,
+        "phase": outcome.state,
         "finished_at": outcome.finished_at,
         "accepted_request_id": outcome.request_id,
         "action": outcome.action,
@@ -184,11 +184,11 @@ pub(super) fn already_stopped(
     });
     let pid = args.pid();
     let code = outcome.exit_code.unwrap_or_default();
-    let planned = outcome.phase == planned_stop::stopper::Phase::Stopped
+    let planned = outcome.state == planned_stop::ProcessState::Stopped
         && outcome.verdict == planned_stop::StopVerdict::Planned;
     let (kind, exit, text) = if !planned {
         let code = outcome.exit_code.map_or("?".to_owned(), |c| c.to_string());
-        let phase = crate::word(&outcome.phase);
+        let phase = crate::word(&outcome.state);
         let text = format!(
             "process {pid} is gone; its last outcome here says it ended {phase} with exit code {code}"
         );

@@ -29,7 +29,7 @@ fn last_gone(store: &MarkerStore) -> Option<(u32, u64)> {
     let outcomes = store.outcomes().ok()?;
     outcomes
         .into_iter()
-        .filter(|o| o.phase.is_final())
+        .filter(|o| o.state.is_final())
         .filter(|o| !planned_stop::ProcessIdentity::is_running(o.pid, o.start))
         .max_by_key(|o| o.finished_at)
         .map(|o| (o.pid, o.start))

@@ -12,8 +12,9 @@ use super::naming::{
     presence_file_name,
 };
 use super::{MarkerStore, StoreError};
+use crate::ProcessState;
 use crate::identity::{ProcessIdentity, user_ids_of};
-use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Phase, Presence, may_speak_for};
+use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Presence, may_speak_for};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -90,7 +91,7 @@ impl MarkerStore {
         observer: &dyn Observer,
     ) -> Result<PathBuf, StoreError> {
         let path = self.outcome_path(outcome.pid);
-        let durable = outcome.phase.is_final();
+        let durable = outcome.state.is_final();
         let written = match self.write_json(path.clone(), outcome, durable, observer) {
             Err(e) if durable && is_storage_full(&e) => {
                 self.release_outcome_room(outcome.pid);
@@ -98,12 +99,12 @@ impl MarkerStore {
             }
             written => written,
         };
-        if outcome.phase == Phase::Draining {
+        if outcome.state == ProcessState::Draining {
             if let Err(e) = self.reserve_outcome_room(outcome.pid) {
                 tracing::warn!(error = %crate::error_chain::ErrorChain(&e), "cannot keep room \
                     for the final outcome; a directory that fills during the drain may hide it");
             }
-        } else if outcome.phase.is_final() {
+        } else if outcome.state.is_final() {
             self.release_outcome_room(outcome.pid);
         }
         written

@@ -180,7 +180,7 @@ fn only_a_final_outcome_is_synced_and_no_marker_is() {
     );
     let stopped = draining
         .clone()
-        .concluded(crate::outcome::Phase::Stopped, now, 0);
+        .concluded(crate::ProcessState::Stopped, now, 0);
     for (outcome, synced) in [(draining, false), (stopped, true)] {
         let syncs = Syncs::default();
         store.write_outcome_observed(&outcome, &syncs).unwrap();
@@ -188,7 +188,7 @@ fn only_a_final_outcome_is_synced_and_no_marker_is() {
             *syncs.0.lock().unwrap(),
             [(synced, synced)],
             "{:?}",
-            outcome.phase
+            outcome.state
         );
         assert_eq!(
             store.read_outcome(own.pid),
