@@ -248,15 +248,24 @@ fn options(args: &StopArgs, wait: Option<Duration>) -> StopOptions {
         .with_signal(args.signal)
         .with_signal_unwatched(args.signal_anyway)
         .with_action(action);
-    options.reason = args.reason.clone();
+    if let Some(reason) = &args.reason {
+        options = options.with_reason(reason);
+    }
     // The shorter of --drain-ms and, with --kill, the drain that ends before the kill's deadline.
     let before_kill = wait.filter(|_| args.kill).map(drain_before_kill);
-    options.drain_deadline = match (args.drain_ms.map(Duration::from_millis), before_kill) {
+    let deadline = match (args.drain_ms.map(Duration::from_millis), before_kill) {
         (Some(asked), Some(kill)) => Some(asked.min(kill)),
         (asked, kill) => asked.or(kill),
     };
-    options.request_id = args.request_id.clone();
-    options.expect_start = args.start;
+    if let Some(deadline) = deadline {
+        options = options.with_drain_deadline(deadline);
+    }
+    if let Some(request_id) = &args.request_id {
+        options = options.with_request_id(request_id);
+    }
+    if let Some(start) = args.start {
+        options = options.with_expected_start(start);
+    }
     options
 }
 

@@ -45,33 +45,32 @@ pub enum ExitWatch {
 /// ```
 /// use planned_stop_protocol::stopper::StopOptions;
 /// let options = StopOptions::new().with_reason("deploy").with_signal(true);
-/// assert!(options.trigger_watcher && options.signal);
-/// assert_eq!(options.reason.as_deref(), Some("deploy"));
+/// # let _ = options;
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 #[must_use = "a builder or value that is dropped configures nothing"]
 pub struct StopOptions {
     /// Free text for the target's logs and stop record.
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// The request id; one is generated when `None`.
-    pub request_id: Option<String>,
+    pub(crate) request_id: Option<String>,
     /// `false` writes a marker that only classifies a signal that follows as planned; the target's
     /// watcher leaves it alone (systemd `ExecStop`). Default through [`StopOptions::new`]: `true`.
-    pub trigger_watcher: bool,
+    pub(crate) trigger_watcher: bool,
     /// The start fingerprint the caller expects the target to have; a different one is refused.
-    pub expect_start: Option<u64>,
+    pub(crate) expect_start: Option<u64>,
     /// Send SIGTERM after writing the marker (Unix only).
-    pub signal: bool,
+    pub(crate) signal: bool,
     /// Send that SIGTERM even to a process that has not announced watching the directory (one
     /// that reads markers without announcing, such as a port of the protocol). Without it such a
     /// request is refused before anything is written: a mistyped pid must not kill a bystander.
-    pub signal_unwatched: bool,
+    pub(crate) signal_unwatched: bool,
     /// Stop and stay down, or restart (see [`crate::schema::StopAction`]).
-    pub action: crate::schema::StopAction,
+    pub(crate) action: crate::schema::StopAction,
     /// A drain deadline for this request, when it must be shorter than the target's own
     /// ([`crate::schema::Marker::drain_deadline`]).
-    pub drain_deadline: Option<Duration>,
+    pub(crate) drain_deadline: Option<Duration>,
 }
 
 impl StopOptions {
@@ -134,7 +133,9 @@ impl StopOptions {
     }
 
     /// Send the SIGTERM of [`Self::with_signal`] even to a process that has not announced
-    /// watching the directory (see [`StopOptions::signal_unwatched`]).
+    /// watching the directory (one that reads markers without announcing, such as a port of the
+    /// protocol). Without it such a request is refused before anything is written: a mistyped pid
+    /// must not kill a bystander.
     pub fn with_signal_unwatched(mut self, insist: bool) -> StopOptions {
         self.signal_unwatched = insist;
         self
