@@ -188,7 +188,7 @@ class Surface:
             return
         for mid in v["items"]:
             m = self.item(mid)
-            if m is None or m["visibility"] != "public":
+            if m is None or m["visibility"] != "public" or hidden(m):
                 continue
             (kind, mv), = m["inner"].items()
             if kind == "function":

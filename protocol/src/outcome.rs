@@ -74,6 +74,7 @@ pub struct Presence {
 
 impl Presence {
     /// The announcement of the process `identity`, watching since `since`.
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn new(identity: &ProcessIdentity, since: DateTime<Utc>) -> Presence {
         Presence {
             pid: identity.pid,
@@ -230,6 +231,7 @@ impl Outcome {
     /// The outcome of a stop `own` accepted at `accepted_at`, draining until `drain_deadline`:
     /// the one literal every outcome a process writes starts from (its writer sets the request,
     /// the action, and later the state it reached).
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn accepted(
         own: &ProcessIdentity,
         cause: StopCause,
@@ -257,6 +259,7 @@ impl Outcome {
     }
 
     /// This outcome, ended in `state` at `finished_at` with the process's exit `code`.
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn concluded(self, state: ProcessState, finished_at: DateTime<Utc>, code: i32) -> Outcome {
         Outcome {
             state,

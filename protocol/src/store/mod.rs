@@ -237,6 +237,7 @@ impl MarkerStore {
     /// assert!(matches!(store.probe(&me, chrono::Utc::now()).unwrap(), Judgement::Malformed(_)));
     /// assert!(!store.slot_path(me.pid).exists(), "removed");
     /// ```
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn probe(
         &self,
         own: &ProcessIdentity,
@@ -268,6 +269,7 @@ impl MarkerStore {
     /// assert!(store.claim(&me, now).unwrap().is_some());
     /// assert_eq!(store.claim(&me, now).unwrap(), None, "taken once");
     /// ```
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn claim(
         &self,
         own: &ProcessIdentity,

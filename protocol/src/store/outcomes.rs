@@ -80,6 +80,7 @@ impl MarkerStore {
     /// got matters only while the process runs, which a power failure ends too, and the runner
     /// writes it on the thread that runs the drain, where an fsync on a busy disk stalled every
     /// actor for up to a second.
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn write_outcome(&self, outcome: &Outcome) -> Result<PathBuf, StoreError> {
         self.write_outcome_observed(outcome, &Unobserved)
     }
@@ -150,6 +151,7 @@ impl MarkerStore {
 
     /// Writes the runner's presence file, atomically; not synced, as it matters only while the
     /// process runs (see [`MarkerStore::write_outcome`]).
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn write_presence(&self, presence: &Presence) -> Result<PathBuf, StoreError> {
         self.write_json(
             self.presence_path(presence.pid),
@@ -161,6 +163,7 @@ impl MarkerStore {
 
     /// Removes the presence file of `pid` if it is `identity`'s (a process never removes the
     /// announcement of a later owner of its pid); a missing file is not an error.
+    #[doc(hidden)] // the service's side, for planned-stop's own crates: what only a running service may say
     pub fn remove_presence(&self, identity: &ProcessIdentity) -> Result<(), StoreError> {
         match self.read_presence(identity.pid) {
             Some(presence) if presence.is_from(identity) => {
