@@ -1067,6 +1067,43 @@ fn restart_under_way(base: &Path, pid: u32) -> std::thread::JoinHandle<(Option<i
     restart
 }
 
+/// A stop whose wait ends while a restart in place is handing over (its successor not ready
+/// yet) answers `still_handing_over`, 3, and the target still serves: not `still_draining`, not
+/// `held`, whose outcome files a wait reads the same way.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_wait_that_ends_during_a_hand_over_answers_still_handing_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "5000"),
+        ("EXAMPLE_FAIL_AS_SUCCESSOR", "hang"),
+    ];
+    let life = Life::start(base, &env);
+    let restart = restart_under_way(base, life.pid);
+    let pid = life.pid.to_string();
+    let run_dir = base.join("run");
+    let out = run(&[
+        "stop",
+        "--pid",
+        &pid,
+        "--dir",
+        s(&run_dir),
+        "--json",
+        "--wait",
+        "1",
+    ]);
+    let answer = json_of(&out);
+    assert_eq!(
+        (out.status.code(), &answer["outcome"]),
+        (Some(3), &serde_json::json!("still_handing_over")),
+        "{answer}"
+    );
+    assert!(alive(life.pid), "the target serves on");
+    let (_, restarted) = restart.join().unwrap();
+    assert_ne!(restarted["outcome"], "stopped_planned", "{restarted}");
+}
+
 /// A stop asked while a restart in place is handing over waits for it; when the
 /// hand-over fails (a successor that never becomes ready, killed at the timeout), the waiting
 /// stop is acted on: `stopped_planned`, its own request, 0; the restart's stopper hears

@@ -356,7 +356,9 @@ fn wait_and_answer(
         extra["marker_live_until"] = json!(until);
     }
     // A restart in place still handing over serves on, as asked: --kill ends stops, not that.
-    let still_running = outcome.is_running() && !matches!(outcome, WaitOutcome::HandingOver { .. });
+    let handing_over = matches!(&outcome, WaitOutcome::InProgress { outcome }
+        if outcome.state == ProcessState::HandingOver);
+    let still_running = outcome.is_running() && !handing_over;
     if args.kill && still_running {
         return kill_at_deadline(args, store, &requested.target, kind, extra);
     }

@@ -452,9 +452,12 @@ pub enum WaitOutcome {
         /// Its outcome file, if any.
         outcome: Option<Outcome>,
     },
-    /// The target accepted the stop but was still draining at the deadline.
-    StillDraining {
-        /// Its acknowledgement.
+    /// The target took the request and still ran at the deadline, its stop under way:
+    /// `outcome.state` says how far it got — `held` (not ready yet: it drains once it is),
+    /// `handing_over` (a restart in place whose successor is not ready yet; the target serves on)
+    /// or `draining`.
+    InProgress {
+        /// Its outcome file.
         outcome: Outcome,
     },
     /// The target was still running at the deadline and had not accepted the stop.
@@ -484,23 +487,11 @@ pub enum WaitOutcome {
         /// Its outcome file, state `record_lost`.
         outcome: Outcome,
     },
-    /// The target saw the stop but holds it: it has not declared itself ready yet, and will
-    /// drain once it does.
-    Held {
-        /// Its outcome file, state `held`.
-        outcome: Outcome,
-    },
     /// A planned restart in place of this request did not happen: the successor ended or was
     /// not ready in time (`outcome.note` says why). The target did not stop and keeps serving.
     /// Only [`wait_for_request`] reports it (the outcome must answer this very request).
     RestartFailed {
         /// Its outcome file, state `restart_failed`.
-        outcome: Outcome,
-    },
-    /// A planned restart in place was still handing over at the deadline: the successor had
-    /// not said it was ready yet, and the target still serves.
-    HandingOver {
-        /// Its outcome file, state `handing_over`.
         outcome: Outcome,
     },
 }
@@ -603,15 +594,7 @@ pub fn wait_for_request(
         let elapsed = started.elapsed();
         if elapsed >= timeout {
             return match outcome {
-                Some(outcome) if outcome.state == ProcessState::Held => {
-                    WaitOutcome::Held { outcome }
-                }
-                Some(outcome) if outcome.state == ProcessState::HandingOver => {
-                    WaitOutcome::HandingOver { outcome }
-                }
-                Some(outcome) if outcome.state == ProcessState::Draining => {
-                    WaitOutcome::StillDraining { outcome }
-                }
+                Some(outcome) if is_under_way(outcome.state) => WaitOutcome::InProgress { outcome },
                 Some(outcome) if outcome.state.is_final() => {
                     WaitOutcome::StoppedStillAlive { outcome }
                 }
@@ -727,9 +710,17 @@ pub fn is_own_request(outcome: &Outcome, request_id: Option<&str>) -> bool {
     request_id.is_some() && outcome.request_id.as_deref() == request_id
 }
 
+/// Whether an outcome in `state` says a stop is under way: seen and not finished.
+fn is_under_way(state: ProcessState) -> bool {
+    matches!(
+        state,
+        ProcessState::Held | ProcessState::HandingOver | ProcessState::Draining
+    )
+}
+
 impl WaitOutcome {
-    /// Whether the target was still running when the wait ended: still draining, held, handing
-    /// over, or not having accepted the stop. The one rule for "still running" every caller
+    /// Whether the target was still running when the wait ended: its stop in progress (held,
+    /// handing over, draining), or not accepted. The one rule for "still running" every caller
     /// shares (an escalation acts on it).
     ///
     /// ```
@@ -740,10 +731,7 @@ impl WaitOutcome {
     pub fn is_running(&self) -> bool {
         matches!(
             self,
-            WaitOutcome::StillDraining { .. }
-                | WaitOutcome::NotAccepted
-                | WaitOutcome::Held { .. }
-                | WaitOutcome::HandingOver { .. }
+            WaitOutcome::InProgress { .. } | WaitOutcome::NotAccepted
         )
     }
 
@@ -765,14 +753,7 @@ impl WaitOutcome {
                     outcome: o,
                 }
             }
-            Some(o)
-                if matches!(
-                    o.state,
-                    ProcessState::Draining | ProcessState::Held | ProcessState::HandingOver
-                ) =>
-            {
-                WaitOutcome::KilledWhileDraining { outcome: o }
-            }
+            Some(o) if is_under_way(o.state) => WaitOutcome::KilledWhileDraining { outcome: o },
             Some(o) if o.state == ProcessState::RecordLost => WaitOutcome::RecordLost {
                 exit_code: o.exit_code,
                 outcome: o,

@@ -8,6 +8,7 @@ use crate::{
     EXIT_GONE_UNKNOWN, EXIT_KILLED_WHILE_DRAINING, EXIT_NOT_ACCEPTED, EXIT_NOT_CLEAN, EXIT_OK,
     EXIT_RECORD_LOST, EXIT_STILL_DRAINING, EXIT_STOPPED_STILL_ALIVE, EXIT_UNEXPECTED,
 };
+use planned_stop::ProcessState;
 use planned_stop::marker::{MarkerStore, StopAction};
 use planned_stop::stopper::{DrainSummary, Outcome, WaitOutcome};
 use serde_json::json;
@@ -52,7 +53,21 @@ pub(super) fn answer(
         WaitOutcome::StoppedPlanned { exit_code, outcome } => {
             stopped_planned(args, *exit_code, outcome, requested.request_id.as_deref())
         }
-        WaitOutcome::StillDraining { outcome } => (
+        WaitOutcome::InProgress { outcome } if outcome.state == ProcessState::Held => (
+            "held",
+            EXIT_NOT_ACCEPTED,
+            format!(
+                "process {} saw the stop at {} but holds it: it has not declared itself ready \
+                 (it drains once ready)",
+                args.pid(),
+                outcome.accepted_at
+            ),
+            json!({ "held_since": outcome.accepted_at }),
+        ),
+        WaitOutcome::InProgress { outcome } if outcome.state == ProcessState::HandingOver => {
+            report::still_handing_over(args, outcome)
+        }
+        WaitOutcome::InProgress { outcome } => (
             "still_draining",
             EXIT_STILL_DRAINING,
             format!(
@@ -64,19 +79,7 @@ pub(super) fn answer(
             json!({ "accepted_at": outcome.accepted_at, "drain_deadline": outcome.drain_deadline }),
         ),
         WaitOutcome::NotAccepted => not_accepted(args, store, requested),
-        WaitOutcome::Held { outcome } => (
-            "held",
-            EXIT_NOT_ACCEPTED,
-            format!(
-                "process {} saw the stop at {} but holds it: it has not declared itself ready \
-                 (it drains once ready)",
-                args.pid(),
-                outcome.accepted_at
-            ),
-            json!({ "held_since": outcome.accepted_at }),
-        ),
         WaitOutcome::RestartFailed { outcome } => report::restart_failed(args, outcome),
-        WaitOutcome::HandingOver { outcome } => report::still_handing_over(args, outcome),
         ended => ended_otherwise(args, store, ended),
     };
     answer.into()

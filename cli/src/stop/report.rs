@@ -6,6 +6,7 @@ use crate::{
     EXIT_FORCED_AT_DEADLINE, EXIT_GONE, EXIT_KILLED_AT_DEADLINE, EXIT_NOT_CLEAN, EXIT_OK,
     EXIT_REFUSED, EXIT_USAGE, chain, emit,
 };
+use planned_stop::ProcessState;
 use planned_stop::marker::{MarkerStore, StopAction};
 use planned_stop::stopper::{self, DrainSummary, StopperError, WaitOutcome};
 use serde_json::json;
@@ -42,10 +43,8 @@ pub(super) fn kill_at_deadline(
     let outcome = store.read_outcome(target.pid).filter(|o| o.is_from(target));
     extra["was"] = json!(was);
     extra["phase"] = json!(outcome.as_ref().map(|o| o.state));
-    extra["gone"] = json!(!matches!(
-        gone,
-        WaitOutcome::StillDraining { .. } | WaitOutcome::NotAccepted | WaitOutcome::Held { .. }
-    ));
+    let alive = gone.is_running() || matches!(gone, WaitOutcome::StoppedStillAlive { .. });
+    extra["gone"] = json!(!alive);
     report(
         args,
         "killed_at_deadline",
@@ -184,7 +183,7 @@ pub(super) fn already_stopped(
     });
     let pid = args.pid();
     let code = outcome.exit_code.unwrap_or_default();
-    let planned = outcome.state == planned_stop::ProcessState::Stopped
+    let planned = outcome.state == ProcessState::Stopped
         && outcome.verdict == planned_stop::StopVerdict::Planned;
     let (kind, exit, text) = if !planned {
         let code = outcome.exit_code.map_or("?".to_owned(), |c| c.to_string());
@@ -324,7 +323,11 @@ pub(super) fn marker_left_live(
     live_until: Option<chrono::DateTime<chrono::Utc>>,
     text: String,
 ) -> (String, Option<chrono::DateTime<chrono::Utc>>) {
-    let gave_up = matches!(outcome, WaitOutcome::NotAccepted | WaitOutcome::Held { .. });
+    let gave_up = match outcome {
+        WaitOutcome::NotAccepted => true,
+        WaitOutcome::InProgress { outcome } => outcome.state == ProcessState::Held,
+        _ => false,
+    };
     match live_until.filter(|until| gave_up && *until > chrono::Utc::now()) {
         Some(until) => {
             let place = match (&args.layout.dir, &args.layout.marker) {
