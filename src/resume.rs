@@ -12,7 +12,7 @@
 //! lease brought, in the same stop; anything nobody here takes is released at once, on offer
 //! again to another replica or version.
 
-use crate::lifecycle::{DrainPhase, ProcessState};
+use crate::lifecycle::DrainPhase;
 use crate::record::Leased;
 use crate::runner::{Drain, DrainReport};
 use crate::service::ServiceHandle;
@@ -177,7 +177,7 @@ impl ResumeLoop {
 
     /// One lease, while the service runs, and the delivery of what it brought.
     async fn once(&mut self) {
-        if !serving(self.service.status().state) {
+        if !self.service.status().state.is_serving() {
             return;
         }
         match self.shared.late.lock() {
@@ -194,7 +194,7 @@ impl ResumeLoop {
             }
         };
         // Decided after the lease returned: what a drain overtook goes to the drain.
-        let running = serving(self.service.status().state);
+        let running = self.service.status().state.is_serving();
         let leased = self.land(leased, running);
         for item in leased {
             let route = match self.routes.get_mut(&item.item.participant) {
@@ -282,10 +282,4 @@ impl Handler<Drain> for LoopDrain {
             }
         })
     }
-}
-
-/// Whether the service takes work: ready, and not stopping (a successor starting meanwhile
-/// changes nothing until it is ready).
-fn serving(state: ProcessState) -> bool {
-    matches!(state, ProcessState::Running | ProcessState::HandingOver)
 }

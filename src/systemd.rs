@@ -13,7 +13,7 @@
 //! `STOPPING=1` from the predecessor would stop the successor too. Without `$NOTIFY_SOCKET` every
 //! call is a no-op.
 
-use crate::lifecycle::{ProcessState, StopVerdict};
+use crate::lifecycle::StopVerdict;
 use crate::runner::RunnerStatus;
 use sd_notify::NotifyState;
 use std::time::Duration;
@@ -96,8 +96,7 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
                 tracing::debug!("handed over: the successor speaks to systemd from now on");
                 return;
             }
-            let started = !matches!(now.state, ProcessState::Starting | ProcessState::Held);
-            if started && !ready_sent {
+            if !now.state.is_starting() && !ready_sent {
                 send(&[NotifyState::Ready, NotifyState::Status("running")]);
                 ready_sent = true;
             }

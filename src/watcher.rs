@@ -81,15 +81,10 @@ pub fn next_step(judgement: &Judgement, state: ProcessState) -> WatchStep {
     match (state, judgement) {
         (state, _) if state.is_stopping() => WatchStep::Exit,
         (_, Judgement::ForSelf(m)) if !m.trigger_watcher => WatchStep::Continue,
-        (state, Judgement::ForSelf(m)) if is_starting(state) => WatchStep::Hold(m.into()),
+        (state, Judgement::ForSelf(m)) if state.is_starting() => WatchStep::Hold(m.into()),
         (_, Judgement::ForSelf(m)) => WatchStep::Deliver(m.into()),
         _ => WatchStep::Continue,
     }
-}
-
-/// Whether the runner has not declared itself ready yet (with or without a stop held).
-fn is_starting(state: ProcessState) -> bool {
-    matches!(state, ProcessState::Starting | ProcessState::Held)
 }
 
 /// Where the watcher stands between probes: the once-only guard of delivery, kept apart from the
@@ -154,7 +149,7 @@ impl Watch {
                 *self = Watch::Done;
                 WatchSend::Nothing
             }
-            state if is_starting(state) => WatchSend::Nothing,
+            state if state.is_starting() => WatchSend::Nothing,
             _ => match std::mem::take(self) {
                 Watch::Holding(stop) => {
                     *self = Watch::Done;

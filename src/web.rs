@@ -112,9 +112,7 @@ fn readiness_resource(path: &str, service: &ServiceHandle) -> Resource {
         let state = status.borrow().state;
         async move {
             match state {
-                ProcessState::Running | ProcessState::HandingOver => {
-                    HttpResponse::Ok().body("ready")
-                }
+                state if state.is_serving() => HttpResponse::Ok().body("ready"),
                 other => HttpResponse::ServiceUnavailable().body(state_name(other)),
             }
         }
@@ -180,7 +178,7 @@ fn status_json(service: &ServiceHandle) -> serde_json::Value {
 /// The body of a `503` from [`readiness`].
 fn state_name(state: ProcessState) -> &'static str {
     match state {
-        ProcessState::Starting | ProcessState::Held => "starting",
+        state if state.is_starting() => "starting",
         ProcessState::Draining => "draining",
         _ => "stopped",
     }

@@ -718,6 +718,54 @@ fn a_target_killed_while_draining_is_reported_so_and_status_shows_it_gone() {
     );
 }
 
+/// `status` calls a gone process "killed before it finished" whenever its last outcome says a
+/// stop was under way — held, handing over or draining — by the rule `stop --wait` answers
+/// `killed_while_draining` with; a finished one is only gone.
+#[cfg(unix)]
+#[test]
+fn status_shows_a_process_gone_in_any_unfinished_stop_as_killed_before_it_finished() {
+    use planned_stop::stopper::{Outcome, WaitOutcome};
+    use planned_stop::{Layout, ProcessState, StopCause, StopVerdict, marker::MarkerStore};
+    let d = dirs();
+    let store = MarkerStore::builder(Layout::Slots(d.run.clone()))
+        .create_dir(true)
+        .open()
+        .unwrap();
+    let now = Utc::now();
+    let states = [
+        ProcessState::Held,
+        ProcessState::HandingOver,
+        ProcessState::Draining,
+        ProcessState::Stopped,
+    ];
+    // Pids past any pid_max, with a start no process has: gone.
+    let gone = |i: usize| ProcessIdentity::new(4_000_000 + i as u32, 1, now);
+    for (i, state) in states.into_iter().enumerate() {
+        let mut outcome =
+            Outcome::accepted(&gone(i), StopCause::Marker, StopVerdict::Planned, now, now);
+        outcome.state = state;
+        store.write_outcome(&outcome).unwrap();
+    }
+    let text = run_in(&d.run, &["status"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    for (i, state) in states.into_iter().enumerate() {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("outcome of pid {}:", gone(i).pid)))
+            .unwrap_or_else(|| panic!("no line for {state:?}: {text}"));
+        let killed = matches!(
+            WaitOutcome::after_exit(store.read_outcome(gone(i).pid)),
+            WaitOutcome::KilledWhileDraining { .. }
+        );
+        assert_eq!(killed, state != ProcessState::Stopped, "{state:?}");
+        assert_eq!(
+            line.contains("(gone: killed before it finished)"),
+            killed,
+            "{state:?}: {line}"
+        );
+    }
+}
+
 /// `planned-stop ARGS --dir DIR`.
 #[cfg(unix)]
 fn run_in(dir: &Path, args: &[&str]) -> std::process::Output {

@@ -8,7 +8,7 @@ use super::{
 use chrono::Utc;
 use planned_stop::ProcessState;
 use planned_stop::marker::MarkerStore;
-use planned_stop::stopper::Outcome;
+use planned_stop::stopper::{Outcome, WaitOutcome};
 use serde_json::json;
 
 /// `status --pid N`: one process, with running and watching / running elsewhere / not running
@@ -146,7 +146,11 @@ fn print_text(args: &StatusArgs, store: &MarkerStore, listing: &Listing) {
     for o in &listing.outcomes {
         let gone = if planned_stop::ProcessIdentity::is_running(o.pid, o.start) {
             ""
-        } else if matches!(o.state, ProcessState::Draining | ProcessState::Held) {
+        } else if matches!(
+            WaitOutcome::after_exit(Some(o.clone())),
+            WaitOutcome::KilledWhileDraining { .. }
+        ) {
+            // The rule `stop --wait` answers `killed_while_draining` with, not a copy of it.
             " (gone: killed before it finished)"
         } else {
             " (gone)"

@@ -101,6 +101,7 @@ impl StopCause {
 /// use planned_stop_protocol::ProcessState;
 /// assert_eq!(serde_json::to_string(&ProcessState::Draining).unwrap(), "\"draining\"");
 /// assert!(ProcessState::Stopped.is_final() && ProcessState::Draining.is_stopping());
+/// assert!(ProcessState::Held.is_starting() && ProcessState::HandingOver.is_serving());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -152,5 +153,16 @@ impl ProcessState {
     /// Whether the process is stopping or has stopped: it takes no new work.
     pub fn is_stopping(self) -> bool {
         self == ProcessState::Draining || self.is_final()
+    }
+
+    /// Whether the process has not declared itself ready yet (a stop may be held meanwhile).
+    pub fn is_starting(self) -> bool {
+        matches!(self, ProcessState::Starting | ProcessState::Held)
+    }
+
+    /// Whether the process is ready and not stopping: it serves and takes work, a successor
+    /// starting meanwhile or not.
+    pub fn is_serving(self) -> bool {
+        !self.is_starting() && !self.is_stopping()
     }
 }

@@ -11,10 +11,7 @@ impl Handler<HeldStop> for RunnerActor {
     type Result = ();
 
     fn handle(&mut self, HeldStop(stop): HeldStop, _: &mut Context<Self>) {
-        if !matches!(
-            self.lifecycle.state(),
-            ProcessState::Starting | ProcessState::Held
-        ) {
+        if !self.lifecycle.state().is_starting() {
             return;
         }
         // A warning: the stopper waits (and a deploy with it) while the application serves

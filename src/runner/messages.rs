@@ -325,7 +325,7 @@ impl DrainReport {
 #[non_exhaustive]
 pub struct RunnerStatus {
     /// Where the process is in its life: `starting`, `held`, `running`, `handing_over`,
-    /// `draining`, then the final state of its outcome (`stopped`, `record_lost`).
+    /// `draining`, then the final state of its outcome (`stopped`, `record_lost`, `aborted`).
     pub state: ProcessState,
     /// The latched verdict, once there is one.
     pub verdict: Option<StopVerdict>,

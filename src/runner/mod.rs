@@ -464,10 +464,7 @@ impl Actor for RunnerActor {
         }
         if let Some(after) = self.config.ready_warning.filter(|_| timers) {
             ctx.run_later(drain::clamp(after), move |act, _| {
-                if matches!(
-                    act.lifecycle.state(),
-                    ProcessState::Starting | ProcessState::Held
-                ) {
+                if act.lifecycle.state().is_starting() {
                     tracing::warn!(
                         after_ms = after.as_millis() as u64,
                         "the application has not said it is ready (its handle's ready()); a \

@@ -146,10 +146,10 @@ pub(crate) fn phase_label(phase: DrainPhase) -> &'static str {
 /// (in any final state): four values a dashboard can count on.
 pub(crate) fn state_label(state: ProcessState) -> &'static str {
     match state {
-        ProcessState::Starting | ProcessState::Held => "starting",
+        state if state.is_starting() => "starting",
+        state if state.is_serving() => "running",
         ProcessState::Draining => "draining",
-        state if state.is_final() => "stopped",
-        _ => "running",
+        _ => "stopped",
     }
 }
 
