@@ -101,7 +101,7 @@ pub use service::{
     DEFAULT_MAX_FAILED_ATTEMPTS, MIN_LEASE, ServiceBuilder, ServiceHandle, StartError,
 };
 pub use tasks::{CancellationToken, JobEnd, TaskGroup};
-pub use work::{JobId, Refusal, Refused, Unreadable, WorkSet};
+pub use work::{JobId, Refusal, Refused, WorkSet};
 
 /// The README's Rust blocks, compiled: `tests/readme-blocks.md` holds each with the lines that
 /// make it a program hidden, and `tests/layout.rs` checks its visible lines are the README's.

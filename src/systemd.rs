@@ -115,7 +115,7 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
                 let length = length.unwrap_or_default();
                 drain = (length.saturating_add(after_drain), Instant::now());
             }
-            let stopping = now.state.is_stopping() && now.exit_code.is_none();
+            let stopping = now.state.is_stopping() && now.exit_code().is_none();
             if stopping {
                 let (bound, began) = drain;
                 send(&[NotifyState::ExtendTimeoutUsec(extension(
@@ -125,7 +125,7 @@ pub(crate) fn follow(mut status: watch::Receiver<RunnerStatus>, after_drain: Dur
             }
             // The exit code comes with the final outcome, once the record is persisted.
             if now.state.is_final()
-                && let Some(code) = now.exit_code
+                && let Some(code) = now.exit_code()
             {
                 let line = format!("stopped, exit code {code}");
                 send(&[NotifyState::Status(&line)]);

@@ -56,9 +56,11 @@
 //! ```
 
 mod admin;
+mod close;
 mod listen;
 
 pub use admin::{Admin, AdminServer};
+pub use close::CloseWhenStopping;
 pub use listen::{inherited_listeners, listeners_or_bind};
 
 use crate::error_chain::ErrorChain;
@@ -72,7 +74,7 @@ use actix_service::IntoServiceFactory;
 use actix_web::body::MessageBody;
 use actix_web::dev::{
     AppConfig, Response, Server, ServerHandle, Service, ServiceFactory, ServiceRequest,
-    ServiceResponse, Transform,
+    ServiceResponse,
 };
 use actix_web::{HttpResponse, HttpServer, Resource};
 use std::future::{Future, IntoFuture};
@@ -126,14 +128,15 @@ fn readiness_resource(path: &str, service: &ServiceHandle) -> Resource {
 /// ```json
 /// {"pid": 4242, "start": 123456, "state": "draining", "verdict": "planned",
 ///  "drain_phase": "ingress", "exit_code": null, "items_held": ["a1b2-4242-…-000000"],
-///  "outcome": {"phase": "accepted", "request_id": "deploy-7", "…": "…"}}
+///  "outcome": {"phase": "draining", "request_id": "deploy-7", "…": "…"}}
 /// ```
 ///
-/// `state` is `starting`, `running`, `draining` or `stopped`; `verdict` `planned`, `unexpected`
-/// or `record_lost` once there is one; `drain_phase` the phase running now (`ingress`, `work`,
-/// `final`), `null` outside the drain; `items_held` the resume items this process leased and has
-/// not acknowledged or released; `outcome` the acknowledgement or final outcome a stopper reads
-/// from the outcome file, `null` before a stop.
+/// `state` is the [`ProcessState`] (`starting`, `held`, `running`, `handing_over`, `draining`,
+/// then the outcome's final state); `verdict` `planned` or `unexpected` once a stop has latched
+/// one, `null` before; `drain_phase` the phase running now (`ingress`, `work`, `final`), `null`
+/// outside the drain; `exit_code` the final outcome's, `null` before; `items_held` the resume
+/// items this process leased and has not acknowledged or released; `outcome` the acknowledgement
+/// or final outcome a stopper reads from the outcome file, `null` before a stop.
 ///
 /// ```no_run
 /// # use actix_web::{App, HttpServer};
@@ -169,7 +172,7 @@ fn status_json(service: &ServiceHandle) -> serde_json::Value {
         "state": status.state,
         "verdict": status.verdict,
         "drain_phase": status.drain_phase,
-        "exit_code": status.exit_code,
+        "exit_code": status.exit_code(),
         "items_held": service.items_held(),
         "outcome": status.outcome.as_deref(),
     })
@@ -209,98 +212,6 @@ pub fn app(
     > + use<>,
 > {
     actix_web::App::new().wrap(CloseWhenStopping::new(service))
-}
-
-/// Middleware for the application's `App`: from the moment a stop is accepted, every response
-/// says `Connection: close`, and actix-web closes its connection once the response is written.
-/// A load balancer's or proxy's pooled keep-alive connection is then retired cleanly during the
-/// readiness grace — after an answered request, never with a request in flight — instead of being
-/// cut when the listener closes (each such cut is a lost request: a 502 at the balancer).
-/// [`app`] is an `App` with it; wrap it yourself where the `App` comes from elsewhere.
-///
-/// HTTP/1.1 only: HTTP/2 has no `Connection: close`, and actix-web sends no GOAWAY when it stops,
-/// so an HTTP/2 connection stays open until the ingress deadline (docs/operations.md).
-///
-/// ```no_run
-/// # use actix_web::{App, HttpServer};
-/// # fn f(stop: planned_stop::ServiceHandle) {
-/// let server = HttpServer::new(move || {
-///     App::new()
-///         .wrap(planned_stop::web::CloseWhenStopping::new(&stop))
-///         .service(planned_stop::web::readiness("/ready", &stop))
-/// });
-/// # }
-/// ```
-#[derive(Debug, Clone)]
-pub struct CloseWhenStopping {
-    status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
-}
-
-impl CloseWhenStopping {
-    /// The middleware for the runner of `service`.
-    pub fn new(service: &ServiceHandle) -> Self {
-        service
-            .integration
-            .mounted(crate::service::integration::CLOSE_WHEN_STOPPING);
-        CloseWhenStopping {
-            status: service.subscribe(),
-        }
-    }
-}
-
-impl<S, B> Transform<S, ServiceRequest> for CloseWhenStopping
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
-    B: 'static,
-{
-    type Response = ServiceResponse<B>;
-    type Error = actix_web::Error;
-    type Transform = CloseWhenStoppingService<S>;
-    type InitError = ();
-    type Future = std::future::Ready<Result<Self::Transform, ()>>;
-
-    fn new_transform(&self, service: S) -> Self::Future {
-        std::future::ready(Ok(CloseWhenStoppingService {
-            service,
-            status: self.status.clone(),
-        }))
-    }
-}
-
-/// The service [`CloseWhenStopping`] wraps around the application's.
-#[derive(Debug)]
-pub struct CloseWhenStoppingService<S> {
-    service: S,
-    status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
-}
-
-impl<S, B> Service<ServiceRequest> for CloseWhenStoppingService<S>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
-    B: 'static,
-{
-    type Response = ServiceResponse<B>;
-    type Error = actix_web::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<ServiceResponse<B>, actix_web::Error>>>>;
-
-    actix_web::dev::forward_ready!(service);
-
-    fn call(&self, request: ServiceRequest) -> Self::Future {
-        let status = self.status.clone();
-        let answer = self.service.call(request);
-        Box::pin(async move {
-            let mut response = answer.await?;
-            // Decided when the response leaves, not when the request came: a request that was
-            // in flight when the stop was accepted closes its connection too.
-            if status.borrow().state.is_stopping() {
-                response
-                    .response_mut()
-                    .head_mut()
-                    .set_connection_type(actix_web::http::ConnectionType::Close);
-            }
-            Ok(response)
-        })
-    }
 }
 
 /// An `HttpServer` that [`serve`] can run: implemented for every `HttpServer` actix-web can run.

@@ -46,20 +46,6 @@ impl JobId {
     }
 }
 
-/// A resumed item that does not read back as the set's type: still leased to this process, and
-/// not in the set. Release it ([`ServiceHandle::release`]) for another version of the
-/// application, or acknowledge it to drop it for good; left alone it is offered again once this
-/// process is gone.
-#[derive(Debug, thiserror::Error)]
-#[error("resumed item {} does not read back as this participant's work: {source}", .leased.item.id)]
-pub struct Unreadable {
-    /// The item, still leased to this process.
-    pub leased: Box<Leased>,
-    /// Why it does not parse.
-    #[source]
-    pub source: serde_json::Error,
-}
-
 /// Why a [`WorkSet`] or a [`crate::TaskGroup`] refused a job; the job comes back with it ([`Refused::job`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -69,9 +55,12 @@ pub enum Refusal {
         "the job's payload cannot be recorded as a resume item: {0}; make it serialise to JSON (maps with string keys)"
     )]
     NotSerializable(#[source] serde_json::Error),
-    /// A resumed item does not read back as the group's payload type.
+    /// A resumed item does not read back as the set's or the group's job type. The item, given
+    /// back in [`Refused::job`], is still leased to this process: release it
+    /// ([`ServiceHandle::release`]) for another version of the application, or acknowledge it to
+    /// drop it for good; left alone it is offered again once this process is gone.
     #[error(
-        "the resumed item does not read back as this group's jobs: {0}; release it for another version of the application"
+        "the resumed item does not read back as this participant's jobs: {0}; release it for another version of the application"
     )]
     Unreadable(#[source] serde_json::Error),
     /// The group's drain has begun (the service is stopping): the job would not be handed back.
@@ -184,16 +173,21 @@ impl<T: Serialize + DeserializeOwned> WorkSet<T> {
     }
 
     /// An item [`ServiceHandle::resume`] leased to this process, read back as `T`: acknowledged
-    /// when [`Self::complete`]d, handed back under its own id at a drain.
-    pub fn add_resumed(&mut self, leased: Leased) -> Result<JobId, Unreadable> {
+    /// when [`Self::complete`]d, handed back under its own id at a drain. One that does not read
+    /// back as `T` is refused ([`Refusal::Unreadable`]) and given back, still leased.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the lease comes back by value, so the caller can release it; a rare path"
+    )]
+    pub fn add_resumed(&mut self, leased: Leased) -> Result<JobId, Refused<Leased>> {
         match leased.item.item_as::<T>() {
             Ok(work) => {
                 let item = leased.item.item.clone();
                 Ok(self.insert(work, item, Some(leased)))
             }
-            Err(source) => Err(Unreadable {
-                leased: Box::new(leased),
-                source,
+            Err(e) => Err(Refused {
+                job: leased,
+                reason: Refusal::Unreadable(e),
             }),
         }
     }

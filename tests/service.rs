@@ -163,7 +163,7 @@ fn the_acknowledgement_is_written_as_soon_as_a_stop_is_accepted() {
         );
         assert_eq!(h.status().outcome.as_deref(), Some(&ack));
         assert!(control.finish(&[]), "the drain request is pending");
-        assert_eq!(concluded(&h.subscribe()).await.exit_code, Some(0));
+        assert_eq!(concluded(&h.subscribe()).await.exit_code(), Some(0));
     });
 }
 
@@ -336,11 +336,11 @@ fn exit_codes_are_configurable_per_cause() {
             .owns_process_exit(false)
             .clock(TokioClock::new())
             .handle_signals(false)
-            .exit_code(
+            .exit_codes(planned_stop::ExitCodes::default().with(
                 StopCause::Signal(SignalKind::Hangup),
                 StopVerdict::Unexpected,
                 75,
-            )
+            ))
             .start()
             .unwrap();
         h.ready();
@@ -364,7 +364,7 @@ fn a_status_subscriber_sees_states_only_move_forward() {
         while rx.changed().await.is_ok() {
             let now = rx.borrow_and_update().clone();
             seen.push(now.state);
-            if now.exit_code.is_some() {
+            if now.exit_code().is_some() {
                 break;
             }
         }
@@ -1115,6 +1115,34 @@ fn a_work_set_refuses_work_that_cannot_be_recorded_at_once() {
             "{refused}"
         );
         assert_eq!(refused.job, grid);
+        assert!(work.is_empty());
+        h.request_stop(StopRequest::Planned);
+        h.stopped().await;
+    });
+}
+
+/// A resumed item that does not read back as the set's type is refused as `TaskGroup` refuses
+/// it (`Refusal::Unreadable`), the lease given back to release: one answer for both.
+#[test]
+fn a_work_set_gives_back_a_resumed_item_that_does_not_read_back() {
+    use planned_stop::record::{Lease, Leased, Owner, ResumeItem};
+    let f = Fixture::new();
+    paused_system().block_on(async {
+        let h = f.start(vec![]);
+        let mut work: planned_stop::WorkSet<u32> = planned_stop::WorkSet::new(&h);
+        let owner = Owner::new("here", 1, 1);
+        let now = Utc::now();
+        let item = ResumeItem::new("a-1", "jobs", "not a number".into(), owner.clone(), now, 1);
+        let leased = Leased::new(
+            item,
+            Lease::new(owner, now, now + chrono::Duration::seconds(60)),
+        );
+        let refused = work.add_resumed(leased.clone()).unwrap_err();
+        assert!(
+            matches!(refused.reason, planned_stop::Refusal::Unreadable(_)),
+            "{refused}"
+        );
+        assert_eq!(refused.job, leased, "given back, still leased");
         assert!(work.is_empty());
         h.request_stop(StopRequest::Planned);
         h.stopped().await;

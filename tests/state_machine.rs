@@ -597,8 +597,8 @@ impl StateMachineTest for RunnerAndWatcher {
             assert_eq!(status.verdict, Some(v), "verdict changed");
         }
         // The exit code follows the verdict.
-        assert_eq!(status.exit_code, model.exit_code, "exit code");
-        if let Some(code) = status.exit_code {
+        assert_eq!(status.exit_code(), model.exit_code, "exit code");
+        if let Some(code) = status.exit_code() {
             assert_eq!(code == 0, status.verdict == Some(StopVerdict::Planned));
         }
         // The slot holds exactly what the model holds: foreign markers and our own are never

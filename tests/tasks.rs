@@ -115,7 +115,7 @@ fn finished_tasks_are_done_and_cancelled_ones_are_handed_back_as_new_items() {
         until("the quick job leaves the group", || group.len() == 2).await;
         h.request_stop(StopRequest::Planned);
         h.stopped().await;
-        h.status().exit_code
+        h.status().exit_code()
     });
     assert_eq!(code, Some(0));
     let record = record(dir.path());

@@ -44,7 +44,7 @@ impl RunnerActor {
                 std::thread::sleep(limit);
                 let (concluded, state, outcome) = {
                     let now = status.borrow();
-                    (now.exit_code.is_some(), now.state, now.outcome.clone())
+                    (now.exit_code().is_some(), now.state, now.outcome.clone())
                 };
                 if concluded {
                     return;
@@ -93,7 +93,7 @@ impl RunnerActor {
 impl Drop for RunnerActor {
     fn drop(&mut self) {
         if self.lifecycle.state() == ProcessState::Stopped
-            || self.status.borrow().exit_code.is_some()
+            || self.status.borrow().exit_code().is_some()
         {
             return;
         }

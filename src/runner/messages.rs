@@ -319,7 +319,7 @@ impl DrainReport {
 /// ```
 /// let status = planned_stop::RunnerStatus::starting();
 /// assert_eq!(status.state, planned_stop::ProcessState::Starting);
-/// assert_eq!(status.exit_code, None);
+/// assert_eq!(status.exit_code(), None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -329,8 +329,6 @@ pub struct RunnerStatus {
     pub state: ProcessState,
     /// The latched verdict, once there is one.
     pub verdict: Option<StopVerdict>,
-    /// The exit code, once stopped.
-    pub exit_code: Option<i32>,
     /// The acknowledgement (once a stop is accepted) and then the final outcome, as written to the
     /// outcome file next to the marker slot.
     pub outcome: Option<Arc<Outcome>>,
@@ -339,6 +337,11 @@ pub struct RunnerStatus {
 }
 
 impl RunnerStatus {
+    /// The exit code, once the stop has concluded: its final outcome's.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.outcome.as_ref().and_then(|outcome| outcome.exit_code)
+    }
+
     /// The status of a runner that has not started yet.
     ///
     /// ```
@@ -348,7 +351,6 @@ impl RunnerStatus {
         RunnerStatus {
             state: ProcessState::Starting,
             verdict: None,
-            exit_code: None,
             outcome: None,
             drain_phase: None,
         }

@@ -200,7 +200,6 @@ impl RunnerActor {
         }
         let outcome = Arc::new(outcome);
         self.status.send_modify(|status| {
-            status.exit_code = outcome.exit_code;
             status.outcome = Some(outcome);
         });
         self.publish();

@@ -7,7 +7,7 @@ use crate::error_chain::ErrorChain;
 use crate::events::SlotEvents;
 use crate::identity::ProcessIdentity;
 use crate::judgement::Policy;
-use crate::lifecycle::{StopCause, StopVerdict};
+use crate::lifecycle::StopVerdict;
 use crate::record::{FileRecordStore, RecordStore, Sharing};
 use crate::runner::{Drain, DrainPhase, ExitCodes, RunnerActor, RunnerConfig};
 use crate::store::{Layout, MarkerStore};
@@ -21,11 +21,11 @@ use std::time::Duration;
 /// Configures and starts the runner and the watcher.
 ///
 /// ```
-/// use planned_stop::{Layout, ServiceBuilder, StopCause, StopVerdict};
+/// use planned_stop::{ExitCodes, Layout, ServiceBuilder, StopCause, StopVerdict};
 /// let _builder = ServiceBuilder::new(Layout::Slots("/run/app".into()))
 ///     .state_dir("/var/lib/app")
 ///     .drain_deadline(std::time::Duration::from_secs(20))
-///     .exit_code(StopCause::Request, StopVerdict::Unexpected, 3);
+///     .exit_codes(ExitCodes::default().with(StopCause::Request, StopVerdict::Unexpected, 3));
 /// ```
 #[must_use = "a builder or value that is dropped configures nothing"]
 pub struct ServiceBuilder {
@@ -219,25 +219,15 @@ impl ServiceBuilder {
     /// Exit codes by verdict and cause.
     ///
     /// ```
-    /// use planned_stop::{ExitCodes, Layout, ServiceBuilder};
-    /// let codes = ExitCodes::default().with_unexpected(75);
+    /// use planned_stop::{ExitCodes, Layout, ServiceBuilder, SignalKind, StopCause, StopVerdict};
+    /// // Exit 75 for any unexpected stop; a SIGHUP is a clean stop for this application.
+    /// let codes = ExitCodes::default()
+    ///     .with_unexpected(75)
+    ///     .with(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
     /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into())).exit_codes(codes);
     /// ```
     pub fn exit_codes(mut self, codes: ExitCodes) -> Self {
         self.runner.exit_codes = codes;
-        self
-    }
-
-    /// Overrides one exit code: `code` when a stop with `cause` reaches `verdict`.
-    ///
-    /// ```
-    /// use planned_stop::{Layout, ServiceBuilder, SignalKind, StopCause, StopVerdict};
-    /// // A SIGHUP is a clean stop for this application.
-    /// let _b = ServiceBuilder::new(Layout::Slots("/run/app".into()))
-    ///     .exit_code(StopCause::Signal(SignalKind::Hangup), StopVerdict::Unexpected, 0);
-    /// ```
-    pub fn exit_code(mut self, cause: StopCause, verdict: StopVerdict, code: u8) -> Self {
-        self.runner.exit_codes = self.runner.exit_codes.with(cause, verdict, code);
         self
     }
 

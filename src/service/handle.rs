@@ -89,10 +89,10 @@ impl ServiceHandle {
                 let stopped = {
                     let now = status.borrow_and_update();
                     // The exit code comes with the final outcome, once the record is persisted.
-                    (now.state.is_final() && now.exit_code.is_some()).then_some(now.exit_code)
+                    now.exit_code().filter(|_| now.state.is_final())
                 };
                 if let Some(code) = stopped {
-                    return exit_code_of(code.unwrap_or(unexpected));
+                    return exit_code_of(code);
                 }
                 if status.changed().await.is_err() {
                     return exit_code_of(unexpected);

@@ -168,7 +168,7 @@ fn keep_leases(
             wait = every;
             // Until the stop has concluded (its record persisted): the items it hands back are
             // still this process's while the persist runs.
-            if status.borrow().exit_code.is_some() {
+            if status.borrow().exit_code().is_some() {
                 return;
             }
             let ids: Vec<String> = held

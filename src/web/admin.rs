@@ -144,9 +144,7 @@ impl Admin {
             // application's are ([`super::CloseWhenStopping`], not counted as the application
             // mounting it): a scraper or probe reconnects, to the successor of a restart in
             // place, instead of writing into a connection cut when this process ends.
-            let retire = super::CloseWhenStopping {
-                status: service.subscribe(),
-            };
+            let retire = super::CloseWhenStopping::unmounted(&service);
             let mut app = App::new().wrap(retire);
             if let Some(path) = &readiness {
                 app = app.service(super::readiness_resource(path, &service));

@@ -68,7 +68,7 @@ pub async fn until(
 /// Waits until the runner has concluded its stop (its exit code is known: the record is
 /// persisted, or could not be).
 pub async fn concluded(status: &watch::Receiver<RunnerStatus>) -> RunnerStatus {
-    until(status, |s| s.exit_code.is_some()).await
+    until(status, |s| s.exit_code().is_some()).await
 }
 
 /// Moves the paused clock forward by `d` in one jump, then settles.

@@ -361,7 +361,7 @@ fn main() {
             env("CHAOS_QUIET") == "1",
         );
         handle.stopped().await;
-        handle.status().exit_code
+        handle.status().exit_code()
     });
     log.event(&who, json!({"event": "exit", "code": code}));
 }
