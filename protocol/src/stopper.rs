@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// How often [`wait`] looks at the target.
 const WAIT_POLL: Duration = Duration::from_millis(20);
 
-/// How [`wait_with`] learns that the target has exited.
+/// How [`wait_for_request`] learns that the target has exited.
 ///
 /// ```
 /// assert_eq!(planned_stop_protocol::stopper::ExitWatch::default(), planned_stop_protocol::stopper::ExitWatch::Events);
@@ -515,36 +515,26 @@ pub fn wait(
     timeout: Duration,
     progress: impl FnMut(Option<ProcessState>, Duration),
 ) -> WaitOutcome {
-    wait_with(store, target, timeout, ExitWatch::Events, progress)
+    wait_for_request(store, target, None, timeout, ExitWatch::Events, progress)
 }
 
-/// [`wait`], learning of the target's exit as `watch` says.
+/// [`wait`] for the request `request_id` (the one [`request`] wrote), learning of the target's
+/// exit as `watch` says: it also ends when the target's outcome says this request's restart in
+/// place failed ([`WaitOutcome::RestartFailed`]) — the target keeps running then, so only the
+/// request's own outcome can end the wait. With `None`, any stop's outcome answers, as [`wait`].
 ///
 /// ```
-/// use planned_stop_protocol::stopper::{wait_with, ExitWatch, WaitOutcome};
+/// use planned_stop_protocol::stopper::{wait_for_request, ExitWatch, WaitOutcome};
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let store = planned_stop_protocol::marker::MarkerStore::open(planned_stop_protocol::Layout::Slots(dir.path().into())).unwrap();
 /// let me = planned_stop_protocol::ProcessIdentity::current().unwrap();
 /// let mut seen = Vec::new();
-/// let outcome = wait_with(&store, &me, std::time::Duration::from_millis(50), ExitWatch::Poll, |p, _| seen.push(p));
+/// let timeout = std::time::Duration::from_millis(50);
+/// let outcome = wait_for_request(&store, &me, None, timeout, ExitWatch::Poll, |p, _| seen.push(p));
 /// assert_eq!(outcome, WaitOutcome::NotAccepted);
 /// // It never accepted: every poll saw no state.
 /// assert!(!seen.is_empty() && seen.iter().all(Option::is_none));
 /// ```
-pub fn wait_with(
-    store: &MarkerStore,
-    target: &ProcessIdentity,
-    timeout: Duration,
-    watch: ExitWatch,
-    progress: impl FnMut(Option<ProcessState>, Duration),
-) -> WaitOutcome {
-    wait_for_request(store, target, None, timeout, watch, progress)
-}
-
-/// [`wait_with`] for the request `request_id` (the one [`request`] wrote): it also ends when the
-/// target's outcome says this request's restart in place failed
-/// ([`WaitOutcome::RestartFailed`]) — the target keeps running then, so only the request's own
-/// outcome can end the wait.
 pub fn wait_for_request(
     store: &MarkerStore,
     target: &ProcessIdentity,
@@ -678,7 +668,7 @@ mod exit_event {
     use crate::identity::ProcessIdentity;
     use std::time::Duration;
 
-    /// No exit event here: [`super::wait_with`] looks every 20 ms.
+    /// No exit event here: [`super::wait_for_request`] looks every 20 ms.
     pub(super) enum ExitEvent {}
 
     impl ExitEvent {
