@@ -21,6 +21,8 @@
 //! (and for PID 1 of a container, whose exit ends the container) a restart falls back to the
 //! supervisor's way: exit with the restart code.
 
+mod sockets;
+
 use std::io;
 #[cfg(unix)]
 use std::os::fd::OwnedFd;
@@ -157,45 +159,6 @@ impl Handover {
         // The application's first, at descriptors 3, 4, …, whenever the admin server was bound.
         sockets.sort_by_key(|(name, _)| *name != APP_SOCKET);
         Ok(sockets)
-    }
-
-    /// How many listening TCP sockets this process has open that were not offered: bound by the
-    /// application itself, so a successor could not bind them while this process serves (it
-    /// would fail with "address in use"). Reads the process's descriptor table (`/proc/self/fd`,
-    /// or `/dev/fd`): blocking, for a blocking thread.
-    #[cfg(unix)]
-    pub(crate) fn unoffered_listeners(&self) -> usize {
-        use rustix::fs::FileType;
-        let offered: Vec<_> = match self.listeners.lock() {
-            Ok(listeners) => listeners
-                .iter()
-                .filter_map(|(_, l)| rustix::fs::fstat(l).ok())
-                .map(|st| (st.st_dev, st.st_ino))
-                .collect(),
-            Err(_) => return 0,
-        };
-        let dir = std::fs::read_dir("/proc/self/fd").or_else(|_| std::fs::read_dir("/dev/fd"));
-        let Ok(dir) = dir else { return 0 };
-        dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|&fd| {
-                // SAFETY: only borrowed for the queries below, each a system call the kernel
-                // checks (a descriptor closed meanwhile fails with EBADF); nothing is read,
-                // written or closed through it.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                let Ok(st) = rustix::fs::fstat(fd) else {
-                    return false;
-                };
-                let inet = rustix::net::getsockname(fd).is_ok_and(|addr| {
-                    let family = addr.address_family();
-                    family == rustix::net::AddressFamily::INET
-                        || family == rustix::net::AddressFamily::INET6
-                });
-                FileType::from_raw_mode(st.st_mode) == FileType::Socket
-                    && inet
-                    && rustix::net::sockopt::socket_acceptconn(fd).unwrap_or(false)
-                    && !offered.contains(&(st.st_dev, st.st_ino))
-            })
-            .count()
     }
 }
 

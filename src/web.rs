@@ -320,7 +320,9 @@ impl Serve {
     /// [`CloseWhenStopping`]) or been closed by the keep-alive timer, as at any other time.
     ///
     /// A stop that hands over to the successor of a restart in place has no grace: the successor
-    /// accepts from the same sockets, so this process stops accepting at once.
+    /// accepts from the same sockets, so this process stops accepting at once. It then waits for
+    /// the connections it has, each retired by its next answer (with [`CloseWhenStopping`]) or
+    /// closed by the keep-alive timer, for at most half of the ingress phase's deadline.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -346,6 +348,7 @@ impl IntoFuture for Serve {
                 grace,
                 status: service.subscribe(),
                 integration: service.integration.clone(),
+                handover: service.handover.clone(),
             }
             .start();
             service.add_participant(DrainPhase::Ingress, INGRESS_NAME, ingress.recipient());
@@ -368,8 +371,12 @@ impl IntoFuture for Serve {
 }
 
 /// How long the workers have to dispatch the connections already accepted, between the pause of
-/// the accept loop and the graceful stop (dispatching takes microseconds; see `Ingress`).
+/// the accept loop and the graceful stop (dispatching takes microseconds; see `Ingress`), where
+/// nothing says when they have.
 const DISPATCH_SETTLE: Duration = Duration::from_millis(50);
+
+/// How often a process that handed over counts the connections it still has.
+const RETIRE_POLL: Duration = Duration::from_millis(10);
 
 /// The HTTP server as the ingress drain participant.
 struct Ingress {
@@ -379,6 +386,8 @@ struct Ingress {
     status: tokio::sync::watch::Receiver<crate::RunnerStatus>,
     /// What the application's `App` mounted: whether it retires keep-alive connections.
     integration: std::sync::Arc<crate::service::integration::Integration>,
+    /// The sockets handed over, whose connections this process counts after a hand-over.
+    handover: std::sync::Arc<crate::handover::Handover>,
 }
 
 impl Actor for Ingress {
@@ -389,8 +398,10 @@ impl Handler<Drain> for Ingress {
     type Result = ResponseFuture<DrainReport>;
 
     fn handle(&mut self, drain: Drain, _: &mut Context<Self>) -> Self::Result {
+        let began = actix::clock::Instant::now();
         let server = self.server.clone();
-        if self.integration.keeps_connections() {
+        let keeps_connections = self.integration.keeps_connections();
+        if keeps_connections {
             tracing::warn!(
                 "the application's App does not retire its keep-alive connections at a stop: \
                  a connection idle when the listener closes is closed while its client may be \
@@ -413,6 +424,10 @@ impl Handler<Drain> for Ingress {
         } else {
             self.grace.min(drain.within)
         };
+        // After a hand-over nobody waits for this process: the connections it has are retired
+        // one by one, each after its next answer (`Connection: close`), instead of being closed
+        // idle while a client may be writing to one.
+        let retire = (handed_over && !keeps_connections).then(|| self.handover.clone());
         Box::pin(async move {
             if !grace.is_zero() {
                 tracing::info!(
@@ -426,10 +441,16 @@ impl Handler<Drain> for Ingress {
             // connections queued to it but not yet dispatched (actix-server's `Shutdown` state),
             // each a connection reset or closed without an answer. Paused, nothing new is queued;
             // connections keep waiting in the socket's own queue — for the next life, when the
-            // socket is held by a supervisor (`listeners_or_bind`).
+            // socket is held by a supervisor (`listeners_or_bind`). After a hand-over, wait
+            // instead until the connections are gone, which counts the queued ones too; half of
+            // what is left at most: the rest is for the requests then in flight.
             server.pause().await;
-            actix::clock::sleep(DISPATCH_SETTLE.min(drain.within.saturating_sub(grace))).await;
-            let left = drain.within.saturating_sub(grace + DISPATCH_SETTLE);
+            let left = drain.within.saturating_sub(began.elapsed());
+            match retire {
+                Some(handover) => connections_retired(handover, left / 2).await,
+                None => actix::clock::sleep(DISPATCH_SETTLE.min(left)).await,
+            }
+            let left = drain.within.saturating_sub(began.elapsed());
             tracing::info!("closing the HTTP listener; finishing in-flight requests");
             match actix::clock::timeout(left, server.stop(true)).await {
                 Ok(()) => DrainReport::done(),
@@ -441,6 +462,51 @@ impl Handler<Drain> for Ingress {
                 }
             }
         })
+    }
+}
+
+/// Waits until this process has had no connection on the sockets it handed over for
+/// `DISPATCH_SETTLE` in a row — each retired by its next answer, or closed by the server's
+/// keep-alive timer — or until `bound` has passed. A connection queued to a worker counts too,
+/// so none is dropped by the graceful stop that follows; the quiet spell is for the accept
+/// thread, which may still accept a few after the pause (actix-server says nothing of when it
+/// has paused), each then counted and retired in turn. Nothing announces a closed connection,
+/// so it counts them every `RETIRE_POLL`, on a blocking thread.
+async fn connections_retired(handover: std::sync::Arc<crate::handover::Handover>, bound: Duration) {
+    let now = actix::clock::Instant::now;
+    let until = now() + bound;
+    let mut quiet_since = None;
+    let mut said = false;
+    loop {
+        let counting = handover.clone();
+        let open = tokio::task::spawn_blocking(move || counting.served_connections())
+            .await
+            .unwrap_or(0);
+        if open == 0 {
+            let since = *quiet_since.get_or_insert_with(now);
+            if since.elapsed() >= DISPATCH_SETTLE {
+                return;
+            }
+        } else {
+            quiet_since = None;
+        }
+        if now() >= until {
+            if open > 0 {
+                tracing::info!(
+                    open,
+                    "closing the connections still open after the hand-over"
+                );
+            }
+            return;
+        }
+        if open > 0 && !said {
+            tracing::info!(
+                open,
+                "handed over: retiring each connection after its next answer"
+            );
+            said = true;
+        }
+        actix::clock::sleep(RETIRE_POLL).await;
     }
 }
 

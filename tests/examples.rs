@@ -340,6 +340,79 @@ fn pooled_keep_alive_connections_lose_nothing_across_a_restart_in_place() {
     first.stop_with(u32::try_from(pid).unwrap(), &[]);
 }
 
+/// A pooled connection whose client pauses across the hand-over (a GC pause, a busy machine) is
+/// retired by its next answer, not closed while idle: the old process stops accepting at the
+/// hand-over but waits for the connections it has, each answered once more with
+/// `Connection: close`, and exits 0 once they are gone. The client writes its next request only
+/// after the old process has begun draining and a pause well past what a closing process waits
+/// for its workers; closed idle then, that request would be lost.
+#[test]
+fn a_pooled_connection_that_pauses_across_a_restart_in_place_is_answered() {
+    use planned_stop::marker::MarkerStore;
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Example::start("restart_in_place", dir.path(), "serving http://");
+    let (port, old) = (first.port(), first.child.id());
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    let mut connection = BufReader::new(stream);
+    let (code, close, body) = common::exchange(&mut connection, "/").unwrap();
+    assert_eq!((code, close), (200, false), "kept alive");
+    assert_eq!(body.trim(), format!("served by pid {old}"));
+    let markers = MarkerStore::open(planned_stop::Layout::Slots(dir.path().join("run"))).unwrap();
+    let answer = std::thread::scope(|scope| {
+        let restart = scope.spawn(|| {
+            planned_stop()
+                .args(["stop", "--pid", &old.to_string(), "--dir"])
+                .arg(dir.path().join("run"))
+                .args(["--wait", "30", "--restart", "--json"])
+                .output()
+                .unwrap()
+        });
+        common::wait_until("the old process to drain after the hand-over", || {
+            markers
+                .read_outcome(old)
+                .is_some_and(|o| o.state == planned_stop::ProcessState::Draining)
+        });
+        // The client's pause.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (code, close, body) = common::exchange(&mut connection, "/")
+            .expect("the request written after the pause is answered");
+        assert_eq!((code, close), (200, true), "answered, and retired");
+        assert_eq!(body.trim(), format!("served by pid {old}"));
+        restart.join().unwrap()
+    });
+    assert!(answer.status.success(), "{answer:?}");
+    let answer: serde_json::Value = serde_json::from_slice(&answer.stdout).unwrap();
+    let successor = answer["successor"].as_u64().expect("a successor");
+    assert_eq!(first.child.wait().unwrap().code(), Some(0), "{answer}");
+    first.stop_with(u32::try_from(successor).unwrap(), &[]);
+}
+
+/// A connection that stays idle across a restart in place does not keep the old process: the
+/// server's keep-alive timer closes it (actix-web's 5 s) with nothing written on it, and the old
+/// process then exits 0.
+#[test]
+fn an_idle_connection_does_not_keep_the_old_process_after_a_restart_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Example::start("restart_in_place", dir.path(), "serving http://");
+    let (port, old) = (first.port(), first.child.id());
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    let mut connection = BufReader::new(stream);
+    assert_eq!(common::exchange(&mut connection, "/").unwrap().0, 200);
+    let answer: serde_json::Value =
+        serde_json::from_str(&first.stop_with(old, &["--restart", "--json"])).unwrap();
+    assert_eq!(first.child.wait().unwrap().code(), Some(0), "{answer}");
+    let mut rest = Vec::new();
+    assert_eq!(
+        connection.read_to_end(&mut rest).unwrap(),
+        0,
+        "closed with nothing more said"
+    );
+    let successor = answer["successor"].as_u64().expect("a successor");
+    first.stop_with(u32::try_from(successor).unwrap(), &[]);
+}
+
 /// The examples a test starts as an operator would, with the environment each reads.
 const SERVICES: [&str; 5] = [
     "actix_web",
