@@ -351,13 +351,8 @@ fn a_pooled_connection_that_pauses_across_a_restart_in_place_is_answered() {
     use planned_stop::marker::MarkerStore;
     let dir = tempfile::tempdir().unwrap();
     let mut first = Example::start("restart_in_place", dir.path(), "serving http://");
-    let (port, old) = (first.port(), first.child.id());
-    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
-    let mut connection = BufReader::new(stream);
-    let (code, close, body) = common::exchange(&mut connection, "/").unwrap();
-    assert_eq!((code, close), (200, false), "kept alive");
-    assert_eq!(body.trim(), format!("served by pid {old}"));
+    let old = first.child.id();
+    let mut connection = kept_alive(&first);
     let markers = MarkerStore::open(planned_stop::Layout::Slots(dir.path().join("run"))).unwrap();
     let answer = std::thread::scope(|scope| {
         let restart = scope.spawn(|| {
@@ -395,11 +390,8 @@ fn a_pooled_connection_that_pauses_across_a_restart_in_place_is_answered() {
 fn an_idle_connection_does_not_keep_the_old_process_after_a_restart_in_place() {
     let dir = tempfile::tempdir().unwrap();
     let mut first = Example::start("restart_in_place", dir.path(), "serving http://");
-    let (port, old) = (first.port(), first.child.id());
-    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
-    let mut connection = BufReader::new(stream);
-    assert_eq!(common::exchange(&mut connection, "/").unwrap().0, 200);
+    let old = first.child.id();
+    let mut connection = kept_alive(&first);
     let answer: serde_json::Value =
         serde_json::from_str(&first.stop_with(old, &["--restart", "--json"])).unwrap();
     assert_eq!(first.child.wait().unwrap().code(), Some(0), "{answer}");
@@ -411,6 +403,17 @@ fn an_idle_connection_does_not_keep_the_old_process_after_a_restart_in_place() {
     );
     let successor = answer["successor"].as_u64().expect("a successor");
     first.stop_with(u32::try_from(successor).unwrap(), &[]);
+}
+
+/// A connection to `example` that one answered request has left open (kept alive).
+fn kept_alive(example: &Example) -> BufReader<TcpStream> {
+    let stream = TcpStream::connect(("127.0.0.1", example.port())).unwrap();
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    let mut connection = BufReader::new(stream);
+    let (code, close, body) = common::exchange(&mut connection, "/").unwrap();
+    assert_eq!((code, close), (200, false), "kept alive");
+    assert_eq!(body.trim(), format!("served by pid {}", example.child.id()));
+    connection
 }
 
 /// The examples a test starts as an operator would, with the environment each reads.
