@@ -98,7 +98,10 @@ impl Handler<Run> for Jobs {
             },
             Run::Resumed(leased) => match self.0.add_resumed(*leased) {
                 Ok(id) => id,
-                Err(e) => return tracing::error!(error = %e, "cannot resume an item"),
+                // Still leased to this process: offered again once this process is gone.
+                Err(e) => {
+                    return tracing::error!(error = %e, item = %e.job.item.id, "cannot resume an item");
+                }
             },
         };
         tracing::info!(job = ?self.0.get(id), resumed = self.0.is_resumed(id), "job started");
