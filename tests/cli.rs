@@ -898,6 +898,52 @@ fn a_root_stopper_stops_a_service_running_as_another_user() {
     }
 }
 
+/// A target of another user that answers and exits before its root stopper looks again: the
+/// outcome its user wrote still counts, since the store that wrote the request saw the target
+/// run. (A fast stop read past the exit as "gone, outcome unknown", 8: the wait learned whose
+/// files count only once it began, from a process already gone.)
+#[cfg(unix)]
+#[test]
+#[ignore = "needs root (a target run as nobody): .ci/run runs it with --ignored"]
+fn a_root_stopper_believes_the_outcome_of_a_target_of_another_user_that_exited_before_the_wait() {
+    use planned_stop::stopper::{StopOptions, WaitOutcome, request, wait};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("needs root to run a target as nobody");
+    }
+    let (_base, run_dir) = nobodys_run_dir();
+    let mut target = std::process::Command::new("sleep")
+        .arg("600")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .spawn()
+        .unwrap();
+    let store = MarkerStore::open(Layout::Slots(run_dir.clone())).unwrap();
+    let requested = request(&store, target.id(), &StopOptions::new()).unwrap();
+    // The target's answer, written as its own user, then its exit: all before the wait.
+    let outcome = serde_json::json!({
+        "pid": requested.target.pid, "start": requested.target.start, "phase": "stopped",
+        "cause": {"kind": "marker"}, "verdict": "planned",
+        "request_id": requested.marker.request_id, "accepted_at": Utc::now(),
+        "drain_deadline": Utc::now(), "finished_at": Utc::now(), "exit_code": 0,
+    });
+    let path = store.outcome_path(requested.target.pid);
+    std::fs::write(&path, outcome.to_string()).unwrap();
+    std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    let waited = wait(&store, &requested.target, Duration::ZERO, |_, _| {});
+    assert!(
+        matches!(waited, WaitOutcome::StoppedPlanned { exit_code: 0, .. }),
+        "{waited:?}"
+    );
+    // A stopper that never saw it run believes only its own user's files and root's.
+    let fresh = MarkerStore::open(Layout::Slots(run_dir)).unwrap();
+    let waited = wait(&fresh, &requested.target, Duration::ZERO, |_, _| {});
+    assert_eq!(waited, WaitOutcome::GoneWithoutOutcome);
+}
+
 #[cfg(unix)]
 #[test]
 fn a_service_announces_that_it_watches_its_directory_and_a_stopper_warns_at_once_when_its_target_has_not()

@@ -270,6 +270,9 @@ pub fn request(
     options: &StopOptions,
 ) -> Result<Requested, StopperError> {
     let target = ProcessIdentity::of(pid).ok_or(StopperError::NotRunning { pid })?;
+    // Remembered before the marker is written: the target may answer and exit before the
+    // stopper's next look, and the files it wrote as its own user must still count then.
+    let _ = store.users_of(pid, target.start);
     if let Some(expected) = options.expect_start
         && expected != target.start
     {
@@ -497,8 +500,9 @@ pub enum WaitOutcome {
 }
 
 /// Waits up to `timeout` for `target` to exit, calling `progress` on every poll with where the
-/// stop stands: the state of the target's outcome, `None` while it has not accepted. See the
-/// module docs.
+/// stop stands: the state of the target's outcome, `None` while it has not accepted. Pass the
+/// store the request went through: it remembers which users' files speak for a target that
+/// exits before this looks. See the module docs.
 ///
 /// ```no_run
 /// # use planned_stop_protocol::Layout;
@@ -549,15 +553,9 @@ pub fn wait_for_request(
         ExitWatch::Poll => None,
     };
     let mut exited = false;
-    // Whose outcome files count (its own user's): read while it runs, so they are still known
-    // once it has exited.
-    let users = crate::identity::user_ids_of(target.pid)
-        .filter(|_| ProcessIdentity::of(target.pid) == Some(*target));
-    let read = || {
-        store
-            .read_outcome_of(target.pid, users.as_deref())
-            .filter(|o| o.is_from(target))
-    };
+    // Whose outcome files count (its own user's) is known from a look while it ran: this one, or
+    // the store's when it wrote the request.
+    let read = || store.read_outcome(target.pid).filter(|o| o.is_from(target));
     loop {
         // Read the outcome before checking liveness: a target that exits right after writing its
         // final outcome must not be seen as gone with a stale acknowledgement.

@@ -91,6 +91,7 @@ impl MarkerStoreBuilder {
             policy: self.policy,
             allow_shared_dir: self.allow_shared_dir,
             reported_dirs: Default::default(),
+            users_seen: Default::default(),
         })
     }
 }

@@ -81,7 +81,14 @@ pub struct MarkerStore {
     /// Slots where a directory that cannot be removed was already reported: it is logged once,
     /// not on every poll.
     reported_dirs: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
+    /// The users each process this store has seen running ran as, by pid and start: a target
+    /// that exits before its stopper looks again wrote its last files as one of them, and those
+    /// files must still speak for it (see `outcomes::MarkerStore::users_of`).
+    users_seen: std::sync::Arc<std::sync::Mutex<UsersSeen>>,
 }
+
+/// The users (uids) of each process seen running, by pid and start fingerprint.
+type UsersSeen = std::collections::HashMap<(u32, u64), Vec<u32>>;
 
 impl MarkerStore {
     /// Opens a store with the default policy and a private directory (see [`MarkerStoreBuilder`]).

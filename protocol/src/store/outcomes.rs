@@ -18,12 +18,10 @@ use crate::outcome::{MAX_OUTCOME_BYTES, Outcome, Presence, may_speak_for};
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// The bytes of the file at `path` that names `pid`, when it may speak for that process
-/// ([`may_speak_for`]: its user, or root, wrote it) in this directory (it has no other name: a
-/// hard link of a genuine file, placed in a directory its process never announced, proves
-/// nothing about that directory); `None` otherwise, with a warning (a planted file must never
-/// choose whom a stopper signals).
-fn read_speaking_for(path: &Path, pid: u32, users: Option<&[u32]>) -> Option<Vec<u8>> {
+/// The bytes of the file at `path` and the uid that owns it, when it has no other name (a hard
+/// link of a genuine file, placed in a directory its process never announced, proves nothing
+/// about that directory); `None` otherwise, with a warning.
+fn read_with_owner(path: &Path, pid: u32) -> Option<(Vec<u8>, Option<u32>)> {
     let (found, Owned { owner, links }) = read_bounded_with_owner(path, MAX_OUTCOME_BYTES);
     let Found::Bytes(bytes) = found else {
         return None;
@@ -34,14 +32,25 @@ fn read_speaking_for(path: &Path, pid: u32, users: Option<&[u32]>) -> Option<Vec
             cannot prove it was written for this directory (planted?)");
         return None;
     }
+    Some((bytes, owner))
+}
+
+/// Whether a file `owner` wrote about a process that ran as `users` speaks for it
+/// ([`may_speak_for`]: its user, or root, wrote it); a warning when it does not (a planted file
+/// must never choose whom a stopper signals).
+fn speaks_for(path: &Path, pid: u32, owner: Option<u32>, users: Option<&[u32]>) -> bool {
     if may_speak_for(owner, users, reader_uid()) {
-        return Some(bytes);
+        return true;
     }
     tracing::warn!(path = %path.display(), pid, owner, users = ?users,
         "a file names this process but another user wrote it: ignored, it cannot say who \
         watches or how a stop went (planted?)");
-    None
+    false
 }
+
+/// How many processes' users a store remembers; past it, it starts over (a stopper follows one
+/// target, a status listing a directory's).
+const USERS_REMEMBERED: usize = 1024;
 
 /// Whether a write failed because the file system (or the user's quota) is full.
 fn is_storage_full(e: &StoreError) -> bool {
@@ -184,8 +193,35 @@ impl MarkerStore {
     /// assert_eq!(store.read_presence(42), None);
     /// ```
     pub fn read_presence(&self, pid: u32) -> Option<Presence> {
-        let bytes = read_speaking_for(&self.presence_path(pid), pid, user_ids_of(pid).as_deref())?;
-        Presence::parse(&bytes).filter(|p| p.pid == pid)
+        let path = self.presence_path(pid);
+        let (bytes, owner) = read_with_owner(&path, pid)?;
+        let presence = Presence::parse(&bytes).filter(|p| p.pid == pid)?;
+        let users = self.users_of(pid, presence.start);
+        speaks_for(&path, pid, owner, users.as_deref()).then_some(presence)
+    }
+
+    /// The users (real and saved uids) of the process `pid` that started at `start`: read now
+    /// while it runs, and remembered by this store (and its clones), so that once it is gone the
+    /// files it wrote as its own user still speak for it. A target may answer a stop and exit
+    /// before its stopper looks again: the stopper saw it running when it wrote the request.
+    /// `None` for a process this store never saw running.
+    pub(crate) fn users_of(&self, pid: u32, start: u64) -> Option<Vec<u32>> {
+        let now =
+            user_ids_of(pid).filter(|_| ProcessIdentity::of(pid).map(|i| i.start) == Some(start));
+        let mut seen = self
+            .users_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match now {
+            Some(users) => {
+                if seen.len() >= USERS_REMEMBERED && !seen.contains_key(&(pid, start)) {
+                    seen.clear();
+                }
+                seen.insert((pid, start), users.clone());
+                Some(users)
+            }
+            None => seen.get(&(pid, start)).cloned(),
+        }
     }
 
     /// Whether the process `identity` has announced in this directory that it reads its markers
@@ -246,10 +282,10 @@ impl MarkerStore {
     }
 
     /// Reads the outcome file of `pid`; `None` when there is none, it is not an outcome, it names
-    /// another pid inside, or its writer may not speak for the process (another user's file, as
-    /// for [`MarkerStore::read_presence`]; for a process that is gone, only this user's files and
-    /// root's count). Check [`Outcome::is_from`] before trusting it: the pid may have had an
-    /// earlier owner.
+    /// another pid inside, or its writer may not speak for the process it names (another user's
+    /// file, as for [`MarkerStore::read_presence`]; for a process that is gone, only the files of
+    /// the users this store saw it run as, this user's and root's count). Check
+    /// [`Outcome::is_from`] before trusting it: the pid may have had an earlier owner.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -257,14 +293,11 @@ impl MarkerStore {
     /// assert_eq!(store.read_outcome(42), None);
     /// ```
     pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
-        self.read_outcome_of(pid, user_ids_of(pid).as_deref())
-    }
-
-    /// [`MarkerStore::read_outcome`] of a process that ran as `users` (read while it ran: a
-    /// stopper following its target past its exit still knows whose files count).
-    pub(crate) fn read_outcome_of(&self, pid: u32, users: Option<&[u32]>) -> Option<Outcome> {
-        let bytes = read_speaking_for(&self.outcome_path(pid), pid, users)?;
-        Outcome::parse(&bytes).filter(|o| o.pid == pid)
+        let path = self.outcome_path(pid);
+        let (bytes, owner) = read_with_owner(&path, pid)?;
+        let outcome = Outcome::parse(&bytes).filter(|o| o.pid == pid)?;
+        let users = self.users_of(pid, outcome.start);
+        speaks_for(&path, pid, owner, users.as_deref()).then_some(outcome)
     }
 
     /// Every readable outcome file in the directory, by pid.
