@@ -949,6 +949,48 @@ fn a_successor_that_ends_after_its_ready_is_never_reported_as_serving() {
     });
 }
 
+/// The old process's wait for its connections after a hand-over is bounded (half of what is left
+/// of the ingress phase's deadline): a client that keeps a connection idle past it, under a
+/// keep-alive longer than the whole drain, does not hold the old process. The connection is
+/// closed with nothing written on it, and the old process exits 0 with the restart.
+#[test]
+fn an_idle_connection_does_not_hold_the_old_process_past_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let env = [
+        ("EXAMPLE_RESTART_IN_PLACE_MS", "5000"),
+        ("EXAMPLE_INGRESS_MS", "1000"),
+        ("EXAMPLE_KEEP_ALIVE_S", "600"),
+    ];
+    let mut life = Life::start(base, &env);
+    let stream = TcpStream::connect(("127.0.0.1", life.port)).unwrap();
+    stream.set_read_timeout(Some(EVENT_TIMEOUT)).unwrap();
+    let mut idle = BufReader::new(stream);
+    assert_eq!(
+        common::exchange(&mut idle, "/")
+            .map(|(code, close, _)| (code, close))
+            .unwrap(),
+        (200, false),
+        "kept alive"
+    );
+    let (code, answer) = stop_pid(base, life.pid, &["--restart", "--require-clean"]);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(
+        answer["drain"]["unanswered"],
+        serde_json::json!([]),
+        "{answer}"
+    );
+    assert_eq!(life.exit_code(), Some(0), "{}", life.stderr());
+    let mut rest = Vec::new();
+    assert_eq!(
+        idle.read_to_end(&mut rest).unwrap(),
+        0,
+        "closed, nothing said"
+    );
+    let successor = u32::try_from(answer["successor"].as_u64().expect("a successor")).unwrap();
+    assert_eq!(stop_pid(base, successor, &[]).0, Some(0));
+}
+
 /// Restart in place with a server the application bound itself (not through the crate): a
 /// WARN at its start names what to change, and a restart request is refused with an answer that
 /// says why (`restart_failed`, 17) — no successor is started to die on "address in use" or to

@@ -23,7 +23,9 @@
 //! `EXAMPLE_JOURNAL` (a file each finished job appends `done NAME` to), `EXAMPLE_MAIN_JOBS`
 //! (jobs `main` spawns at start, default 0), `EXAMPLE_JOB_MS` (their length), `EXAMPLE_RESUME_MS`
 //! (default 1000), `EXAMPLE_MAX_FAILED` (default 3), `EXAMPLE_READY_AFTER_MS` (a late `ready()`,
-//! default 0), `EXAMPLE_BIND_OWN` (bind the server itself, not through the crate), and with the
+//! default 0), `EXAMPLE_BIND_OWN` (bind the server itself, not through the crate),
+//! `EXAMPLE_INGRESS_MS` (the ingress phase's deadline), `EXAMPLE_KEEP_ALIVE_S` (the server's
+//! keep-alive, default actix-web's 5 s), and with the
 //! `postgres` feature
 //! `EXAMPLE_RECORDS` (a `postgres://` URL: replicas share their work through it) and
 //! `EXAMPLE_SERVICE` (the service name in it).
@@ -235,6 +237,13 @@ async fn main() -> std::io::Result<ExitCode> {
     let mut builder = ServiceBuilder::new(Layout::Slots(base.join("run")))
         .drain_deadline(Duration::from_secs(20))
         .max_failed_attempts(env_u64("EXAMPLE_MAX_FAILED", 3) as u32);
+    if let Some(ms) = std::env::var("EXAMPLE_INGRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        builder =
+            builder.phase_deadline(planned_stop::DrainPhase::Ingress, Duration::from_millis(ms));
+    }
     if let Some(ms) = std::env::var("EXAMPLE_RESTART_IN_PLACE_MS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -263,7 +272,8 @@ async fn main() -> std::io::Result<ExitCode> {
             .route("/", web::get().to(|| async { "hello\n" }))
             .route("/jobs/{name}/{ms}", web::post().to(spawn_job))
             .route("/bad", web::post().to(bad_job))
-    });
+    })
+    .keep_alive(Duration::from_secs(env_u64("EXAMPLE_KEEP_ALIVE_S", 5)));
     // The sockets systemd (a `.socket` unit) or a supervisor handed over, else new ones: a
     // restart then refuses nothing, the connections wait in the socket's queue.
     let handed = std::env::var_os("LISTEN_FDS").is_some();
