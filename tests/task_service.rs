@@ -951,8 +951,10 @@ fn a_successor_that_ends_after_its_ready_is_never_reported_as_serving() {
 
 /// The old process's wait for its connections after a hand-over is bounded (half of what is left
 /// of the ingress phase's deadline): a client that keeps a connection idle past it, under a
-/// keep-alive longer than the whole drain, does not hold the old process. The connection is
-/// closed with nothing written on it, and the old process exits 0 with the restart.
+/// keep-alive longer than the whole drain, does not hold the HTTP server past its phase. The
+/// connection is closed with nothing written on it, the server answers its drain in time (an
+/// unbounded wait left it unanswered at the phase's deadline: not clean, 13), and the old
+/// process exits 0 with the restart.
 #[test]
 fn an_idle_connection_does_not_hold_the_old_process_past_the_bound() {
     let dir = tempfile::tempdir().unwrap();
