@@ -35,19 +35,6 @@ fn read_with_owner(path: &Path, pid: u32) -> Option<(Vec<u8>, Option<u32>)> {
     Some((bytes, owner))
 }
 
-/// Whether a file `owner` wrote about a process that ran as `users` speaks for it
-/// ([`may_speak_for`]: its user, or root, wrote it); a warning when it does not (a planted file
-/// must never choose whom a stopper signals).
-fn speaks_for(path: &Path, pid: u32, owner: Option<u32>, users: Option<&[u32]>) -> bool {
-    if may_speak_for(owner, users, reader_uid()) {
-        return true;
-    }
-    tracing::warn!(path = %path.display(), pid, owner, users = ?users,
-        "a file names this process but another user wrote it: ignored, it cannot say who \
-        watches or how a stop went (planted?)");
-    false
-}
-
 /// How many processes' users a store remembers; past it, it starts over (a stopper follows one
 /// target, a status listing a directory's).
 const USERS_REMEMBERED: usize = 1024;
@@ -193,11 +180,32 @@ impl MarkerStore {
     /// assert_eq!(store.read_presence(42), None);
     /// ```
     pub fn read_presence(&self, pid: u32) -> Option<Presence> {
-        let path = self.presence_path(pid);
-        let (bytes, owner) = read_with_owner(&path, pid)?;
-        let presence = Presence::parse(&bytes).filter(|p| p.pid == pid)?;
-        let users = self.users_of(pid, presence.start);
-        speaks_for(&path, pid, owner, users.as_deref()).then_some(presence)
+        self.read_speaking(&self.presence_path(pid), pid, Presence::parse, |p| {
+            (p.pid, p.start)
+        })
+    }
+
+    /// The file at `path` as `parse` reads it, when it names `pid` (`named`: the pid and start
+    /// inside) and its owner may speak for the process it names ([`may_speak_for`]: that
+    /// process's user, or root); `None` otherwise, with a warning for another user's file (a
+    /// planted file must never choose whom a stopper signals).
+    fn read_speaking<T>(
+        &self,
+        path: &Path,
+        pid: u32,
+        parse: fn(&[u8]) -> Option<T>,
+        named: fn(&T) -> (u32, u64),
+    ) -> Option<T> {
+        let (bytes, owner) = read_with_owner(path, pid)?;
+        let value = parse(&bytes).filter(|v| named(v).0 == pid)?;
+        let users = self.users_of(pid, named(&value).1);
+        if may_speak_for(owner, users.as_deref(), reader_uid()) {
+            return Some(value);
+        }
+        tracing::warn!(path = %path.display(), pid, owner, users = ?users,
+            "a file names this process but another user wrote it: ignored, it cannot say who \
+            watches or how a stop went (planted?)");
+        None
     }
 
     /// The users (real and saved uids) of the process `pid` that started at `start`: read now
@@ -293,11 +301,9 @@ impl MarkerStore {
     /// assert_eq!(store.read_outcome(42), None);
     /// ```
     pub fn read_outcome(&self, pid: u32) -> Option<Outcome> {
-        let path = self.outcome_path(pid);
-        let (bytes, owner) = read_with_owner(&path, pid)?;
-        let outcome = Outcome::parse(&bytes).filter(|o| o.pid == pid)?;
-        let users = self.users_of(pid, outcome.start);
-        speaks_for(&path, pid, owner, users.as_deref()).then_some(outcome)
+        self.read_speaking(&self.outcome_path(pid), pid, Outcome::parse, |o| {
+            (o.pid, o.start)
+        })
     }
 
     /// Every readable outcome file in the directory, by pid.
